@@ -1,0 +1,28 @@
+//! staleguard: a MongoDB wire-protocol proxy that keeps secondary reads answering (or failing
+//! fast) when a shard's routing metadata cannot be refreshed.
+//!
+//! The path of one message:
+//!
+//! ```text
+//! server   accept loop, one session task per client connection, graceful stop
+//!   └─ session   pairs the client with its own upstream connection (upstream) and relays
+//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied)
+//!        ├─ command    one pass over the body: command, namespaces, read preference, ...
+//!        ├─ policy     patterns + breaker state → Decision (pure)
+//!        ├─ rewrite    readConcern/maxTimeMS splice, lengths and checksum fixed
+//!        └─ breaker    per-namespace sliding window, closed/open/half-open
+//! ```
+//!
+//! `config` turns TOML into the validated `Config` that all of the above read.
+
+#![forbid(unsafe_code)]
+
+pub mod breaker;
+pub mod command;
+pub mod config;
+pub mod policy;
+pub mod rewrite;
+pub mod server;
+pub mod session;
+pub mod upstream;
+pub mod wire;

@@ -1,0 +1,111 @@
+//! OP_COMPRESSED (2012): the wrapped message is decompressed for inspection only; the
+//! original bytes are what gets forwarded unless a rewrite is the point.
+
+use std::io::Read;
+
+use super::{read_i32, OpCode, WireError};
+
+pub const NOOP: u8 = 0;
+pub const SNAPPY: u8 = 1;
+pub const ZLIB: u8 = 2;
+pub const ZSTD: u8 = 3;
+
+/// The fixed part of an OP_COMPRESSED payload (the bytes after the header).
+#[derive(Debug, Clone, Copy)]
+pub struct Compressed<'a> {
+    pub original_opcode: i32,
+    pub uncompressed_size: i32,
+    pub compressor: u8,
+    pub data: &'a [u8],
+}
+
+impl<'a> Compressed<'a> {
+    pub fn parse(payload: &'a [u8]) -> Result<Compressed<'a>, WireError> {
+        if payload.len() < 9 {
+            return Err(WireError::Truncated("op_compressed"));
+        }
+        let original_opcode = read_i32(payload, 0).ok_or(WireError::Truncated("op_compressed"))?;
+        let uncompressed_size =
+            read_i32(payload, 4).ok_or(WireError::Truncated("op_compressed"))?;
+        if matches!(original_opcode, OpCode::COMPRESSED) {
+            return Err(WireError::BadInnerOpcode(original_opcode));
+        }
+        let compressor = payload[8];
+        if compressor > ZSTD {
+            return Err(WireError::UnknownCompressor(compressor));
+        }
+        Ok(Compressed {
+            original_opcode,
+            uncompressed_size,
+            compressor,
+            data: &payload[9..],
+        })
+    }
+
+    /// Decompresses the wrapped payload, refusing anything whose declared size exceeds `max`
+    /// and anything that does not decompress to exactly the declared size.
+    pub fn decompress(&self, max: usize) -> Result<Vec<u8>, WireError> {
+        let declared = self.uncompressed_size;
+        if declared < 0 || declared as i64 > max as i64 {
+            return Err(WireError::BadLength {
+                len: declared as i64,
+                max,
+            });
+        }
+        let want = declared as usize;
+        let out = match self.compressor {
+            NOOP => self.data.to_vec(),
+            SNAPPY => {
+                let n = snap::raw::decompress_len(self.data)
+                    .map_err(|e| WireError::Decompress(e.to_string()))?;
+                if n != want {
+                    return Err(WireError::SizeMismatch {
+                        declared: declared as i64,
+                        actual: n,
+                    });
+                }
+                snap::raw::Decoder::new()
+                    .decompress_vec(self.data)
+                    .map_err(|e| WireError::Decompress(e.to_string()))?
+            }
+            ZLIB => {
+                let mut out = Vec::with_capacity(want);
+                flate2::read::ZlibDecoder::new(self.data)
+                    .take(want as u64 + 1)
+                    .read_to_end(&mut out)
+                    .map_err(|e| WireError::Decompress(e.to_string()))?;
+                out
+            }
+            ZSTD => zstd::bulk::decompress(self.data, want)
+                .map_err(|e| WireError::Decompress(e.to_string()))?,
+            other => return Err(WireError::UnknownCompressor(other)),
+        };
+        if out.len() != want {
+            return Err(WireError::SizeMismatch {
+                declared: declared as i64,
+                actual: out.len(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Compresses `data` with the given compressor id (used when a rewrite must be re-wrapped).
+pub fn compress(compressor: u8, data: &[u8]) -> Result<Vec<u8>, WireError> {
+    match compressor {
+        NOOP => Ok(data.to_vec()),
+        SNAPPY => snap::raw::Encoder::new()
+            .compress_vec(data)
+            .map_err(|e| WireError::Decompress(e.to_string())),
+        ZLIB => {
+            use std::io::Write;
+            let mut enc =
+                flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            enc.write_all(data)
+                .and_then(|_| enc.finish())
+                .map_err(|e| WireError::Decompress(e.to_string()))
+        }
+        ZSTD => zstd::bulk::compress(data, 1).map_err(|e| WireError::Decompress(e.to_string())),
+        other => Err(WireError::UnknownCompressor(other)),
+    }
+}
