@@ -94,6 +94,21 @@ pub struct ConfigError {
 }
 
 impl Config {
+    /// All defaults, no `[[namespaces]]`: a pure relay from `listen` to `upstreams`.
+    /// (Tests and embedders use this; the binary always reads a file.)
+    pub fn for_upstreams(listen: &str, upstreams: Vec<String>) -> Config {
+        Config {
+            source: PathBuf::from("<built-in>"),
+            listen: listen.to_string(),
+            upstreams,
+            max_message_size: crate::wire::DEFAULT_MAX_MESSAGE_SIZE,
+            connect_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(10),
+            admin_listen: None,
+            policy: PolicyTable::default(),
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Config, Vec<ConfigError>> {
         let _ = path;
         todo!()
