@@ -186,19 +186,21 @@ impl Session {
             return self.forward(msg, true, uw).await;
         }
         let body = command::request_body(&msg, max).map_err(SessionError::ClientProtocol)?;
-        let Some(view) = body.op_msg().map_err(SessionError::ClientProtocol)? else {
+        let Some(doc) = body.body() else {
             return self.forward(msg.clone(), true, uw).await;
         };
-        let expects_reply = !view.more_to_come();
-        if !expects_reply {
+        if body.flags() & MORE_TO_COME != 0 {
             return self.forward(msg.clone(), false, uw).await;
         }
-        let info = command::classify(view.body).map_err(|e| {
-            SessionError::ClientProtocol(WireError::BadBson(match e {
-                command::ClassifyError::Empty => "empty command",
-                _ => "command body",
-            }))
-        })?;
+        let info = match command::classify(doc) {
+            Ok(info) => info,
+            Err(command::ClassifyError::NoCommand) => {
+                return self.forward(msg.clone(), true, uw).await
+            }
+            Err(command::ClassifyError::Malformed(what)) => {
+                return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
+            }
+        };
         let Some(target) = policy::resolve(&info, &self.config.policy) else {
             return self.forward(msg.clone(), true, uw).await;
         };
@@ -353,7 +355,7 @@ impl Session {
     ) -> Result<bool, SessionError> {
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(t.started);
-        let status = match rewrite::inspect_reply(msg, self.config.max_message_size) {
+        let status = match command::inspect_reply(msg, self.config.max_message_size) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(ns = %t.ns, error = %e, "cannot read reply to a tracked read");
