@@ -351,7 +351,7 @@ impl Session {
                 }
             }
         }
-        self.to_client(msg, cw).await
+        self.send_to_client(msg, cw).await
     }
 
     /// Looks at the reply to a tracked read; returns true when it was swallowed because a
@@ -478,7 +478,7 @@ impl Session {
         uw.write_all(&msg).await.map_err(SessionError::UpstreamIo)
     }
 
-    async fn to_client(&mut self, msg: Bytes, cw: &mut OwnedWriteHalf) -> Result<(), SessionError> {
+    async fn send_to_client(&mut self, msg: Bytes, cw: &mut OwnedWriteHalf) -> Result<(), SessionError> {
         let more = msg.len() > 20
             && Header::parse(&msg).is_some_and(|h| h.op_code == OpCode::MSG)
             && opmsg::flags_of(&msg) & MORE_TO_COME != 0;
