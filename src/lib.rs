@@ -20,6 +20,7 @@
 pub mod breaker;
 pub mod command;
 pub mod config;
+pub mod metrics;
 pub mod policy;
 pub mod rewrite;
 pub mod server;

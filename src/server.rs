@@ -13,6 +13,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::breaker::Breakers;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::session;
 use crate::upstream::Upstreams;
 
@@ -22,6 +23,7 @@ pub struct Shared {
     pub config: ArcSwap<Config>,
     pub breakers: Breakers,
     pub upstreams: Upstreams,
+    pub metrics: Metrics,
     next_conn: AtomicU64,
     next_request_id: AtomicI32,
 }
@@ -32,6 +34,7 @@ impl Shared {
             upstreams: Upstreams::new(config.upstreams.clone()),
             config: ArcSwap::new(config),
             breakers: Breakers::default(),
+            metrics: Metrics::new(),
             next_conn: AtomicU64::new(1),
             next_request_id: AtomicI32::new(1),
         }

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
@@ -63,6 +63,7 @@ struct Tracked {
 
 pub struct Session {
     shared: Arc<Shared>,
+    /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
     peer: SocketAddr,
     id: u64,
@@ -73,6 +74,9 @@ pub struct Session {
     outstanding: u32,
     /// The last reply relayed had moreToCome (an exhaust stream is running).
     streaming: bool,
+    /// When the oldest request still waiting for its first reply was forwarded.
+    waiting_since: Option<Instant>,
+    latency: Option<Histogram>,
 }
 
 impl Session {
@@ -94,6 +98,8 @@ impl Session {
             pending: Vec::new(),
             outstanding: 0,
             streaming: false,
+            waiting_since: None,
+            latency: None,
         }
     }
 
@@ -102,7 +108,7 @@ impl Session {
         self.relay(client).instrument(span).await
     }
 
-    async fn relay(mut self, client: TcpStream) {
+    async fn relay(self, client: TcpStream) {
         let timeout = self.config.connect_timeout;
         let (upstream, upstream_addr) = match self.shared.upstreams.connect(timeout).await {
             Ok(pair) => pair,
@@ -112,9 +118,33 @@ impl Session {
             }
         };
         tracing::debug!(upstream = %upstream_addr, "paired");
+        let m = &self.shared.metrics;
+        m.client_connections.inc();
+        m.client_connections_total.inc();
+        let latency = m
+            .upstream_latency
+            .get_or_create(&crate::metrics::UpstreamLabel {
+                upstream: upstream_addr.to_string(),
+            })
+            .clone();
+        let shared = self.shared.clone();
+        let mut this = self;
+        this.latency = Some(latency);
+        let (cr, cw) = client.into_split();
+        let (ur, uw) = upstream.into_split();
+        this.pump(cr, cw, ur, uw).await;
+        shared.metrics.client_connections.dec();
+    }
+
+    /// Relays until either side ends, the client misbehaves, or the proxy stops.
+    pub async fn pump<CR, CW, UR, UW>(mut self, cr: CR, mut cw: CW, ur: UR, mut uw: UW)
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        UR: AsyncRead + Unpin,
+        UW: AsyncWrite + Unpin,
+    {
         let max = self.config.max_message_size;
-        let (cr, mut cw) = client.into_split();
-        let (ur, mut uw) = upstream.into_split();
         let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
         let mut ur = FramedRead::with_capacity(ur, MessageCodec::new(max), READ_BUFFER);
         let mut draining = false;
@@ -161,12 +191,13 @@ impl Session {
         let _ = uw.shutdown().await;
     }
 
-    async fn on_request(
+    async fn on_request<C: AsyncWrite + Unpin, U: AsyncWrite + Unpin>(
         &mut self,
         msg: Bytes,
-        cw: &mut OwnedWriteHalf,
-        uw: &mut OwnedWriteHalf,
+        cw: &mut C,
+        uw: &mut U,
     ) -> Result<(), SessionError> {
+        self.config = self.shared.config.load_full();
         let max = self.config.max_message_size;
         let header = Header::parse(&msg)
             .ok_or(SessionError::ClientProtocol(WireError::Truncated("header")))?;
@@ -179,29 +210,29 @@ impl Session {
                 opmsg::verify_checksum(&msg).map_err(SessionError::ClientProtocol)?;
             }
             let expects_reply = !view.more_to_come();
-            return self.forward(msg, expects_reply, uw).await;
+            return self.pass(msg, expects_reply, uw).await;
         }
         if !matches!(op, OpCode::Msg | OpCode::Compressed) || !self.policy_active() {
-            return self.forward(msg, true, uw).await;
+            return self.pass(msg, true, uw).await;
         }
         let body = command::request_body(&msg, max).map_err(SessionError::ClientProtocol)?;
         let Some(doc) = body.body() else {
-            return self.forward(msg.clone(), true, uw).await;
+            return self.pass(msg.clone(), true, uw).await;
         };
         if body.flags() & MORE_TO_COME != 0 {
-            return self.forward(msg.clone(), false, uw).await;
+            return self.pass(msg.clone(), false, uw).await;
         }
         let info = match command::classify(doc) {
             Ok(info) => info,
             Err(command::ClassifyError::NoCommand) => {
-                return self.forward(msg.clone(), true, uw).await
+                return self.pass(msg.clone(), true, uw).await
             }
             Err(command::ClassifyError::Malformed(what)) => {
                 return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
             }
         };
         let Some(target) = policy::resolve(&info, &self.config.policy) else {
-            return self.forward(msg.clone(), true, uw).await;
+            return self.pass(msg.clone(), true, uw).await;
         };
         let ns = format!("{}.{}", target.ns.db, target.ns.coll);
         let now = Instant::now();
@@ -234,7 +265,7 @@ impl Session {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn apply(
+    async fn apply<C: AsyncWrite + Unpin, U: AsyncWrite + Unpin>(
         &mut self,
         decision: Decision,
         target: &Target<'_>,
@@ -243,10 +274,11 @@ impl Session {
         request_id: i32,
         msg: Bytes,
         now: Instant,
-        cw: &mut OwnedWriteHalf,
-        uw: &mut OwnedWriteHalf,
+        cw: &mut C,
+        uw: &mut U,
     ) -> Result<(), SessionError> {
         let max = self.config.max_message_size;
+        self.shared.metrics.request(info.name, decision.name());
         match decision {
             Decision::Forward => self.forward(msg, true, uw).await,
             Decision::Track {
@@ -302,6 +334,7 @@ impl Session {
                 };
                 match rewrite::rewrite_message(&msg, &spec, max) {
                     Ok(out) => {
+                        self.shared.metrics.rewrite(&ns, "preemptive");
                         tracing::info!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
                         self.forward(out, true, uw).await
                     }
@@ -318,6 +351,7 @@ impl Session {
             } => {
                 let (code, name) = reason.reply_code();
                 let errmsg = fail_fast_message(&ns, reason, errors, probe_in);
+                self.shared.metrics.fail_fast(&ns);
                 tracing::info!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(request_id, code, name, &errmsg, cw).await
             }
@@ -325,6 +359,7 @@ impl Session {
                 let errmsg = format!(
                     "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
                 );
+                self.shared.metrics.refusal(&ns);
                 tracing::info!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
                 self.reply_error(request_id, 72, "InvalidOptions", &errmsg, cw)
                     .await
@@ -332,12 +367,15 @@ impl Session {
         }
     }
 
-    async fn on_reply(
+    async fn on_reply<C: AsyncWrite + Unpin, U: AsyncWrite + Unpin>(
         &mut self,
         msg: Bytes,
-        cw: &mut OwnedWriteHalf,
-        uw: &mut OwnedWriteHalf,
+        cw: &mut C,
+        uw: &mut U,
     ) -> Result<(), SessionError> {
+        if let (Some(t), Some(h)) = (self.waiting_since.take(), &self.latency) {
+            h.observe(t.elapsed().as_secs_f64());
+        }
         if !self.pending.is_empty() {
             let response_to = Header::parse(&msg).map_or(0, |h| h.response_to);
             if let Some(i) = self
@@ -356,11 +394,11 @@ impl Session {
 
     /// Looks at the reply to a tracked read; returns true when it was swallowed because a
     /// retry went out instead.
-    async fn inspect(
+    async fn inspect<U: AsyncWrite + Unpin>(
         &mut self,
         mut t: Tracked,
         msg: &Bytes,
-        uw: &mut OwnedWriteHalf,
+        uw: &mut U,
     ) -> Result<bool, SessionError> {
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(t.started);
@@ -381,6 +419,7 @@ impl Session {
         if let Some(code) = trigger {
             let what = format!("{} {}", code, status.code_name.as_deref().unwrap_or(""));
             tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, retried = t.retried, "trigger error");
+            self.shared.metrics.trigger_error(&t.ns, &code.to_string());
             let reason = Reason::of_code(code);
             if let Some(tr) =
                 breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now)
@@ -403,6 +442,7 @@ impl Session {
                 match rewrite::rewrite_message(&t.original, &spec, self.config.max_message_size) {
                     Ok(out) => {
                         tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?remaining, "resending with readConcern available");
+                        self.shared.metrics.rewrite(&t.ns, "retry");
                         t.retried = true;
                         t.probe = false;
                         self.pending.push(t);
@@ -420,6 +460,7 @@ impl Session {
             return Ok(false);
         }
         if let Some(slow) = t.policy.slow_read.filter(|&s| elapsed > s) {
+            self.shared.metrics.trigger_error(&t.ns, "slow");
             let what = format!(
                 "slow reply ({} ms > {} ms)",
                 elapsed.as_millis(),
@@ -444,6 +485,7 @@ impl Session {
         for t in std::mem::take(&mut self.pending) {
             let waited = now.saturating_duration_since(t.started);
             tracing::info!(ns = %t.ns, command = %t.command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
+            self.shared.metrics.trigger_error(&t.ns, "timeout");
             let what = format!("client gave up after {} ms", waited.as_millis());
             if let Some(tr) = self.shared.breakers.record_failure(
                 &t.ns,
@@ -459,6 +501,7 @@ impl Session {
     }
 
     fn log_transition(&self, ns: &str, t: &Transition) {
+        self.shared.metrics.breaker(ns, t.to);
         tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
     }
 
@@ -466,22 +509,36 @@ impl Session {
         !self.config.policy.is_passthrough_only()
     }
 
-    async fn forward(
+    /// Forwards a request no policy looked at.
+    async fn pass<U: AsyncWrite + Unpin>(
         &mut self,
         msg: Bytes,
         expects_reply: bool,
-        uw: &mut OwnedWriteHalf,
+        uw: &mut U,
+    ) -> Result<(), SessionError> {
+        self.shared.metrics.forwarded();
+        self.forward(msg, expects_reply, uw).await
+    }
+
+    async fn forward<U: AsyncWrite + Unpin>(
+        &mut self,
+        msg: Bytes,
+        expects_reply: bool,
+        uw: &mut U,
     ) -> Result<(), SessionError> {
         if expects_reply {
             self.outstanding += 1;
+            if self.waiting_since.is_none() {
+                self.waiting_since = Some(Instant::now());
+            }
         }
         uw.write_all(&msg).await.map_err(SessionError::UpstreamIo)
     }
 
-    async fn send_to_client(
+    async fn send_to_client<C: AsyncWrite + Unpin>(
         &mut self,
         msg: Bytes,
-        cw: &mut OwnedWriteHalf,
+        cw: &mut C,
     ) -> Result<(), SessionError> {
         let more = msg.len() > 20
             && Header::parse(&msg).is_some_and(|h| h.op_code == OpCode::MSG)
@@ -493,13 +550,13 @@ impl Session {
         cw.write_all(&msg).await.map_err(SessionError::ClientIo)
     }
 
-    async fn reply_error(
+    async fn reply_error<C: AsyncWrite + Unpin>(
         &mut self,
         request_id: i32,
         code: i32,
         code_name: &str,
         errmsg: &str,
-        cw: &mut OwnedWriteHalf,
+        cw: &mut C,
     ) -> Result<(), SessionError> {
         let out = reply::error_reply(
             self.shared.request_id(),

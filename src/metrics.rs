@@ -1,0 +1,300 @@
+//! Every metric staleguard exports, in one place. Each `Server` owns its own registry (no
+//! global recorder), so tests run side by side. Label cardinality is bounded: commands
+//! outside a fixed list count as `other`, and only namespaces that have a policy get a label
+//! of their own (at most `MAX_NS_LABELS`; past that they share `other`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use dashmap::DashSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::breaker::State;
+
+pub const MAX_NS_LABELS: usize = 1000;
+
+/// Commands that get their own `command` label; anything else is `other`.
+const COMMANDS: [&str; 16] = [
+    "find",
+    "aggregate",
+    "count",
+    "distinct",
+    "getMore",
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "hello",
+    "isMaster",
+    "ping",
+    "killCursors",
+    "endSessions",
+    "explain",
+    "other",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandDecision {
+    pub command: &'static str,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NsCode {
+    pub namespace: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NsKind {
+    pub namespace: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NsLabel {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    pub upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub client_connections: Gauge,
+    pub client_connections_total: Counter,
+    pub requests: Family<CommandDecision, Counter>,
+    pub trigger_errors: Family<NsCode, Counter>,
+    pub rewrites: Family<NsKind, Counter>,
+    pub fail_fasts: Family<NsLabel, Counter>,
+    pub refusals: Family<NsLabel, Counter>,
+    /// 0 closed, 1 half-open, 2 open.
+    pub breaker_state: Family<NsLabel, Gauge>,
+    pub upstream_up: Family<UpstreamLabel, Gauge>,
+    pub upstream_latency: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
+    pub reloads: Family<ResultLabel, Counter>,
+    /// Forwarded requests with no decision to make, counted without a label lookup.
+    forwarded: Counter,
+    seen_ns: DashSet<String>,
+    ns_count: AtomicUsize,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let m = Metrics {
+            registry: Mutex::new(Registry::with_prefix("staleguard")),
+            client_connections: Gauge::default(),
+            client_connections_total: Counter::default(),
+            requests: Family::default(),
+            trigger_errors: Family::default(),
+            rewrites: Family::default(),
+            fail_fasts: Family::default(),
+            refusals: Family::default(),
+            breaker_state: Family::default(),
+            upstream_up: Family::default(),
+            upstream_latency: Family::new_with_constructor(latency_histogram),
+            reloads: Family::default(),
+            forwarded: Counter::default(),
+            seen_ns: DashSet::new(),
+            ns_count: AtomicUsize::new(0),
+        };
+        if let Ok(mut r) = m.registry.lock() {
+            r.register(
+                "client_connections",
+                "Client connections open now",
+                m.client_connections.clone(),
+            );
+            r.register(
+                "client_connections",
+                "Client connections accepted",
+                m.client_connections_total.clone(),
+            );
+            r.register(
+                "requests",
+                "Requests by command and decision (forward, track, track_retry, rewrite, fail_fast, refuse)",
+                m.requests.clone(),
+            );
+            r.register(
+                "forwarded_unclassified",
+                "Requests forwarded without classification (no policy applies, legacy opcodes, moreToCome)",
+                m.forwarded.clone(),
+            );
+            r.register(
+                "trigger_errors",
+                "Trigger errors seen on governed reads, by namespace and code (timeout: client gave up, slow: slow_read)",
+                m.trigger_errors.clone(),
+            );
+            r.register(
+                "rewrites",
+                "Reads rewritten to readConcern available, by namespace and kind (retry, preemptive)",
+                m.rewrites.clone(),
+            );
+            r.register(
+                "fail_fasts",
+                "Reads answered with a fail-fast error, by namespace",
+                m.fail_fasts.clone(),
+            );
+            r.register(
+                "refusals",
+                "Reads refused for asking readConcern available on a strict namespace",
+                m.refusals.clone(),
+            );
+            r.register(
+                "breaker_state",
+                "Breaker state by namespace: 0 closed, 1 half-open, 2 open",
+                m.breaker_state.clone(),
+            );
+            r.register(
+                "upstream_up",
+                "Upstream health from periodic hello: 1 healthy, 0 not",
+                m.upstream_up.clone(),
+            );
+            r.register(
+                "upstream_request_seconds",
+                "Time from forwarding a request to its first reply, by upstream",
+                m.upstream_latency.clone(),
+            );
+            r.register("reloads", "Config reloads by result", m.reloads.clone());
+        }
+        m
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Ok(r) = self.registry.lock() {
+            let _ = encode(&mut out, &r);
+        }
+        out
+    }
+
+    /// The `command` label for a command name (bounded set).
+    pub fn command_label(name: &str) -> &'static str {
+        COMMANDS
+            .iter()
+            .find(|c| **c == name)
+            .copied()
+            .unwrap_or("other")
+    }
+
+    /// The `namespace` label: the namespace itself while fewer than `MAX_NS_LABELS` have
+    /// been seen, `other` after that.
+    pub fn ns_label(&self, ns: &str) -> String {
+        if self.seen_ns.contains(ns) {
+            return ns.to_string();
+        }
+        if self.ns_count.load(Ordering::Relaxed) >= MAX_NS_LABELS {
+            return "other".to_string();
+        }
+        if self.seen_ns.insert(ns.to_string()) {
+            self.ns_count.fetch_add(1, Ordering::Relaxed);
+        }
+        ns.to_string()
+    }
+
+    pub fn forwarded(&self) {
+        self.forwarded.inc();
+    }
+
+    pub fn request(&self, command: &str, decision: &'static str) {
+        self.requests
+            .get_or_create(&CommandDecision {
+                command: Metrics::command_label(command),
+                decision,
+            })
+            .inc();
+    }
+
+    pub fn trigger_error(&self, ns: &str, code: &str) {
+        self.trigger_errors
+            .get_or_create(&NsCode {
+                namespace: self.ns_label(ns),
+                code: code.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn rewrite(&self, ns: &str, kind: &'static str) {
+        self.rewrites
+            .get_or_create(&NsKind {
+                namespace: self.ns_label(ns),
+                kind,
+            })
+            .inc();
+    }
+
+    pub fn fail_fast(&self, ns: &str) {
+        self.fail_fasts
+            .get_or_create(&NsLabel {
+                namespace: self.ns_label(ns),
+            })
+            .inc();
+    }
+
+    pub fn refusal(&self, ns: &str) {
+        self.refusals
+            .get_or_create(&NsLabel {
+                namespace: self.ns_label(ns),
+            })
+            .inc();
+    }
+
+    pub fn breaker(&self, ns: &str, state: State) {
+        let v = match state {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
+        };
+        self.breaker_state
+            .get_or_create(&NsLabel {
+                namespace: self.ns_label(ns),
+            })
+            .set(v);
+    }
+
+    pub fn upstream_health(&self, upstream: &str, up: bool) {
+        self.upstream_up
+            .get_or_create(&UpstreamLabel {
+                upstream: upstream.to_string(),
+            })
+            .set(up as i64);
+    }
+
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .get_or_create(&ResultLabel {
+                result: if ok { "ok" } else { "error" },
+            })
+            .inc();
+    }
+}
