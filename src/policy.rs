@@ -1,1 +1,208 @@
-//! TODO
+//! Policy: which namespace governs a command, and what to do with it. Pure functions over
+//! values: `resolve` (command + pattern table → target) and `decide` (target + breaker
+//! admission → `Decision`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::breaker::{Admission, Reason};
+use crate::command::{is_eligible_shape, is_read_command, CommandInfo, Ns, ReadPrefMode};
+use crate::config::{Causal, Mode, NsPolicy, PolicyTable};
+
+/// The namespace whose policy and breaker govern a command, and what kind of read it is.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    /// The governing namespace: the primary one, or the first strict one it touches.
+    pub ns: Ns<'a>,
+    pub policy: Arc<NsPolicy>,
+    /// Effective mode (strictest of every namespace touched): Fallback or Strict.
+    pub mode: Mode,
+    pub kind: ReadKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadKind {
+    /// The policy acts on it (breaker, retry, rewrite, fail-fast).
+    Eligible,
+    /// The client asked for `readConcern: available` itself.
+    AsksAvailable,
+    /// A read the policy leaves alone (primary, transaction, snapshot, explain, $out, ...).
+    Ineligible,
+}
+
+/// What the session does with one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Send the original bytes; do not look at the reply.
+    Forward,
+    /// Send (the original bytes, or with `maxTimeMS` capped) and inspect the reply: count
+    /// trigger errors; when `retry`, a trigger error is answered by resending with
+    /// `available` instead of being shown to the client.
+    Track {
+        /// `maxTimeMS` to set before sending (the cap was lower than the client's value).
+        cap_ms: Option<i64>,
+        /// The half-open probe.
+        probe: bool,
+        retry: bool,
+    },
+    /// Rewrite to `available` before sending (fallback, breaker open).
+    Rewrite {
+        drop_after_cluster_time: bool,
+        cap_ms: Option<i64>,
+    },
+    /// Reply an error at once, send nothing (strict, breaker open).
+    FailFast {
+        reason: Reason,
+        probe_in: Duration,
+        errors: u32,
+    },
+    /// Reply an error at once, send nothing (strict namespace asked for `available`).
+    Refuse,
+}
+
+fn strictness(mode: Mode) -> u8 {
+    match mode {
+        Mode::Passthrough => 0,
+        Mode::Fallback => 1,
+        Mode::Strict => 2,
+    }
+}
+
+/// Finds the governing namespace of a read command. `None`: no namespace it touches has an
+/// acting policy, so the command is forwarded untouched.
+pub fn resolve<'a>(info: &CommandInfo<'a>, table: &PolicyTable) -> Option<Target<'a>> {
+    if !is_read_command(info.name) && !info.explain {
+        return None;
+    }
+    let db = info.db?;
+    let primary = info.primary_ns();
+    let mut best: Option<(Ns<'a>, &Arc<NsPolicy>)> = None;
+    let touched = primary.iter().chain(info.other_namespaces.iter());
+    for ns in touched {
+        let Some(p) = table.lookup(ns.db, ns.coll) else {
+            continue;
+        };
+        if p.mode == Mode::Passthrough {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| strictness(p.mode) > strictness(b.mode)) {
+            best = Some((*ns, p));
+        }
+    }
+    let (ns, policy) = best?;
+    let mode = policy.mode;
+    // Fallback acts only when the primary namespace itself is fallback; a pipeline that
+    // merely reads a fallback namespace from an unlisted one is left alone.
+    if mode == Mode::Fallback && (primary != Some(ns) || info.opaque_stage) {
+        return None;
+    }
+    let _ = db;
+    let kind = if info.read_concern.level == Some("available") {
+        ReadKind::AsksAvailable
+    } else if is_eligible_shape(info) && pref_allowed(info.read_pref, policy.read_preferences) {
+        ReadKind::Eligible
+    } else {
+        ReadKind::Ineligible
+    };
+    Some(Target {
+        ns,
+        policy: policy.clone(),
+        mode,
+        kind,
+    })
+}
+
+fn pref_allowed(pref: Option<ReadPrefMode>, set: u8) -> bool {
+    set & pref.unwrap_or(ReadPrefMode::Primary).bit() != 0
+}
+
+/// `maxTimeMS` to impose: the policy's cap, when it is below what the client asked for.
+pub fn capped_max_time(client_ms: Option<i64>, cap: Option<Duration>) -> Option<i64> {
+    let cap = cap?.as_millis().min(i64::MAX as u128) as i64;
+    match client_ms {
+        Some(c) if c > 0 && c <= cap => None,
+        _ => Some(cap),
+    }
+}
+
+/// What to do with a request, given its target and what the breaker admits.
+pub fn decide(target: &Target<'_>, info: &CommandInfo<'_>, admission: Admission) -> Decision {
+    let p = &target.policy;
+    match (target.kind, target.mode) {
+        (ReadKind::AsksAvailable, Mode::Strict) => return Decision::Refuse,
+        (ReadKind::Eligible, _) => {}
+        _ => return Decision::Forward,
+    }
+    let cap_ms = capped_max_time(info.max_time_ms, p.max_time);
+    let causal_skip = info.read_concern.after_cluster_time && p.causal == Causal::Skip;
+    match (target.mode, admission) {
+        (Mode::Fallback, _) if causal_skip => Decision::Forward,
+        (Mode::Fallback, Admission::Closed) => Decision::Track {
+            cap_ms,
+            probe: false,
+            retry: true,
+        },
+        (Mode::Fallback, Admission::Probe) => Decision::Track {
+            cap_ms,
+            probe: true,
+            retry: true,
+        },
+        (Mode::Fallback, Admission::Open { .. }) => Decision::Rewrite {
+            drop_after_cluster_time: true,
+            cap_ms,
+        },
+        (_, Admission::Closed) => Decision::Track {
+            cap_ms,
+            probe: false,
+            retry: false,
+        },
+        (_, Admission::Probe) => Decision::Track {
+            cap_ms,
+            probe: true,
+            retry: false,
+        },
+        (
+            _,
+            Admission::Open {
+                reason,
+                probe_in,
+                errors,
+            },
+        ) => Decision::FailFast {
+            reason,
+            probe_in,
+            errors,
+        },
+    }
+}
+
+impl Decision {
+    /// What a `dry_run` namespace does instead: forward unmodified, still counting errors
+    /// (and still taking the probe, so the breaker moves as it would).
+    pub fn dry(&self) -> Decision {
+        match self {
+            Decision::Forward => Decision::Forward,
+            Decision::Track { probe, .. } => Decision::Track {
+                cap_ms: None,
+                probe: *probe,
+                retry: false,
+            },
+            _ => Decision::Track {
+                cap_ms: None,
+                probe: false,
+                retry: false,
+            },
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Decision::Forward => "forward",
+            Decision::Track { retry: true, .. } => "track_retry",
+            Decision::Track { .. } => "track",
+            Decision::Rewrite { .. } => "rewrite",
+            Decision::FailFast { .. } => "fail_fast",
+            Decision::Refuse => "refuse",
+        }
+    }
+}

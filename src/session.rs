@@ -1,1 +1,513 @@
-//! TODO
+//! One client connection: its own upstream connection, and the relay between the two.
+//!
+//! Requests are classified and decided on as they arrive; replies are looked at only when
+//! they answer a tracked read. A message that is not rewritten leaves as the very `Bytes`
+//! that arrived.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::breaker::{Admission, Reason, Transition};
+use crate::command::{self, CommandInfo};
+use crate::config::{Causal, Config, NsPolicy};
+use crate::policy::{self, Decision, Target};
+use crate::rewrite::{self, RewriteSpec};
+use crate::server::Shared;
+use crate::wire::codec::FrameError;
+use crate::wire::opmsg::{self, MORE_TO_COME};
+use crate::wire::{reply, Header, MessageCodec, OpCode, WireError};
+
+/// Initial read-buffer size per direction; grows to the message size when needed.
+const READ_BUFFER: usize = 8 * 1024;
+
+/// Why a session ended, and which side caused it.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client sent a malformed message: {0}")]
+    ClientProtocol(WireError),
+    #[error("client i/o: {0}")]
+    ClientIo(std::io::Error),
+    #[error("upstream sent a malformed message: {0}")]
+    UpstreamProtocol(WireError),
+    #[error("upstream i/o: {0}")]
+    UpstreamIo(std::io::Error),
+}
+
+/// A read whose reply the session inspects.
+#[derive(Debug)]
+struct Tracked {
+    request_id: i32,
+    ns: String,
+    command: String,
+    policy: Arc<NsPolicy>,
+    /// The client's message as it arrived (a retry is rewritten from it).
+    original: Bytes,
+    started: Instant,
+    /// `maxTimeMS` in force for the read as sent (client's, or the cap).
+    max_time_ms: Option<i64>,
+    probe: bool,
+    retry: bool,
+    retried: bool,
+}
+
+pub struct Session {
+    shared: Arc<Shared>,
+    config: Arc<Config>,
+    peer: SocketAddr,
+    id: u64,
+    stop: CancellationToken,
+    kill: CancellationToken,
+    pending: Vec<Tracked>,
+    /// Requests sent that still expect a final reply (for a graceful stop).
+    outstanding: u32,
+    /// The last reply relayed had moreToCome (an exhaust stream is running).
+    streaming: bool,
+}
+
+impl Session {
+    pub fn new(
+        shared: Arc<Shared>,
+        peer: SocketAddr,
+        id: u64,
+        stop: CancellationToken,
+        kill: CancellationToken,
+    ) -> Session {
+        let config = shared.config.load_full();
+        Session {
+            shared,
+            config,
+            peer,
+            id,
+            stop,
+            kill,
+            pending: Vec::new(),
+            outstanding: 0,
+            streaming: false,
+        }
+    }
+
+    pub async fn run(self, client: TcpStream) {
+        let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.id);
+        self.relay(client).instrument(span).await
+    }
+
+    async fn relay(mut self, client: TcpStream) {
+        let timeout = self.config.connect_timeout;
+        let (upstream, upstream_addr) = match self.shared.upstreams.connect(timeout).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::error!(error = %e, "closing client: no upstream reachable");
+                return;
+            }
+        };
+        tracing::debug!(upstream = %upstream_addr, "paired");
+        let max = self.config.max_message_size;
+        let (cr, mut cw) = client.into_split();
+        let (ur, mut uw) = upstream.into_split();
+        let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
+        let mut ur = FramedRead::with_capacity(ur, MessageCodec::new(max), READ_BUFFER);
+        let mut draining = false;
+        let kill = self.kill.clone();
+        let stop = self.stop.clone();
+        let end: Result<&str, SessionError> = loop {
+            if draining && (self.outstanding == 0 || self.streaming) {
+                break Ok("proxy stopping");
+            }
+            tokio::select! {
+                _ = kill.cancelled() => break Ok("shutdown deadline passed"),
+                _ = stop.cancelled(), if !draining => draining = true,
+                req = cr.next() => match req {
+                    Some(Ok(msg)) => {
+                        if let Err(e) = self.on_request(msg, &mut cw, &mut uw).await {
+                            break Err(e);
+                        }
+                    }
+                    Some(Err(e)) => break Err(client_err(e)),
+                    None => {
+                        self.client_gone();
+                        break Ok("client closed");
+                    }
+                },
+                rep = ur.next() => match rep {
+                    Some(Ok(msg)) => {
+                        if let Err(e) = self.on_reply(msg, &mut cw, &mut uw).await {
+                            break Err(e);
+                        }
+                    }
+                    Some(Err(e)) => break Err(upstream_err(e)),
+                    None => break Ok("upstream closed"),
+                },
+            }
+        };
+        match end {
+            Ok(why) => tracing::debug!(reason = why, "session closed"),
+            Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
+                tracing::warn!(error = %e, "closing client")
+            }
+            Err(e) => tracing::warn!(error = %e, "closing client because its upstream failed"),
+        }
+        let _ = cw.shutdown().await;
+        let _ = uw.shutdown().await;
+    }
+
+    async fn on_request(
+        &mut self,
+        msg: Bytes,
+        cw: &mut OwnedWriteHalf,
+        uw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
+        let max = self.config.max_message_size;
+        let header = Header::parse(&msg).ok_or(SessionError::ClientProtocol(
+            WireError::Truncated("header"),
+        ))?;
+        let op = header.op();
+        if op == OpCode::Msg && !self.policy_active() {
+            // Validate only: the structure must hold even when no policy needs the body.
+            let view = opmsg::OpMsg::parse(&msg[crate::wire::HEADER_LEN..])
+                .map_err(SessionError::ClientProtocol)?;
+            if view.checksum_present() {
+                opmsg::verify_checksum(&msg).map_err(SessionError::ClientProtocol)?;
+            }
+            let expects_reply = !view.more_to_come();
+            return self.forward(msg, expects_reply, uw).await;
+        }
+        if !matches!(op, OpCode::Msg | OpCode::Compressed) || !self.policy_active() {
+            return self.forward(msg, true, uw).await;
+        }
+        let body = command::request_body(&msg, max).map_err(SessionError::ClientProtocol)?;
+        let Some(doc) = body.body() else {
+            return self.forward(msg.clone(), true, uw).await;
+        };
+        if body.flags() & MORE_TO_COME != 0 {
+            return self.forward(msg.clone(), false, uw).await;
+        }
+        let info = match command::classify(doc) {
+            Ok(info) => info,
+            Err(command::ClassifyError::NoCommand) => {
+                return self.forward(msg.clone(), true, uw).await
+            }
+            Err(command::ClassifyError::Malformed(what)) => {
+                return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
+            }
+        };
+        let Some(target) = policy::resolve(&info, &self.config.policy) else {
+            return self.forward(msg.clone(), true, uw).await;
+        };
+        let ns = format!("{}.{}", target.ns.db, target.ns.coll);
+        let now = Instant::now();
+        let admission = if target.kind == policy::ReadKind::Eligible {
+            let (a, t) = self.shared.breakers.admit(&ns, &target.policy, now);
+            if let Some(t) = t {
+                self.log_transition(&ns, &t);
+            }
+            a
+        } else {
+            Admission::Closed
+        };
+        let mut decision = policy::decide(&target, &info, admission);
+        if target.policy.dry_run && decision != Decision::Forward {
+            tracing::info!(ns = %ns, command = info.name, decision = decision.name(), dry_run = true, "would act (dry run)");
+            decision = decision.dry();
+        }
+        self.apply(decision, &target, &info, ns, header.request_id, msg.clone(), now, cw, uw)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn apply(
+        &mut self,
+        decision: Decision,
+        target: &Target<'_>,
+        info: &CommandInfo<'_>,
+        ns: String,
+        request_id: i32,
+        msg: Bytes,
+        now: Instant,
+        cw: &mut OwnedWriteHalf,
+        uw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
+        let max = self.config.max_message_size;
+        match decision {
+            Decision::Forward => self.forward(msg, true, uw).await,
+            Decision::Track {
+                cap_ms,
+                probe,
+                retry,
+            } => {
+                let out = match cap_ms {
+                    Some(ms) => {
+                        let spec = RewriteSpec {
+                            available: false,
+                            drop_after_cluster_time: false,
+                            max_time_ms: Some(ms),
+                        };
+                        match rewrite::rewrite_message(&msg, &spec, max) {
+                            Ok(b) => {
+                                tracing::debug!(ns = %ns, command = info.name, max_time_ms = ms, "maxTimeMS capped");
+                                b
+                            }
+                            Err(e) => {
+                                tracing::warn!(ns = %ns, error = %e, "cannot cap maxTimeMS, forwarding as is");
+                                msg.clone()
+                            }
+                        }
+                    }
+                    None => msg.clone(),
+                };
+                if probe {
+                    tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
+                }
+                self.pending.push(Tracked {
+                    request_id,
+                    ns,
+                    command: info.name.to_string(),
+                    policy: target.policy.clone(),
+                    original: msg,
+                    started: now,
+                    max_time_ms: cap_ms.or(info.max_time_ms),
+                    probe,
+                    retry,
+                    retried: false,
+                });
+                self.forward(out, true, uw).await
+            }
+            Decision::Rewrite {
+                drop_after_cluster_time,
+                cap_ms,
+            } => {
+                let spec = RewriteSpec {
+                    available: true,
+                    drop_after_cluster_time,
+                    max_time_ms: cap_ms,
+                };
+                match rewrite::rewrite_message(&msg, &spec, max) {
+                    Ok(out) => {
+                        tracing::info!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
+                        self.forward(out, true, uw).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(ns = %ns, error = %e, "rewrite failed, forwarding as is");
+                        self.forward(msg, true, uw).await
+                    }
+                }
+            }
+            Decision::FailFast {
+                reason,
+                probe_in,
+                errors,
+            } => {
+                let (code, name) = reason.reply_code();
+                let errmsg = fail_fast_message(&ns, reason, errors, probe_in);
+                tracing::info!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
+                self.reply_error(request_id, code, name, &errmsg, cw).await
+            }
+            Decision::Refuse => {
+                let errmsg = format!(
+                    "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
+                );
+                tracing::info!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
+                self.reply_error(request_id, 72, "InvalidOptions", &errmsg, cw)
+                    .await
+            }
+        }
+    }
+
+    async fn on_reply(
+        &mut self,
+        msg: Bytes,
+        cw: &mut OwnedWriteHalf,
+        uw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
+        if !self.pending.is_empty() {
+            let response_to = Header::parse(&msg).map_or(0, |h| h.response_to);
+            if let Some(i) = self
+                .pending
+                .iter()
+                .position(|t| t.request_id == response_to)
+            {
+                let t = self.pending.swap_remove(i);
+                if self.inspect(t, &msg, uw).await? {
+                    return Ok(());
+                }
+            }
+        }
+        self.to_client(msg, cw).await
+    }
+
+    /// Looks at the reply to a tracked read; returns true when it was swallowed because a
+    /// retry went out instead.
+    async fn inspect(
+        &mut self,
+        mut t: Tracked,
+        msg: &Bytes,
+        uw: &mut OwnedWriteHalf,
+    ) -> Result<bool, SessionError> {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(t.started);
+        let status = match command::inspect_reply(msg, self.config.max_message_size) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(ns = %t.ns, error = %e, "cannot read reply to a tracked read");
+                if t.probe {
+                    self.shared.breakers.release_probe(&t.ns);
+                }
+                return Ok(false);
+            }
+        };
+        let breakers = &self.shared.breakers;
+        let trigger = status
+            .code
+            .filter(|&c| !status.ok && t.policy.is_trigger(c));
+        if let Some(code) = trigger {
+            let what = format!("{} {}", code, status.code_name.as_deref().unwrap_or(""));
+            tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, retried = t.retried, "trigger error");
+            let reason = Reason::of_code(code);
+            if let Some(tr) =
+                breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now)
+            {
+                self.log_transition(&t.ns, &tr);
+            }
+            if t.retry && !t.retried {
+                let remaining = t
+                    .max_time_ms
+                    .map(|m| m - elapsed.as_millis().min(i64::MAX as u128) as i64);
+                if remaining.is_some_and(|r| r <= 0) {
+                    tracing::info!(ns = %t.ns, "no time left to retry, returning the error");
+                    return Ok(false);
+                }
+                let spec = RewriteSpec {
+                    available: true,
+                    drop_after_cluster_time: t.policy.causal == Causal::Drop,
+                    max_time_ms: remaining,
+                };
+                match rewrite::rewrite_message(&t.original, &spec, self.config.max_message_size)
+                {
+                    Ok(out) => {
+                        tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?remaining, "resending with readConcern available");
+                        t.retried = true;
+                        t.probe = false;
+                        self.pending.push(t);
+                        uw.write_all(&out).await.map_err(SessionError::UpstreamIo)?;
+                        return Ok(true);
+                    }
+                    Err(e) => {
+                        tracing::warn!(ns = %t.ns, error = %e, "cannot rewrite for retry, returning the error")
+                    }
+                }
+            }
+            return Ok(false);
+        }
+        if t.retried {
+            return Ok(false);
+        }
+        if let Some(slow) = t.policy.slow_read.filter(|&s| elapsed > s) {
+            let what = format!("slow reply ({} ms > {} ms)", elapsed.as_millis(), slow.as_millis());
+            tracing::info!(ns = %t.ns, command = %t.command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
+            if let Some(tr) =
+                breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now)
+            {
+                self.log_transition(&t.ns, &tr);
+            }
+        } else if let Some(tr) = breakers.record_success(&t.ns, t.probe, now) {
+            self.log_transition(&t.ns, &tr);
+        }
+        Ok(false)
+    }
+
+    /// The client left with tracked reads unanswered: its driver gave up (socket timeout),
+    /// which counts as a time-limit error.
+    fn client_gone(&mut self) {
+        let now = Instant::now();
+        for t in std::mem::take(&mut self.pending) {
+            let waited = now.saturating_duration_since(t.started);
+            tracing::info!(ns = %t.ns, command = %t.command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
+            let what = format!("client gave up after {} ms", waited.as_millis());
+            if let Some(tr) = self.shared.breakers.record_failure(
+                &t.ns,
+                &t.policy,
+                Reason::TimeLimit,
+                &what,
+                t.probe,
+                now,
+            ) {
+                self.log_transition(&t.ns, &tr);
+            }
+        }
+    }
+
+    fn log_transition(&self, ns: &str, t: &Transition) {
+        tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
+    }
+
+    fn policy_active(&self) -> bool {
+        !self.config.policy.is_passthrough_only()
+    }
+
+    async fn forward(
+        &mut self,
+        msg: Bytes,
+        expects_reply: bool,
+        uw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
+        if expects_reply {
+            self.outstanding += 1;
+        }
+        uw.write_all(&msg).await.map_err(SessionError::UpstreamIo)
+    }
+
+    async fn to_client(&mut self, msg: Bytes, cw: &mut OwnedWriteHalf) -> Result<(), SessionError> {
+        let more = msg.len() > 20
+            && Header::parse(&msg).is_some_and(|h| h.op_code == OpCode::MSG)
+            && opmsg::flags_of(&msg) & MORE_TO_COME != 0;
+        self.streaming = more;
+        if !more {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+        cw.write_all(&msg).await.map_err(SessionError::ClientIo)
+    }
+
+    async fn reply_error(
+        &mut self,
+        request_id: i32,
+        code: i32,
+        code_name: &str,
+        errmsg: &str,
+        cw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
+        let out = reply::error_reply(self.shared.request_id(), request_id, code, code_name, errmsg);
+        cw.write_all(&out).await.map_err(SessionError::ClientIo)
+    }
+}
+
+fn fail_fast_message(ns: &str, reason: Reason, errors: u32, probe_in: Duration) -> String {
+    let at = humantime::format_rfc3339_seconds(SystemTime::now() + probe_in);
+    format!(
+        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); not sent to mongos; next probe in {:.1}s (at {at})",
+        probe_in.as_secs_f64()
+    )
+}
+
+fn client_err(e: FrameError) -> SessionError {
+    match e {
+        FrameError::Wire(w) => SessionError::ClientProtocol(w),
+        FrameError::Io(io) => SessionError::ClientIo(io),
+    }
+}
+
+fn upstream_err(e: FrameError) -> SessionError {
+    match e {
+        FrameError::Wire(w) => SessionError::UpstreamProtocol(w),
+        FrameError::Io(io) => SessionError::UpstreamIo(io),
+    }
+}
