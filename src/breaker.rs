@@ -236,7 +236,9 @@ impl Breakers {
                 if self.map.len() >= self.max {
                     return None;
                 }
-                self.map.entry(ns.to_string()).or_insert_with(|| Breaker::new(now));
+                self.map
+                    .entry(ns.to_string())
+                    .or_insert_with(|| Breaker::new(now));
                 self.map.get_mut(ns)?
             }
         };
@@ -451,7 +453,9 @@ mod tests {
         assert_eq!(Reason::of_code(50), Reason::TimeLimit);
         assert_eq!(Reason::of_code(262), Reason::TimeLimit);
         // Neither reply code is in the drivers' retryable-reads list.
-        let retryable = [262, 11600, 11602, 10107, 13435, 13436, 189, 134, 91, 7, 6, 89, 9001];
+        let retryable = [
+            262, 11600, 11602, 10107, 13435, 13436, 189, 134, 91, 7, 6, 89, 9001,
+        ];
         for r in [Reason::StaleRouting, Reason::TimeLimit] {
             assert!(!retryable.contains(&r.reply_code().0));
         }

@@ -1059,7 +1059,7 @@ pub fn read_pref_names(bits: u8) -> String {
 fn policy_cells(p: &NsPolicy) -> Vec<String> {
     let mut cells = vec![p.pattern.clone(), p.mode.as_str().to_string()];
     if p.mode == Mode::Passthrough {
-        cells.extend(std::iter::repeat("-".to_string()).take(9));
+        cells.extend(std::iter::repeat_n("-".to_string(), 9));
         return cells;
     }
     let codes: Vec<String> = p.trigger_codes.iter().map(|c| c.to_string()).collect();

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use staleguard::config::{self, Config};
 
 #[derive(Parser)]
-#[command(name = "staleguard", version, about = "MongoDB wire-protocol proxy: keep secondary reads answering, or failing fast, when shard routing goes stale")]
+#[command(
+    name = "staleguard",
+    version,
+    about = "MongoDB wire-protocol proxy: keep secondary reads answering, or failing fast, when shard routing goes stale"
+)]
 struct Cli {
     /// Log level (overridden by RUST_LOG when set): error, warn, info, debug, trace.
     #[arg(long, global = true, default_value = "info")]
@@ -83,7 +87,10 @@ fn run(path: PathBuf) -> ExitCode {
     let Some(cfg) = load(&path) else {
         return ExitCode::from(2);
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

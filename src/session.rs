@@ -168,9 +168,8 @@ impl Session {
         uw: &mut OwnedWriteHalf,
     ) -> Result<(), SessionError> {
         let max = self.config.max_message_size;
-        let header = Header::parse(&msg).ok_or(SessionError::ClientProtocol(
-            WireError::Truncated("header"),
-        ))?;
+        let header = Header::parse(&msg)
+            .ok_or(SessionError::ClientProtocol(WireError::Truncated("header")))?;
         let op = header.op();
         if op == OpCode::Msg && !self.policy_active() {
             // Validate only: the structure must hold even when no policy needs the body.
@@ -220,8 +219,18 @@ impl Session {
             tracing::info!(ns = %ns, command = info.name, decision = decision.name(), dry_run = true, "would act (dry run)");
             decision = decision.dry();
         }
-        self.apply(decision, &target, &info, ns, header.request_id, msg.clone(), now, cw, uw)
-            .await
+        self.apply(
+            decision,
+            &target,
+            &info,
+            ns,
+            header.request_id,
+            msg.clone(),
+            now,
+            cw,
+            uw,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -342,7 +351,7 @@ impl Session {
                 }
             }
         }
-        self.to_client(msg, cw).await
+        self.send_to_client(msg, cw).await
     }
 
     /// Looks at the reply to a tracked read; returns true when it was swallowed because a
@@ -391,8 +400,7 @@ impl Session {
                     drop_after_cluster_time: t.policy.causal == Causal::Drop,
                     max_time_ms: remaining,
                 };
-                match rewrite::rewrite_message(&t.original, &spec, self.config.max_message_size)
-                {
+                match rewrite::rewrite_message(&t.original, &spec, self.config.max_message_size) {
                     Ok(out) => {
                         tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?remaining, "resending with readConcern available");
                         t.retried = true;
@@ -412,7 +420,11 @@ impl Session {
             return Ok(false);
         }
         if let Some(slow) = t.policy.slow_read.filter(|&s| elapsed > s) {
-            let what = format!("slow reply ({} ms > {} ms)", elapsed.as_millis(), slow.as_millis());
+            let what = format!(
+                "slow reply ({} ms > {} ms)",
+                elapsed.as_millis(),
+                slow.as_millis()
+            );
             tracing::info!(ns = %t.ns, command = %t.command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
             if let Some(tr) =
                 breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now)
@@ -466,7 +478,11 @@ impl Session {
         uw.write_all(&msg).await.map_err(SessionError::UpstreamIo)
     }
 
-    async fn to_client(&mut self, msg: Bytes, cw: &mut OwnedWriteHalf) -> Result<(), SessionError> {
+    async fn send_to_client(
+        &mut self,
+        msg: Bytes,
+        cw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
         let more = msg.len() > 20
             && Header::parse(&msg).is_some_and(|h| h.op_code == OpCode::MSG)
             && opmsg::flags_of(&msg) & MORE_TO_COME != 0;
@@ -485,7 +501,13 @@ impl Session {
         errmsg: &str,
         cw: &mut OwnedWriteHalf,
     ) -> Result<(), SessionError> {
-        let out = reply::error_reply(self.shared.request_id(), request_id, code, code_name, errmsg);
+        let out = reply::error_reply(
+            self.shared.request_id(),
+            request_id,
+            code,
+            code_name,
+            errmsg,
+        );
         cw.write_all(&out).await.map_err(SessionError::ClientIo)
     }
 }

@@ -66,7 +66,10 @@ pub(crate) fn read_u32(b: &[u8], at: usize) -> Option<u32> {
 }
 
 /// Splits a NUL-terminated UTF-8 string off the front of `b`; returns it and the bytes consumed.
-pub(crate) fn read_cstr<'a>(b: &'a [u8], what: &'static str) -> Result<(&'a str, usize), WireError> {
+pub(crate) fn read_cstr<'a>(
+    b: &'a [u8],
+    what: &'static str,
+) -> Result<(&'a str, usize), WireError> {
     let nul = b
         .iter()
         .position(|&c| c == 0)

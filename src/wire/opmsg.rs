@@ -32,7 +32,9 @@ impl<'a> OpMsg<'a> {
     pub fn parse(payload: &'a [u8]) -> Result<OpMsg<'a>, WireError> {
         let flags = read_u32(payload, 0).ok_or(WireError::Truncated("op_msg flags"))?;
         if flags & 0xffff & !KNOWN_REQUIRED != 0 {
-            return Err(WireError::UnknownRequiredFlags(flags & 0xffff & !KNOWN_REQUIRED));
+            return Err(WireError::UnknownRequiredFlags(
+                flags & 0xffff & !KNOWN_REQUIRED,
+            ));
         }
         let end = if flags & CHECKSUM_PRESENT != 0 {
             payload
