@@ -46,7 +46,13 @@ impl Decoder for MessageCodec {
         }
         let len = declared as usize;
         if src.len() < len {
-            src.reserve(len - src.len());
+            if src.capacity() < len {
+                // Exactly one frame's room: `reserve` may double, which for a frame near the
+                // bound would allocate twice the declared maximum.
+                let mut room = BytesMut::with_capacity(len);
+                room.extend_from_slice(src);
+                *src = room;
+            }
             return Ok(None);
         }
         Ok(Some(src.split_to(len).freeze()))

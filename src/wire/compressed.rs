@@ -68,16 +68,16 @@ impl<'a> Compressed<'a> {
                     .decompress_vec(self.data)
                     .map_err(|e| WireError::Decompress(e.to_string()))?
             }
-            ZLIB => {
-                let mut out = Vec::with_capacity(want);
-                flate2::read::ZlibDecoder::new(self.data)
-                    .take(want as u64 + 1)
-                    .read_to_end(&mut out)
+            ZLIB => read_bounded(
+                flate2::read::ZlibDecoder::new(self.data),
+                want,
+                self.data.len(),
+            )?,
+            ZSTD => {
+                let dec = zstd::stream::read::Decoder::with_buffer(self.data)
                     .map_err(|e| WireError::Decompress(e.to_string()))?;
-                out
+                read_bounded(dec, want, self.data.len())?
             }
-            ZSTD => zstd::bulk::decompress(self.data, want)
-                .map_err(|e| WireError::Decompress(e.to_string()))?,
             other => return Err(WireError::UnknownCompressor(other)),
         };
         if out.len() != want {
@@ -88,6 +88,17 @@ impl<'a> Compressed<'a> {
         }
         Ok(out)
     }
+}
+
+/// Reads a decompressing stream to its end, at most `want + 1` bytes. The first allocation
+/// is sized from the compressed input, not from the peer's declared size, so a tiny message
+/// cannot make us allocate the maximum up front.
+fn read_bounded(r: impl Read, want: usize, compressed_len: usize) -> Result<Vec<u8>, WireError> {
+    let mut out = Vec::with_capacity(want.min(compressed_len.saturating_mul(8) + 4096));
+    r.take(want as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| WireError::Decompress(e.to_string()))?;
+    Ok(out)
 }
 
 /// Compresses `data` with the given compressor id (used when a rewrite must be re-wrapped).
