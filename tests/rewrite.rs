@@ -274,6 +274,43 @@ fn both_edits_and_no_edit() {
 }
 
 #[test]
+fn only_the_first_duplicate_is_replaced() {
+    // The server rejects duplicate fields; the rewrite does not try to repair them.
+    let body = rawdoc! {
+        "find": "c",
+        "readConcern": { "level": "local" },
+        "maxTimeMS": 100,
+        "readConcern": { "level": "majority" },
+        "maxTimeMS": 200,
+    };
+    let spec = RewriteSpec {
+        max_time_ms: Some(50),
+        ..AVAILABLE
+    };
+    let out = valid(rewrite_body(&body, &spec).unwrap());
+    let els = elements(&out);
+    let orig = elements(&body);
+    assert_eq!(
+        keys(&out),
+        [
+            "find",
+            "readConcern",
+            "maxTimeMS",
+            "readConcern",
+            "maxTimeMS"
+        ]
+    );
+    assert_eq!(els[0], orig[0]);
+    assert_eq!(els[3], orig[3]);
+    assert_eq!(els[4], orig[4]);
+    assert_eq!(
+        out.get_document("readConcern").unwrap(),
+        rawdoc! { "level": "available" }.as_ref()
+    );
+    assert_eq!(max_time(&out), RawBsonRef::Int32(50));
+}
+
+#[test]
 fn malformed_body_is_an_error() {
     let body = rawdoc! { "find": "c", "filter": { "a": 1 }, "$db": "d" };
     let mut b = body.as_bytes().to_vec();
@@ -649,16 +686,21 @@ fn timing_classify_and_rewrite() {
         drop_after_cluster_time: true,
         max_time_ms: Some(1200),
     };
-    let n = 1_000_000u32;
+    // The best of 40 batches: other processes on the machine only ever add time.
+    let n: u32 = std::env::var("TIMING_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(25_000);
     let time = |name: &str, f: &dyn Fn()| {
-        for _ in 0..n / 10 {
-            f();
+        let mut best = f64::MAX;
+        for _ in 0..40 {
+            let t = Instant::now();
+            for _ in 0..n {
+                f();
+            }
+            best = best.min(t.elapsed().as_nanos() as f64 / n as f64);
         }
-        let t = Instant::now();
-        for _ in 0..n {
-            f();
-        }
-        println!("{name}: {:.0} ns", t.elapsed().as_nanos() as f64 / n as f64);
+        println!("{name}: {best:.0} ns");
     };
     println!(
         "body {} bytes, message {} bytes",
@@ -682,7 +724,7 @@ fn timing_classify_and_rewrite() {
         black_box(rewrite_message(black_box(&crc_msg), &spec, MAX).unwrap());
     });
     let reply = op_msg(1, 0, 0, &big_cursor_reply());
-    let m = 10_000;
+    let m = n / 2;
     let t = Instant::now();
     for _ in 0..m {
         black_box(inspect_reply(black_box(&reply), MAX).unwrap());
