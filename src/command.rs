@@ -220,8 +220,9 @@ fn classify_explained<'a>(
     let mut pipeline = None;
     while let Some(e) = elems.next_elem()? {
         match e.key {
-            b"readConcern" if !info.read_concern.present => info.read_concern = read_concern(&e)?,
-            b"maxTimeMS" if info.max_time_ms.is_none() => info.max_time_ms = int_value(&e),
+            // Read before the outer fields, which overwrite these when present.
+            b"readConcern" => info.read_concern = read_concern(&e)?,
+            b"maxTimeMS" => info.max_time_ms = int_value(&e),
             b"pipeline" if is_aggregate => pipeline = Some(e),
             _ => {}
         }
@@ -279,7 +280,7 @@ fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
 }
 
 /// An int32, int64 or whole double as i64; `None` for anything else.
-pub(crate) fn int_value(e: &Elem<'_>) -> Option<i64> {
+fn int_value(e: &Elem<'_>) -> Option<i64> {
     match e.tag {
         scan::INT32 => Some(i32::from_le_bytes(e.value.try_into().ok()?) as i64),
         scan::INT64 => Some(i64::from_le_bytes(e.value.try_into().ok()?)),
