@@ -892,3 +892,13 @@ mod tests {
         }
     }
 }
+
+/// The command name (first key) alone, without looking at the rest of the body: lets the
+/// session skip classification of commands no policy acts on.
+pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
+    let mut elems = Elements::new(body.as_bytes())?;
+    match elems.next_elem()? {
+        Some(first) => Ok(Some(scan::key_str(first.key)?)),
+        None => Ok(None),
+    }
+}

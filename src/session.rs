@@ -222,6 +222,16 @@ impl Session {
         if body.flags() & MORE_TO_COME != 0 {
             return self.pass(msg.clone(), false, uw).await;
         }
+        match command::command_name(doc) {
+            Ok(Some(name)) if command::is_read_command(name) || name == "explain" => {}
+            Ok(_) => return self.pass(msg.clone(), true, uw).await,
+            Err(command::ClassifyError::Malformed(what)) => {
+                return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
+            }
+            Err(command::ClassifyError::NoCommand) => {
+                return self.pass(msg.clone(), true, uw).await
+            }
+        }
         let info = match command::classify(doc) {
             Ok(info) => info,
             Err(command::ClassifyError::NoCommand) => {
