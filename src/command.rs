@@ -875,6 +875,16 @@ pub(crate) mod scan {
     }
 }
 
+/// The command name (first key) alone, without looking at the rest of the body: lets the
+/// session skip classification of commands no policy acts on.
+pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
+    let mut elems = Elements::new(body.as_bytes())?;
+    match elems.next_elem()? {
+        Some(first) => Ok(Some(scan::key_str(first.key)?)),
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -890,15 +900,5 @@ mod tests {
         ) {
             prop_assert_eq!(super::scan::find_nul(&b), b.iter().position(|&c| c == 0));
         }
-    }
-}
-
-/// The command name (first key) alone, without looking at the rest of the body: lets the
-/// session skip classification of commands no policy acts on.
-pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
-    let mut elems = Elements::new(body.as_bytes())?;
-    match elems.next_elem()? {
-        Some(first) => Ok(Some(scan::key_str(first.key)?)),
-        None => Ok(None),
     }
 }
