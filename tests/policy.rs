@@ -1716,3 +1716,278 @@ async fn slow_reads_count_as_trigger_errors() {
     );
     assert_eq!(env.upstream_bodies("find", "slow").len(), ups.len());
 }
+
+// ---------------------------------------------------------------------------------------
+// Configuration knobs: window, read_preferences, trigger_codes, passthrough, readConcern levels
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_outside_the_window_do_not_add_up_and_clients_share_a_breaker() {
+    let ns = BASE_NAMESPACES.replace("window = \"10s\"", "window = \"300ms\"");
+    let env = Env::start(&ns).await;
+    env.fake.seed(INVENTORY, seed_docs(1));
+    let _fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
+    let a = env.client("").await;
+    let b = env.client("").await;
+    let ca = coll(&a, INVENTORY, "secondary", None);
+    let cb = coll(&b, INVENTORY, "secondary", None);
+    finds_ok(&ca, 1).await;
+    finds_ok(&cb, 1).await;
+    assert_eq!(env.errors(INVENTORY), 2, "one breaker for both clients");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    finds_ok(&ca, 1).await;
+    assert_eq!(
+        env.state(INVENTORY),
+        State::Closed,
+        "the first two left the window"
+    );
+    finds_ok(&cb, 1).await;
+    finds_ok(&ca, 1).await;
+    assert_eq!(
+        env.state(INVENTORY),
+        State::Open,
+        "three within the window, two clients"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_preferences_and_trigger_codes_are_per_namespace() {
+    let ns = r#"
+[[namespaces]]
+pattern = "demo.store_inventory"
+mode = "fallback"
+read_preferences = ["nearest"]
+trigger_codes = [96]
+"#;
+    let env = Env::start(ns).await;
+    env.fake.seed(INVENTORY, seed_docs(1));
+    let code = Arc::new(std::sync::atomic::AtomicI32::new(13388));
+    let c2 = code.clone();
+    env.fake.set_hook(move |b| {
+        (is_read_on(b, "store_inventory") && level(b).as_deref() != Some("available")).then(|| {
+            let code = c2.load(Ordering::SeqCst);
+            Hooked::error(code, code_name(code), "scripted")
+        })
+    });
+    let client = env.client("").await;
+
+    // secondary is not in this namespace's list: untouched even on a trigger-looking error.
+    let sec = coll(&client, INVENTORY, "secondary", None);
+    code.store(96, Ordering::SeqCst);
+    let e = find(&sec, None).await.expect_err("not eligible");
+    assert_eq!(command_error(&e).0, 96);
+    let up = env.upstream("find", "store_inventory");
+    assert!(
+        up.iter().all(|m| read_concern(&body(m)).is_none()),
+        "never rewritten"
+    );
+    assert_eq!(up, env.sent_by_driver("find", "store_inventory"));
+    assert!(env.breaker_namespaces().is_empty());
+
+    // nearest: eligible, but 13388 is not among this namespace's trigger codes.
+    let near = coll(&client, INVENTORY, "nearest", None);
+    code.store(13388, Ordering::SeqCst);
+    let e = find(&near, None).await.expect_err("not a trigger here");
+    assert_eq!(command_error(&e).0, 13388);
+    assert_last_forwarded(&env, "find", "store_inventory");
+    assert_eq!(env.errors(INVENTORY), 0);
+
+    // nearest + 96 (OperationFailed, listed here): retried with available by the proxy; the
+    // driver sees no error.
+    code.store(96, Ordering::SeqCst);
+    let before = env.upstream("find", "store_inventory").len();
+    assert_eq!(find(&near, None).await.expect("retried").len(), 1);
+    let up = env.upstream_bodies("find", "store_inventory");
+    assert_eq!(up.len(), before + 2);
+    assert_eq!(read_concern(&up[before + 1]), Some(available()));
+    assert_eq!(env.errors(INVENTORY), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_namespace_inside_a_strict_database_is_left_alone() {
+    let ns = format!(
+        "{BASE_NAMESPACES}\n[[namespaces]]\npattern = \"pay.public\"\nmode = \"passthrough\"\n"
+    );
+    let env = Env::start(&ns).await;
+    env.fake.seed("pay.public", seed_docs(1));
+    let _fault = stale_reads(&env.fake, "public", 13388, Duration::ZERO);
+    let client = env.client("").await;
+    let c = coll(&client, "pay.public", "secondary", None);
+    finds_fail(&c, 4, 13388).await;
+    assert_eq!(
+        env.upstream("find", "public"),
+        env.sent_by_driver("find", "public")
+    );
+    assert!(env.breaker_namespaces().is_empty());
+    // Asking for available is not refused there.
+    let avail = coll(
+        &client,
+        "pay.public",
+        "secondary",
+        Some(ReadConcern::available()),
+    );
+    assert_eq!(find(&avail, None).await.expect("allowed").len(), 1);
+    assert_last_forwarded(&env, "find", "public");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_and_majority_read_concerns_are_replaced_by_available() {
+    let env = Env::start(BASE_NAMESPACES).await;
+    env.fake.seed(INVENTORY, seed_docs(1));
+    let _fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
+    let client = env.client("").await;
+    for (i, rc) in [ReadConcern::majority(), ReadConcern::local()]
+        .into_iter()
+        .enumerate()
+    {
+        let c = coll(&client, INVENTORY, "secondary", Some(rc));
+        // i = 0: retry path (closed); afterwards the breaker is opened for i = 1.
+        if i == 1 {
+            finds_ok(&coll(&client, INVENTORY, "secondary", None), 2).await;
+            assert_eq!(env.state(INVENTORY), State::Open);
+        }
+        find(&c, None).await.expect("served");
+        let sent = env.sent_by_driver("find", "store_inventory");
+        let up = env.upstream_bodies("find", "store_inventory");
+        let (s, u) = (body(sent.last().unwrap()), up.last().unwrap().clone());
+        assert!(level(&s).is_some(), "the driver sent a level: {s:?}");
+        assert_eq!(read_concern(&u), Some(available()));
+        assert_same_except(&s, &u, &["readConcern"]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw wire: checksums and pipelined requests on one connection
+
+fn raw_find(coll: &str, db: &str) -> RawDocumentBuf {
+    rawdoc! {
+        "find": coll,
+        "filter": {},
+        "maxTimeMS": 4000,
+        "$db": db,
+        "$readPreference": { "mode": "secondary" },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checksummed_requests_are_rewritten_with_a_valid_checksum() {
+    use staleguard::wire::opmsg::{verify_checksum, CHECKSUM_PRESENT};
+    let env = Env::start(BASE_NAMESPACES).await;
+    env.fake.seed(INVENTORY, seed_docs(2));
+    let fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
+    let mut conn = RawClient::connect(env.proxy_addr()).await;
+    for id in 1..=4 {
+        let msg = raw::msg(id, CHECKSUM_PRESENT, &raw_find("store_inventory", "demo"));
+        let reply = conn.roundtrip(&msg).await;
+        assert_eq!(raw::header(&reply).response_to, id);
+        let b = raw::body(&reply);
+        assert_eq!(b.get_f64("ok").ok(), Some(1.0), "request {id}: {b:?}");
+    }
+    // 1-3: original + retry each (opens the breaker); 4: rewritten before sending.
+    assert_eq!(fault.hits(), 3);
+    let up = env.upstream("find", "store_inventory");
+    assert_eq!(up.len(), 7);
+    for (i, m) in up.iter().enumerate() {
+        assert_ne!(
+            raw::flags(m) & CHECKSUM_PRESENT,
+            0,
+            "message {i} keeps its checksum"
+        );
+        verify_checksum(m).unwrap_or_else(|e| panic!("message {i}: {e}"));
+    }
+    for i in [1, 3, 5, 6] {
+        assert_eq!(
+            read_concern(&body(&up[i])),
+            Some(available()),
+            "message {i}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_each_get_their_own_retried_reply() {
+    let env = Env::start(BASE_NAMESPACES).await;
+    env.fake.seed(INVENTORY, seed_docs(2));
+    env.fake.seed("demo.other", seed_docs(3));
+    let _fault = stale_reads(
+        &env.fake,
+        "store_inventory",
+        13388,
+        Duration::from_millis(20),
+    );
+    let mut conn = RawClient::connect(env.proxy_addr()).await;
+    let a = raw::msg(11, 0, &raw_find("store_inventory", "demo"));
+    let b = raw::msg(12, 0, &raw_find("other", "demo"));
+    let c = raw::msg(13, 0, &raw_find("store_inventory", "demo"));
+    let mut all = Vec::new();
+    all.extend_from_slice(&a);
+    all.extend_from_slice(&b);
+    all.extend_from_slice(&c);
+    conn.send(&all).await;
+    let mut got = std::collections::HashMap::new();
+    for _ in 0..3 {
+        let reply = conn.recv().await;
+        let b = raw::body(&reply);
+        let n = b
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .map(|a| a.into_iter().count())
+            .unwrap_or_else(|_| panic!("not a cursor reply: {b:?}"));
+        got.insert(raw::header(&reply).response_to, n);
+    }
+    assert_eq!(got, [(11, 2), (12, 3), (13, 2)].into_iter().collect());
+    assert_eq!(env.errors(INVENTORY), 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Retry edges
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_sent_once_and_its_own_error_reaches_the_client() {
+    let env = Env::start(BASE_NAMESPACES).await;
+    // Every read fails, `available` ones with a time limit.
+    env.fake.set_hook(|b| {
+        is_read_on(b, "store_inventory").then(|| {
+            if level(b).as_deref() == Some("available") {
+                Hooked::error(50, "MaxTimeMSExpired", "retry timed out")
+            } else {
+                Hooked::error(13388, "StaleConfig", "stale")
+            }
+        })
+    });
+    let client = env.client("").await;
+    let c = coll(&client, INVENTORY, "secondary", None);
+    let e = find(&c, None).await.expect_err("both attempts fail");
+    assert_eq!(
+        command_error(&e),
+        (50, "MaxTimeMSExpired".into(), "retry timed out".into())
+    );
+    let up = env.upstream_bodies("find", "store_inventory");
+    assert_eq!(up.len(), 2, "resent once, never twice");
+    assert_eq!(read_concern(&up[1]), Some(available()));
+    // Both replies were trigger errors, and each is counted.
+    assert_eq!(env.errors(INVENTORY), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_retry_when_the_clients_time_budget_is_spent() {
+    let env = Env::start(BASE_NAMESPACES).await;
+    let _fault = stale_reads(
+        &env.fake,
+        "store_inventory",
+        13388,
+        Duration::from_millis(200),
+    );
+    let client = env.client("").await;
+    let c = coll(&client, INVENTORY, "secondary", None);
+    let e = find(&c, Some(Duration::from_millis(100)))
+        .await
+        .expect_err("no time left for a resend");
+    assert_eq!(command_error(&e).0, 13388);
+    assert_eq!(
+        env.upstream("find", "store_inventory").len(),
+        1,
+        "not resent"
+    );
+    assert_last_forwarded(&env, "find", "store_inventory");
+    assert_eq!(env.errors(INVENTORY), 1, "still counted");
+}

@@ -292,6 +292,7 @@ pub fn code_name(code: i32) -> &'static str {
         89 => "NetworkTimeout",
         133 => "FailedToSatisfyReadPreference",
         202 => "NetworkInterfaceExceededTimeLimit",
+        96 => "OperationFailed",
         _ => "Error",
     }
 }
