@@ -206,3 +206,216 @@ impl Decision {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::classify;
+    use bson::rawdoc;
+
+    fn table() -> PolicyTable {
+        let mut inv = NsPolicy::with_defaults("demo.store_inventory", Mode::Fallback);
+        inv.max_time = Some(Duration::from_millis(500));
+        let mut causal = NsPolicy::with_defaults("demo.causal_skip", Mode::Fallback);
+        causal.causal = Causal::Skip;
+        PolicyTable::from_policies(vec![
+            inv,
+            causal,
+            NsPolicy::with_defaults("pay.*", Mode::Strict),
+            NsPolicy::with_defaults("pay.audit", Mode::Passthrough),
+        ])
+        .expect("valid table")
+    }
+
+    fn secondary() -> bson::RawDocumentBuf {
+        rawdoc! {"mode": "secondaryPreferred"}
+    }
+
+    fn open() -> Admission {
+        Admission::Open {
+            reason: Reason::StaleRouting,
+            probe_in: Duration::from_secs(5),
+            errors: 3,
+        }
+    }
+
+    /// Classifies, resolves and decides one body; `None` when nothing governs it.
+    fn run(body: &bson::RawDocument, admission: Admission) -> Option<(String, Decision)> {
+        let t = table();
+        let info = classify(body).expect("classifies");
+        let target = resolve(&info, &t)?;
+        Some((target.ns.to_string(), decide(&target, &info, admission)))
+    }
+
+    #[test]
+    fn decision_table_fallback() {
+        let find =
+            rawdoc! {"find": "store_inventory", "$db": "demo", "$readPreference": secondary()};
+        let (ns, d) = run(&find, Admission::Closed).expect("governed");
+        assert_eq!(ns, "demo.store_inventory");
+        // No client maxTimeMS: the 500 ms cap is imposed.
+        assert_eq!(
+            d,
+            Decision::Track {
+                cap_ms: Some(500),
+                probe: false,
+                retry: true
+            }
+        );
+        let (_, d) = run(&find, open()).expect("governed");
+        assert_eq!(
+            d,
+            Decision::Rewrite {
+                drop_after_cluster_time: true,
+                cap_ms: Some(500)
+            }
+        );
+        let (_, d) = run(&find, Admission::Probe).expect("governed");
+        assert_eq!(
+            d,
+            Decision::Track {
+                cap_ms: Some(500),
+                probe: true,
+                retry: true
+            }
+        );
+    }
+
+    #[test]
+    fn decision_table_strict() {
+        let find = rawdoc! {"find": "transactions", "$db": "pay", "maxTimeMS": 100, "$readPreference": secondary()};
+        let (ns, d) = run(&find, Admission::Closed).expect("governed");
+        assert_eq!(ns, "pay.transactions");
+        assert_eq!(
+            d,
+            Decision::Track {
+                cap_ms: None,
+                probe: false,
+                retry: false
+            }
+        );
+        match run(&find, open()).expect("governed").1 {
+            Decision::FailFast { reason, errors, .. } => {
+                assert_eq!((reason, errors), (Reason::StaleRouting, 3))
+            }
+            other => panic!("expected fail fast, got {other:?}"),
+        }
+        let asks = rawdoc! {"find": "transactions", "$db": "pay", "readConcern": {"level": "available"}, "$readPreference": secondary()};
+        assert_eq!(
+            run(&asks, Admission::Closed).expect("governed").1,
+            Decision::Refuse
+        );
+    }
+
+    #[test]
+    fn client_asking_available_on_fallback_is_forwarded() {
+        let find = rawdoc! {"find": "store_inventory", "$db": "demo", "readConcern": {"level": "available"}, "$readPreference": secondary()};
+        assert_eq!(run(&find, open()).expect("governed").1, Decision::Forward);
+    }
+
+    #[test]
+    fn ineligible_reads_are_forwarded_even_when_open() {
+        let cases = [
+            // primary read: no $readPreference
+            rawdoc! {"find": "store_inventory", "$db": "demo"},
+            rawdoc! {"find": "store_inventory", "$db": "demo", "$readPreference": secondary(), "autocommit": false, "txnNumber": 1_i64},
+            rawdoc! {"find": "store_inventory", "$db": "demo", "$readPreference": secondary(), "readConcern": {"level": "snapshot"}},
+            rawdoc! {"aggregate": "store_inventory", "$db": "demo", "$readPreference": secondary(), "pipeline": [{"$out": "x"}], "cursor": {}},
+            rawdoc! {"explain": {"find": "store_inventory"}, "$db": "demo", "$readPreference": secondary()},
+            rawdoc! {"getMore": 12_i64, "collection": "store_inventory", "$db": "demo"},
+            rawdoc! {"insert": "store_inventory", "$db": "demo", "documents": []},
+        ];
+        for body in &cases {
+            let d = run(body, open()).map(|(_, d)| d);
+            assert!(
+                matches!(d, None | Some(Decision::Forward)),
+                "{body:?} gave {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn strictest_namespace_wins() {
+        let agg = rawdoc! {
+            "aggregate": "store_inventory", "$db": "demo", "$readPreference": secondary(), "cursor": {},
+            "pipeline": [{"$facet": {"a": [{"$unionWith": {"coll": "x", "pipeline": [{"$lookup": {"from": {"db": "pay", "coll": "transactions"}, "as": "t", "pipeline": []}}]}}]}}],
+        };
+        let (ns, d) = run(&agg, open()).expect("governed");
+        assert_eq!(ns, "pay.transactions");
+        assert!(matches!(d, Decision::FailFast { .. }), "{d:?}");
+    }
+
+    #[test]
+    fn fallback_only_when_the_primary_namespace_is_fallback() {
+        let agg = rawdoc! {
+            "aggregate": "other", "$db": "demo", "$readPreference": secondary(), "cursor": {},
+            "pipeline": [{"$lookup": {"from": "store_inventory", "as": "i", "localField": "a", "foreignField": "b"}}],
+        };
+        assert!(run(&agg, open()).is_none());
+    }
+
+    #[test]
+    fn passthrough_entry_overrides_a_wider_strict_pattern() {
+        let find = rawdoc! {"find": "audit", "$db": "pay", "$readPreference": secondary()};
+        assert!(run(&find, open()).is_none());
+    }
+
+    #[test]
+    fn causal_reads() {
+        let ts = bson::Timestamp {
+            time: 5,
+            increment: 1,
+        };
+        let drop = rawdoc! {"find": "store_inventory", "$db": "demo", "$readPreference": secondary(), "readConcern": {"afterClusterTime": ts}};
+        assert_eq!(
+            run(&drop, open()).expect("governed").1,
+            Decision::Rewrite {
+                drop_after_cluster_time: true,
+                cap_ms: Some(500)
+            }
+        );
+        let skip = rawdoc! {"find": "causal_skip", "$db": "demo", "$readPreference": secondary(), "readConcern": {"afterClusterTime": ts}};
+        assert_eq!(run(&skip, open()).expect("governed").1, Decision::Forward);
+    }
+
+    #[test]
+    fn max_time_cap() {
+        let cap = Some(Duration::from_millis(500));
+        assert_eq!(capped_max_time(None, cap), Some(500));
+        assert_eq!(capped_max_time(Some(10_000), cap), Some(500));
+        assert_eq!(capped_max_time(Some(100), cap), None);
+        // maxTimeMS 0 means "no limit" to the server, so the cap applies.
+        assert_eq!(capped_max_time(Some(0), cap), Some(500));
+        assert_eq!(capped_max_time(Some(100), None), None);
+    }
+
+    #[test]
+    fn dry_run_never_acts() {
+        for d in [
+            Decision::Rewrite {
+                drop_after_cluster_time: true,
+                cap_ms: Some(1),
+            },
+            Decision::FailFast {
+                reason: Reason::TimeLimit,
+                probe_in: Duration::ZERO,
+                errors: 1,
+            },
+            Decision::Refuse,
+            Decision::Track {
+                cap_ms: Some(5),
+                probe: true,
+                retry: true,
+            },
+        ] {
+            match d.dry() {
+                Decision::Track {
+                    cap_ms: None,
+                    retry: false,
+                    ..
+                } => {}
+                other => panic!("{d:?} dry gave {other:?}"),
+            }
+        }
+    }
+}

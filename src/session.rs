@@ -478,7 +478,11 @@ impl Session {
         uw.write_all(&msg).await.map_err(SessionError::UpstreamIo)
     }
 
-    async fn send_to_client(&mut self, msg: Bytes, cw: &mut OwnedWriteHalf) -> Result<(), SessionError> {
+    async fn send_to_client(
+        &mut self,
+        msg: Bytes,
+        cw: &mut OwnedWriteHalf,
+    ) -> Result<(), SessionError> {
         let more = msg.len() > 20
             && Header::parse(&msg).is_some_and(|h| h.op_code == OpCode::MSG)
             && opmsg::flags_of(&msg) & MORE_TO_COME != 0;

@@ -22,7 +22,7 @@ use support::within;
 /// A fake mongos with the proxy in front of it.
 struct Env {
     fake: FakeMongos,
-    proxy: standin::Running,
+    proxy: staleguard::server::Running,
 }
 
 impl Env {
@@ -30,7 +30,9 @@ impl Env {
         let fake = FakeMongos::start().await;
         let config =
             staleguard::config::Config::for_upstreams("127.0.0.1:0", vec![fake.addr().to_string()]);
-        let proxy = standin::start(Arc::new(config)).await.expect("start proxy");
+        let proxy = staleguard::server::start(Arc::new(config))
+            .await
+            .expect("start proxy");
         Env { fake, proxy }
     }
 
@@ -357,6 +359,27 @@ async fn checksum_message_roundtrip() {
     assert_eq!(env.fake.sent(), vec![reply]);
 }
 
+/// A corrupted checksum is connection-fatal (mongos closes); the client must be closed too.
+#[tokio::test]
+async fn bad_checksum_closes_the_client() {
+    let env = Env::start().await;
+    let client = env.client().await;
+    let mut conn = env.raw().await;
+    let mut corrupt =
+        raw::msg(12, CHECKSUM_PRESENT, &rawdoc! { "ping": 1, "$db": "admin" }).to_vec();
+    *corrupt.last_mut().unwrap() ^= 0xff;
+    conn.send(&corrupt).await;
+    let before_close = conn.expect_closed().await;
+    assert!(
+        before_close
+            .iter()
+            .all(|m| raw::body(m).get_f64("ok").ok() != Some(1.0)),
+        "a corrupted message was answered ok"
+    );
+    ping(&client).await;
+    client.shutdown().await;
+}
+
 /// w:0: the request carries moreToCome, nothing is answered, the document still lands.
 #[tokio::test]
 async fn unacknowledged_write() {
@@ -608,21 +631,4 @@ async fn shutdown_refuses_new_connections() {
     within("proxy shutdown", env.proxy.shutdown()).await;
     let refused = tokio::net::TcpStream::connect(addr).await;
     assert!(refused.is_err(), "proxy still accepts after shutdown");
-}
-
-// TEMPORARY stand-in for staleguard::server until it lands on main.
-mod standin {
-    use super::*;
-    pub struct Running(Tap);
-    impl Running {
-        pub fn local_addr(&self) -> SocketAddr {
-            self.0.addr()
-        }
-        pub async fn shutdown(self) {}
-    }
-    pub async fn start(config: Arc<staleguard::config::Config>) -> std::io::Result<Running> {
-        Ok(Running(
-            Tap::start(config.upstreams[0].parse().unwrap()).await,
-        ))
-    }
 }
