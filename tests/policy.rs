@@ -1722,7 +1722,7 @@ async fn slow_reads_count_as_trigger_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_outside_the_window_do_not_add_up_and_clients_share_a_breaker() {
-    let ns = BASE_NAMESPACES.replace("window = \"10s\"", "window = \"300ms\"");
+    let ns = BASE_NAMESPACES.replace("window = \"10s\"", "window = \"500ms\"");
     let env = Env::start(&ns).await;
     env.fake.seed(INVENTORY, seed_docs(1));
     let _fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
@@ -1733,7 +1733,7 @@ async fn errors_outside_the_window_do_not_add_up_and_clients_share_a_breaker() {
     finds_ok(&ca, 1).await;
     finds_ok(&cb, 1).await;
     assert_eq!(env.errors(INVENTORY), 2, "one breaker for both clients");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     finds_ok(&ca, 1).await;
     assert_eq!(
         env.state(INVENTORY),
