@@ -1,0 +1,397 @@
+//! Faults and status: `Cluster` methods (stall/resume a primary, restart a node, migrate a
+//! chunk, configure, status) and the `{simControl: ...}` command that exposes them on
+//! mongos's `admin` database.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bson::Bson;
+use tokio_util::sync::CancellationToken;
+
+use super::model::{lock, resume, submit, Settings, WriteOp};
+use super::routing::{hash_value, Chunk, Version};
+use super::{Cluster, SimError, SHARDS};
+
+/// A node's routing table for one collection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableState {
+    /// Nothing in memory (never loaded, or lost by a restart).
+    Unknown,
+    /// Loaded at this collection version.
+    Loaded { major: u32, minor: u32 },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RefreshStatus {
+    pub successes: u32,
+    pub failures: u32,
+    /// The last refresh's result, if there was one.
+    pub last_ok: Option<bool>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TableStatus {
+    pub ns: String,
+    pub state: TableState,
+    pub refresh: RefreshStatus,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeStatus {
+    pub name: String,
+    pub shard: String,
+    pub primary: bool,
+    /// Primary of a shard whose writes are stalled.
+    pub stalled: bool,
+    pub restarts: u32,
+    pub addr: Option<SocketAddr>,
+    pub tables: Vec<TableStatus>,
+}
+
+impl NodeStatus {
+    pub fn table(&self, ns: &str) -> Option<&TableStatus> {
+        self.tables.iter().find(|t| t.ns == ns)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ShardStatus {
+    pub name: String,
+    pub primary: String,
+    pub stalled: bool,
+    pub tickets_total: u32,
+    pub tickets_out: u32,
+    pub queued_writers: u32,
+    pub pending_writes: usize,
+    pub term: i64,
+    /// Documents physically held, per collection.
+    pub docs: BTreeMap<String, usize>,
+    /// Documents held whose chunk the config server gives to the other shard.
+    pub orphans: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChunkStatus {
+    pub min: Bson,
+    pub max: Bson,
+    pub shard: String,
+    pub version: (u32, u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct CollectionStatus {
+    pub ns: String,
+    pub epoch: String,
+    pub version: (u32, u32),
+    pub chunks: Vec<ChunkStatus>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MongosStatus {
+    /// mongos's cached collection version per collection.
+    pub cached: BTreeMap<String, (u32, u32)>,
+    pub stale_config_errors: u64,
+    pub cache_refreshes: u64,
+    pub open_cursors: usize,
+    pub connections: u64,
+}
+
+/// Everything `simControl: status` reports.
+#[derive(Debug, Clone)]
+pub struct ClusterStatus {
+    pub nodes: Vec<NodeStatus>,
+    pub shards: Vec<ShardStatus>,
+    pub collections: Vec<CollectionStatus>,
+    pub mongos: MongosStatus,
+}
+
+/// What a chunk migration did.
+#[derive(Debug, Clone)]
+pub struct MoveReport {
+    pub ns: String,
+    pub from: String,
+    pub to: String,
+    pub min: Bson,
+    pub max: Bson,
+    /// The new collection version.
+    pub version: (u32, u32),
+    /// Documents copied to the recipient (orphans on the donor until the range deleter runs).
+    pub moved_docs: usize,
+    pub delete_after: Duration,
+}
+
+fn pair(v: Version) -> (u32, u32) {
+    (v.major, v.minor)
+}
+
+impl Cluster {
+    /// The runtime-adjustable settings.
+    pub fn settings(&self) -> Settings {
+        lock(&self.settings).clone()
+    }
+
+    /// Replaces the runtime-adjustable settings.
+    pub fn configure(&self, settings: Settings) {
+        *lock(&self.settings) = settings;
+    }
+
+    fn shard_named(&self, shard: &str) -> Result<usize, SimError> {
+        lock(&self.state).shard_id(shard).ok_or_else(|| {
+            SimError::new(
+                70,
+                "ShardNotFound",
+                format!("shard {shard} not found (shards: {})", SHARDS.join(", ")),
+            )
+        })
+    }
+
+    /// From now on no write completes on `shard`'s primary; it still answers hello and
+    /// reads, and holds a write ticket per stuck write.
+    pub fn stall_primary(&self, shard: &str) -> Result<(), SimError> {
+        let id = self.shard_named(shard)?;
+        lock(&self.state).shards[id].stalled = true;
+        tracing::info!(shard, "sim: primary stalled");
+        Ok(())
+    }
+
+    /// Ends the stall: waiting writes complete in arrival order. Returns how many.
+    pub fn resume_primary(&self, shard: &str) -> Result<usize, SimError> {
+        let id = self.shard_named(shard)?;
+        let n = resume(&mut lock(&self.state), id);
+        tracing::info!(shard, completed = n, "sim: primary resumed");
+        Ok(n)
+    }
+
+    /// Restarts a node: every routing table it held is gone (UNKNOWN), its connections
+    /// close, it gets a new processId. Returns the collections whose tables it lost.
+    pub fn restart_node(&self, node: &str) -> Result<Vec<String>, SimError> {
+        let mut st = lock(&self.state);
+        let id = st
+            .node_id(node)
+            .ok_or_else(|| SimError::bad_value(format!("no node named {node}")))?;
+        let shard = st.nodes[id].shard;
+        if st.nodes[id].primary && st.shards[shard].stalled {
+            return Err(SimError::illegal(format!(
+                "restarting the stalled primary of {} would cause an election, which the simulator does not model; use resumePrimary",
+                st.shards[shard].name
+            )));
+        }
+        let n = &mut st.nodes[id];
+        let mut lost: Vec<String> = n.tables.drain().map(|(ns, _)| ns).collect();
+        lost.sort();
+        n.incarnation.cancel();
+        n.incarnation = self.stop.child_token();
+        n.process_id = bson::oid::ObjectId::new();
+        n.started = tokio::time::Instant::now();
+        n.restarts += 1;
+        n.counters = Default::default();
+        tracing::info!(node, lost = ?lost, "sim: node restarted");
+        Ok(lost)
+    }
+
+    /// Migrates the chunk holding `_id: id` to shard `to`: copies its documents, commits
+    /// the new owner (major version bump), the two primaries load the new table, mongos
+    /// refreshes; the donor deletes the orphans after `delete_after` (default from settings).
+    /// Secondaries keep their tables and find them stale on their next versioned read.
+    pub fn move_chunk(
+        &self,
+        ns: &str,
+        id: &Bson,
+        to: &str,
+        delete_after: Option<Duration>,
+    ) -> Result<MoveReport, SimError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| SimError::illegal("move_chunk must run inside the tokio runtime"))?;
+        let delay = delete_after.unwrap_or(self.settings().default_delete_after);
+        let to_id = self.shard_named(to)?;
+        let mut st = lock(&self.state);
+        let table = st
+            .config_table(ns)
+            .ok_or_else(|| SimError::new(61, "ShardKeyNotFound", format!("{ns} is not sharded")))?;
+        let hash = hash_value(id);
+        let (next, old) = table
+            .migrate(hash, to_id)
+            .ok_or_else(|| SimError::bad_value("no chunk holds that _id"))?;
+        if old.shard == to_id {
+            return Err(SimError::illegal(format!(
+                "the chunk is already on shard {to}"
+            )));
+        }
+        if st.shards[old.shard].stalled || st.shards[to_id].stalled {
+            return Err(SimError::illegal("a migration needs writes on both primaries and one of them is stalled; the simulator refuses instead of hanging"));
+        }
+        let docs = st.shards[old.shard]
+            .data
+            .get(ns)
+            .map(|c| c.range(old.min, old.max))
+            .unwrap_or_default();
+        let moved = docs.len();
+        let recipient = st.shards[to_id].data.entry(ns.to_string()).or_default();
+        for d in docs {
+            let _ = recipient.insert(d);
+        }
+        let next = std::sync::Arc::new(next);
+        st.config.insert(ns.to_string(), next.clone());
+        st.mongos.cache.insert(ns.to_string(), next.clone());
+        for shard in [old.shard, to_id] {
+            let primary = st.shards[shard].primary(shard);
+            st.nodes[primary]
+                .tables
+                .insert(ns.to_string(), next.clone());
+            st.shards[shard].optime = st.clock.tick();
+        }
+        drop(st);
+        self.schedule_range_deletion(&runtime, ns, &old, delay);
+        tracing::info!(ns, from = SHARDS[old.shard], to, moved, version = %next.version(), "sim: chunk migrated");
+        Ok(MoveReport {
+            ns: ns.to_string(),
+            from: SHARDS[old.shard].to_string(),
+            to: to.to_string(),
+            min: Chunk::bound(old.min),
+            max: Chunk::bound(old.max),
+            version: pair(next.version()),
+            moved_docs: moved,
+            delete_after: delay,
+        })
+    }
+
+    /// The donor's range deleter: after `delay`, one write on the donor's primary (so it
+    /// waits if that primary is stalled by then).
+    fn schedule_range_deletion(
+        &self,
+        rt: &tokio::runtime::Handle,
+        ns: &str,
+        old: &Chunk,
+        delay: Duration,
+    ) {
+        let (state, stop): (_, CancellationToken) = (self.state.clone(), self.stop.clone());
+        let op = WriteOp::RangeDelete {
+            ns: ns.to_string(),
+            min: old.min,
+            max: old.max,
+        };
+        let donor = old.shard;
+        let task = self.tasks.track_future(async move {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            let submitted = submit(&mut lock(&state), donor, op);
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                o = submitted.outcome() => tracing::info!(donor = SHARDS[donor], deleted = o.map_or(0, |o| o.n), "sim: orphans deleted"),
+            }
+        });
+        rt.spawn(task);
+    }
+
+    /// A snapshot of every node's tables, the shards' tickets and orphans, the chunks.
+    pub fn status(&self) -> ClusterStatus {
+        let st = lock(&self.state);
+        let sharded: Vec<&String> = st.config.keys().collect();
+        let nodes = st
+            .nodes
+            .iter()
+            .map(|n| NodeStatus {
+                name: n.name.clone(),
+                shard: SHARDS[n.shard].to_string(),
+                primary: n.primary,
+                stalled: n.primary && st.shards[n.shard].stalled,
+                restarts: n.restarts,
+                addr: n.addr,
+                tables: sharded
+                    .iter()
+                    .map(|ns| TableStatus {
+                        ns: ns.to_string(),
+                        state: n.tables.get(*ns).map_or(TableState::Unknown, |t| {
+                            let v = t.version();
+                            TableState::Loaded {
+                                major: v.major,
+                                minor: v.minor,
+                            }
+                        }),
+                        refresh: n
+                            .refresh
+                            .get(*ns)
+                            .map(|r| RefreshStatus {
+                                successes: r.successes,
+                                failures: r.failures,
+                                last_ok: r.last_ok,
+                                last_error: r.last_error.clone(),
+                            })
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let shards = st
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ShardStatus {
+                name: s.name.to_string(),
+                primary: st.nodes[s.primary(i)].name.clone(),
+                stalled: s.stalled,
+                tickets_total: s.tickets_total,
+                tickets_out: s.tickets_out(),
+                queued_writers: s.queued_writers(),
+                pending_writes: s.pending.len(),
+                term: s.term,
+                docs: s.data.iter().map(|(ns, c)| (ns.clone(), c.len())).collect(),
+                orphans: sharded
+                    .iter()
+                    .map(|ns| (ns.to_string(), st.orphans(i, ns)))
+                    .collect(),
+            })
+            .collect();
+        let collections = st
+            .config
+            .values()
+            .map(|t| CollectionStatus {
+                ns: t.ns.clone(),
+                epoch: t.epoch.to_hex(),
+                version: pair(t.version()),
+                chunks: t
+                    .chunks
+                    .iter()
+                    .map(|c| ChunkStatus {
+                        min: Chunk::bound(c.min),
+                        max: Chunk::bound(c.max),
+                        shard: SHARDS[c.shard].to_string(),
+                        version: pair(c.version),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let m = &st.mongos;
+        let mongos = MongosStatus {
+            cached: m
+                .cache
+                .iter()
+                .map(|(ns, t)| (ns.clone(), pair(t.version())))
+                .collect(),
+            stale_config_errors: m.stale_config_errors,
+            cache_refreshes: m.cache_refreshes,
+            open_cursors: m.cursors.len(),
+            connections: m.connections,
+        };
+        ClusterStatus {
+            nodes,
+            shards,
+            collections,
+            mongos,
+        }
+    }
+}
+
+impl ClusterStatus {
+    pub fn node(&self, name: &str) -> Option<&NodeStatus> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    pub fn shard(&self, name: &str) -> Option<&ShardStatus> {
+        self.shards.iter().find(|s| s.name == name)
+    }
+}
