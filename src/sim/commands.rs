@@ -129,7 +129,7 @@ pub fn deadline(body: &Document) -> Result<Option<Instant>, SimError> {
         None => Ok(None),
         Some(v) => match number(v) {
             Some(ms) if ms > 0.0 => Ok(Some(Instant::now() + Duration::from_millis(ms as u64))),
-            Some(ms) if ms == 0.0 => Ok(None),
+            Some(0.0) => Ok(None),
             _ => Err(SimError::bad_value(
                 "maxTimeMS must be a non-negative number",
             )),

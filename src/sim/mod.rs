@@ -115,7 +115,7 @@ pub struct SimError {
     pub code_name: &'static str,
     pub message: String,
     /// Extra reply fields (StaleConfig's `ns`, `shardId`, ...).
-    pub extra: Option<Document>,
+    pub extra: Option<Box<Document>>,
 }
 
 impl SimError {
@@ -161,7 +161,7 @@ impl SimError {
             "codeName": self.code_name,
         };
         if let Some(extra) = &self.extra {
-            d.extend(extra.clone());
+            d.extend(extra.as_ref().clone());
         }
         d
     }

@@ -52,11 +52,13 @@ impl ReadPref {
             Ok("secondaryPreferred") => Mode::SecondaryPreferred,
             Ok("nearest") => Mode::Nearest,
             other => {
-                return Err(SimError::failed_to_parse(format!(
-                    "Could not parse $readPreference mode: {other:?}"
+                return Err(SimError::bad_value(format!(
+                    "Could not parse $readPreference mode '{}'. Only the modes 'primary', 'primaryPreferred', 'secondary', 'secondaryPreferred', and 'nearest' are supported.",
+                    other.unwrap_or_default()
                 )))
             }
         };
+        // Only `tags` is read, as mongos does; an unknown field such as `tagSets` is ignored.
         let tags = match rp.get_array("tags") {
             Ok(sets) => sets
                 .iter()
@@ -67,6 +69,17 @@ impl ReadPref {
                 .collect::<Result<Vec<_>, _>>()?,
             Err(_) => Vec::new(),
         };
+        // `[{}]` is the wildcard, the same as no tags.
+        let tags = if tags.iter().all(Document::is_empty) {
+            Vec::new()
+        } else {
+            tags
+        };
+        if mode == Mode::Primary && !tags.is_empty() {
+            return Err(SimError::bad_value(
+                "Only empty tags are allowed with primary read preference",
+            ));
+        }
         Ok(ReadPref { mode, tags })
     }
 }
@@ -464,7 +477,7 @@ fn stale(
             "stale config on {} ({node}) for {ns}, shard version received {received}: {what}",
             super::SHARDS[shard]
         ),
-        extra: Some(extra),
+        extra: Some(Box::new(extra)),
     }
 }
 

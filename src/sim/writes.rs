@@ -159,8 +159,8 @@ fn parse_delete(s: &Document) -> Result<DeleteStmt, SimError> {
         .cloned()
         .map_err(|_| SimError::failed_to_parse("delete statements need q"))?;
     let limit = match s.get("limit").and_then(super::routing::number) {
-        Some(l) if l == 0.0 => 0,
-        Some(l) if l == 1.0 => 1,
+        Some(0.0) => 0,
+        Some(1.0) => 1,
         _ => return Err(SimError::failed_to_parse("delete limit must be 0 or 1")),
     };
     Ok(DeleteStmt { q, limit })
