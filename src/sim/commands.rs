@@ -1,5 +1,5 @@
 //! mongos's commands: dispatch, read options, the read commands (find, getMore,
-//! killCursors, aggregate, count, distinct), explain, and a few catalogue commands.
+//! killCursors, aggregate, count, distinct). `explain` and the catalogue are in `catalog`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -10,10 +10,11 @@ use tokio::time::Instant;
 use super::model::{lock, Cursor};
 use super::pipeline;
 use super::query::{check_filter, get_path, project, sort, values_equal};
-use super::read::{ReadPref, ReadSpec};
+use super::read::ReadSpec;
 use super::request::Request;
-use super::routing::{number, Target};
-use super::{simcontrol, status, writes, Cluster, SimError};
+use super::routing::number;
+use super::select::ReadPref;
+use super::{catalog, simcontrol, status, writes, Cluster, SimError};
 
 /// Documents in a first batch when the client does not say (as the server).
 const DEFAULT_BATCH: usize = 101;
@@ -45,9 +46,9 @@ pub async fn run(cluster: &Cluster, req: &Request) -> Result<Document, SimError>
         "insert" => writes::insert(cluster, &db, req).await,
         "update" => writes::update(cluster, &db, req).await,
         "delete" => writes::delete(cluster, &db, req).await,
-        "explain" => explain(cluster, &db, body),
-        "listDatabases" => Ok(list_databases(cluster)),
-        "listCollections" => Ok(list_collections(cluster, &db)),
+        "explain" => catalog::explain(cluster, &db, body),
+        "listDatabases" => Ok(catalog::list_databases(cluster)),
+        "listCollections" => Ok(catalog::list_collections(cluster, &db)),
         name => Err(SimError::new(
             59,
             "CommandNotFound",
@@ -128,7 +129,10 @@ pub fn deadline(body: &Document) -> Result<Option<Instant>, SimError> {
     match body.get("maxTimeMS") {
         None => Ok(None),
         Some(v) => match number(v) {
-            Some(ms) if ms > 0.0 => Ok(Some(Instant::now() + Duration::from_millis(ms as u64))),
+            // A limit too far away to represent is no limit.
+            Some(ms) if ms > 0.0 => {
+                Ok(Instant::now().checked_add(Duration::from_millis(ms as u64)))
+            }
             Some(0.0) => Ok(None),
             _ => Err(SimError::bad_value(
                 "maxTimeMS must be a non-negative number",
@@ -137,7 +141,7 @@ pub fn deadline(body: &Document) -> Result<Option<Instant>, SimError> {
     }
 }
 
-fn doc_arg(body: &Document, key: &str) -> Result<Document, SimError> {
+pub fn doc_arg(body: &Document, key: &str) -> Result<Document, SimError> {
     match body.get(key) {
         None | Some(Bson::Null) => Ok(Document::new()),
         Some(Bson::Document(d)) => Ok(d.clone()),
@@ -193,7 +197,9 @@ async fn find(cluster: &Cluster, db: &str, body: &Document) -> Result<Document, 
             }
         })
         .collect();
-    let single = body.get_bool("singleBatch").unwrap_or(false);
+    // A negative limit is the legacy spelling of "limit, in a single batch".
+    let negative_limit = body.get("limit").and_then(number).is_some_and(|n| n < 0.0);
+    let single = body.get_bool("singleBatch").unwrap_or(false) || negative_limit;
     let batch = count_arg(body, "batchSize")?.unwrap_or(DEFAULT_BATCH);
     Ok(first_batch(cluster, ns, docs, batch, single))
 }
@@ -296,7 +302,7 @@ async fn aggregate(cluster: &Cluster, db: &str, body: &Document) -> Result<Docum
         SimError::failed_to_parse("'pipeline' option must be specified as an array")
     })?)?;
     if body.get_bool("explain").unwrap_or(false) {
-        return explain_targets(cluster, &ns, &pipeline::leading_match(&stages));
+        return catalog::explain_targets(cluster, &ns, &pipeline::leading_match(&stages));
     }
     let spec = read_spec(ns.clone(), pipeline::leading_match(&stages), body)?;
     let docs = pipeline::run(&stages, read_docs(cluster, &spec).await?);
@@ -335,116 +341,4 @@ async fn distinct(cluster: &Cluster, db: &str, body: &Document) -> Result<Docume
         }
     }
     Ok(doc! { "values": values, "ok": 1.0 })
-}
-
-/// `explain` of find, count, distinct, aggregate, update or delete: the shards mongos
-/// would target (from its cached routing table), in 4.4's queryPlanner shape.
-fn explain(cluster: &Cluster, db: &str, body: &Document) -> Result<Document, SimError> {
-    let inner = body
-        .get_document("explain")
-        .map_err(|_| SimError::failed_to_parse("explain needs a command document"))?;
-    let ns = namespace(db, inner)?;
-    let filter = match inner.keys().next().map(String::as_str) {
-        Some("find") => doc_arg(inner, "filter")?,
-        Some("count" | "distinct") => doc_arg(inner, "query")?,
-        Some("aggregate") => pipeline::leading_match(&pipeline::parse(
-            inner
-                .get_array("pipeline")
-                .map_err(|_| SimError::failed_to_parse("pipeline must be an array"))?,
-        )?),
-        Some("update") => first_stmt_filter(inner, "updates"),
-        Some("delete") => first_stmt_filter(inner, "deletes"),
-        other => {
-            return Err(SimError::illegal(format!(
-                "explain of {other:?} is not simulated"
-            )))
-        }
-    };
-    check_filter(&filter)?;
-    explain_targets(cluster, &ns, &filter)
-}
-
-fn first_stmt_filter(cmd: &Document, key: &str) -> Document {
-    match cmd.get_array(key).ok().and_then(|a| a.first()) {
-        Some(Bson::Document(s)) => s.get_document("q").cloned().unwrap_or_default(),
-        _ => Document::new(),
-    }
-}
-
-fn explain_targets(cluster: &Cluster, ns: &str, filter: &Document) -> Result<Document, SimError> {
-    let (table, shards) = cluster.target(ns, filter);
-    let by_id = matches!(Target::of_filter(filter), Target::Keys(_));
-    let leaf = if by_id { "IDHACK" } else { "COLLSCAN" };
-    let plans: Vec<Bson> = shards
-        .iter()
-        .map(|&s| {
-            let plan = match table {
-                Some(_) => doc! { "stage": "SHARDING_FILTER", "inputStage": { "stage": leaf } },
-                None => doc! { "stage": leaf },
-            };
-            Bson::Document(doc! {
-                "shardName": super::SHARDS[s],
-                "connectionString": status::connection_string(cluster, s),
-                "namespace": ns,
-                "indexFilterSet": false,
-                "parsedQuery": filter.clone(),
-                "winningPlan": plan,
-                "rejectedPlans": [],
-            })
-        })
-        .collect();
-    let stage = if shards.len() == 1 {
-        "SINGLE_SHARD"
-    } else {
-        "SHARD_MERGE"
-    };
-    Ok(doc! {
-        "queryPlanner": {
-            "mongosPlannerVersion": 1,
-            "winningPlan": { "stage": stage, "shards": plans },
-        },
-        "serverInfo": status::server_info(),
-        "ok": 1.0,
-    })
-}
-
-fn list_databases(cluster: &Cluster) -> Document {
-    let names = collection_names(cluster);
-    let mut dbs: Vec<String> = names
-        .iter()
-        .filter_map(|ns| ns.split('.').next().map(str::to_string))
-        .collect();
-    dbs.dedup();
-    let list: Vec<Bson> = dbs
-        .into_iter()
-        .map(|name| Bson::Document(doc! { "name": name, "sizeOnDisk": 8192_i64, "empty": false }))
-        .collect();
-    doc! { "databases": list, "totalSize": 0_i64, "ok": 1.0 }
-}
-
-fn list_collections(cluster: &Cluster, db: &str) -> Document {
-    let prefix = format!("{db}.");
-    let batch: Vec<Bson> = collection_names(cluster)
-        .into_iter()
-        .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_string))
-        .map(|name| Bson::Document(doc! { "name": name, "type": "collection", "options": {}, "info": { "readOnly": false } }))
-        .collect();
-    doc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": format!("{db}.$cmd.listCollections") }, "ok": 1.0 }
-}
-
-/// Every namespace known to the config server or holding documents, sorted.
-fn collection_names(cluster: &Cluster) -> Vec<String> {
-    let st = lock(&cluster.state);
-    let mut names: Vec<String> = st.config.keys().cloned().collect();
-    for s in &st.shards {
-        names.extend(
-            s.data
-                .iter()
-                .filter(|(_, c)| !c.is_empty())
-                .map(|(ns, _)| ns.clone()),
-        );
-    }
-    names.sort();
-    names.dedup();
-    names
 }

@@ -2,110 +2,16 @@
 //! chunk, configure, status) and the `{simControl: ...}` command that exposes them on
 //! mongos's `admin` database.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bson::Bson;
 use tokio_util::sync::CancellationToken;
 
-use super::model::{lock, resume, submit, Settings, WriteOp};
+use super::engine::{resume, submit, WriteOp};
+use super::model::{lock, Settings};
+use super::report::ClusterStatus;
 use super::routing::{hash_value, Chunk, Version};
 use super::{Cluster, SimError, SHARDS};
-
-/// A node's routing table for one collection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TableState {
-    /// Nothing in memory (never loaded, or lost by a restart).
-    Unknown,
-    /// Loaded at this collection version.
-    Loaded { major: u32, minor: u32 },
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RefreshStatus {
-    pub successes: u32,
-    pub failures: u32,
-    /// The last refresh's result, if there was one.
-    pub last_ok: Option<bool>,
-    pub last_error: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct TableStatus {
-    pub ns: String,
-    pub state: TableState,
-    pub refresh: RefreshStatus,
-}
-
-#[derive(Debug, Clone)]
-pub struct NodeStatus {
-    pub name: String,
-    pub shard: String,
-    pub primary: bool,
-    /// Primary of a shard whose writes are stalled.
-    pub stalled: bool,
-    pub restarts: u32,
-    pub addr: Option<SocketAddr>,
-    pub tables: Vec<TableStatus>,
-}
-
-impl NodeStatus {
-    pub fn table(&self, ns: &str) -> Option<&TableStatus> {
-        self.tables.iter().find(|t| t.ns == ns)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct ShardStatus {
-    pub name: String,
-    pub primary: String,
-    pub stalled: bool,
-    pub tickets_total: u32,
-    pub tickets_out: u32,
-    pub queued_writers: u32,
-    pub pending_writes: usize,
-    pub term: i64,
-    /// Documents physically held, per collection.
-    pub docs: BTreeMap<String, usize>,
-    /// Documents held whose chunk the config server gives to the other shard.
-    pub orphans: BTreeMap<String, usize>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ChunkStatus {
-    pub min: Bson,
-    pub max: Bson,
-    pub shard: String,
-    pub version: (u32, u32),
-}
-
-#[derive(Debug, Clone)]
-pub struct CollectionStatus {
-    pub ns: String,
-    pub epoch: String,
-    pub version: (u32, u32),
-    pub chunks: Vec<ChunkStatus>,
-}
-
-#[derive(Debug, Clone)]
-pub struct MongosStatus {
-    /// mongos's cached collection version per collection.
-    pub cached: BTreeMap<String, (u32, u32)>,
-    pub stale_config_errors: u64,
-    pub cache_refreshes: u64,
-    pub open_cursors: usize,
-    pub connections: u64,
-}
-
-/// Everything `simControl: status` reports.
-#[derive(Debug, Clone)]
-pub struct ClusterStatus {
-    pub nodes: Vec<NodeStatus>,
-    pub shards: Vec<ShardStatus>,
-    pub collections: Vec<CollectionStatus>,
-    pub mongos: MongosStatus,
-}
 
 /// What a chunk migration did.
 #[derive(Debug, Clone)]
@@ -289,109 +195,6 @@ impl Cluster {
 
     /// A snapshot of every node's tables, the shards' tickets and orphans, the chunks.
     pub fn status(&self) -> ClusterStatus {
-        let st = lock(&self.state);
-        let sharded: Vec<&String> = st.config.keys().collect();
-        let nodes = st
-            .nodes
-            .iter()
-            .map(|n| NodeStatus {
-                name: n.name.clone(),
-                shard: SHARDS[n.shard].to_string(),
-                primary: n.primary,
-                stalled: n.primary && st.shards[n.shard].stalled,
-                restarts: n.restarts,
-                addr: n.addr,
-                tables: sharded
-                    .iter()
-                    .map(|ns| TableStatus {
-                        ns: ns.to_string(),
-                        state: n.tables.get(*ns).map_or(TableState::Unknown, |t| {
-                            let v = t.version();
-                            TableState::Loaded {
-                                major: v.major,
-                                minor: v.minor,
-                            }
-                        }),
-                        refresh: n
-                            .refresh
-                            .get(*ns)
-                            .map(|r| RefreshStatus {
-                                successes: r.successes,
-                                failures: r.failures,
-                                last_ok: r.last_ok,
-                                last_error: r.last_error.clone(),
-                            })
-                            .unwrap_or_default(),
-                    })
-                    .collect(),
-            })
-            .collect();
-        let shards = st
-            .shards
-            .iter()
-            .enumerate()
-            .map(|(i, s)| ShardStatus {
-                name: s.name.to_string(),
-                primary: st.nodes[s.primary(i)].name.clone(),
-                stalled: s.stalled,
-                tickets_total: s.tickets_total,
-                tickets_out: s.tickets_out(),
-                queued_writers: s.queued_writers(),
-                pending_writes: s.pending.len(),
-                term: s.term,
-                docs: s.data.iter().map(|(ns, c)| (ns.clone(), c.len())).collect(),
-                orphans: sharded
-                    .iter()
-                    .map(|ns| (ns.to_string(), st.orphans(i, ns)))
-                    .collect(),
-            })
-            .collect();
-        let collections = st
-            .config
-            .values()
-            .map(|t| CollectionStatus {
-                ns: t.ns.clone(),
-                epoch: t.epoch.to_hex(),
-                version: pair(t.version()),
-                chunks: t
-                    .chunks
-                    .iter()
-                    .map(|c| ChunkStatus {
-                        min: Chunk::bound(c.min),
-                        max: Chunk::bound(c.max),
-                        shard: SHARDS[c.shard].to_string(),
-                        version: pair(c.version),
-                    })
-                    .collect(),
-            })
-            .collect();
-        let m = &st.mongos;
-        let mongos = MongosStatus {
-            cached: m
-                .cache
-                .iter()
-                .map(|(ns, t)| (ns.clone(), pair(t.version())))
-                .collect(),
-            stale_config_errors: m.stale_config_errors,
-            cache_refreshes: m.cache_refreshes,
-            open_cursors: m.cursors.len(),
-            connections: m.connections,
-        };
-        ClusterStatus {
-            nodes,
-            shards,
-            collections,
-            mongos,
-        }
-    }
-}
-
-impl ClusterStatus {
-    pub fn node(&self, name: &str) -> Option<&NodeStatus> {
-        self.nodes.iter().find(|n| n.name == name)
-    }
-
-    pub fn shard(&self, name: &str) -> Option<&ShardStatus> {
-        self.shards.iter().find(|s| s.name == name)
+        super::report::build(&lock(&self.state))
     }
 }

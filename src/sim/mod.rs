@@ -7,29 +7,35 @@
 //! version check and the orphan filter.
 //!
 //! ```text
-//! front     sockets: framing, compression, hello (mongos and, with node_ports, each node)
-//!   ├─ commands   mongos commands → read / write paths
-//!   │    ├─ read      targeting, node selection, shard version check, refresh, retries
-//!   │    └─ model     state + the write path (tickets, stall, resume)
-//!   ├─ node       commands answered by a node's own port (serverStatus, direct CRUD)
-//!   └─ control    faults (`simControl`) and status
-//! routing (chunks, versions, hashed key) · store (a shard's documents)
-//! query / update / pipeline (the filter, update and aggregation subset)
+//! front       sockets: framing, compression, hello (mongos and, with node_ports, each node)
+//!   ├─ commands     mongos's read commands; catalog (explain, list*); writes (insert/update/delete)
+//!   │    ├─ read        targeting, shard version check, refresh through the primary, retries
+//!   │    ├─ select      $readPreference parsing and node choice
+//!   │    └─ engine      a primary's write path: tickets, stall, resume
+//!   ├─ node         commands on a node's own port (serverStatus, replSetGetStatus, direct CRUD)
+//!   ├─ simcontrol   {simControl: ...} → control (faults) and report (status)
+//!   └─ status       hello, buildInfo, serverStatus, replSetGetStatus documents
+//! model (the state) · routing (chunks, versions, hashed key) · store (a shard's documents)
+//! request (message → command) · query / update / pipeline (the filter, update, agg subset)
 //! ```
 //!
 //! It is a test bed, not a database: no persistence, simple filters only, and documents are
 //! handled decoded (`bson::Document`) because clarity matters more than speed here.
 
+mod catalog;
 mod commands;
 mod control;
+mod engine;
 mod front;
 mod model;
 mod node;
 mod pipeline;
 mod query;
 mod read;
+mod report;
 mod request;
 mod routing;
+mod select;
 mod simcontrol;
 mod status;
 mod store;
@@ -48,11 +54,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use control::{
-    ChunkStatus, ClusterStatus, CollectionStatus, MongosStatus, MoveReport, NodeStatus,
-    RefreshStatus, ShardStatus, TableState, TableStatus,
-};
+pub use control::MoveReport;
 pub use model::{Settings, SHARDS};
+pub use report::{
+    ChunkStatus, ClusterStatus, CollectionStatus, MongosStatus, NodeStatus, RefreshStatus,
+    ShardStatus, TableState, TableStatus,
+};
 
 use model::{lock, State};
 

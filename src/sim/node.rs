@@ -7,8 +7,9 @@ use bson::{doc, Bson, Document};
 
 use super::commands::{namespace, read_concern_available};
 use super::model::{lock, NodeId};
-use super::read::{Mode, ReadPref, ReadSpec};
+use super::read::ReadSpec;
 use super::request::Request;
+use super::select::{Mode, ReadPref};
 use super::{status, writes, Cluster, SimError};
 
 pub async fn run(cluster: &Cluster, node: NodeId, req: &Request) -> Result<Document, SimError> {

@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Document};
 
-use super::control::{ClusterStatus, TableState};
 use super::routing::number;
 use super::{Cluster, SimError};
 
@@ -38,7 +37,7 @@ pub fn run(cluster: &Cluster, body: &Document) -> Result<Document, SimError> {
         }
         "moveChunk" => move_chunk(cluster, body),
         "status" => {
-            let mut d = status_document(&cluster.status());
+            let mut d = cluster.status().to_document();
             d.insert("ok", 1.0);
             Ok(d)
         }
@@ -115,106 +114,4 @@ fn configure(cluster: &Cluster, body: &Document) -> Result<Document, SimError> {
         },
         "ok": 1.0,
     })
-}
-
-fn version(v: (u32, u32)) -> Document {
-    doc! { "major": v.0 as i64, "minor": v.1 as i64 }
-}
-
-/// The status as the control command returns it.
-pub fn status_document(s: &ClusterStatus) -> Document {
-    let nodes: Vec<Bson> = s
-        .nodes
-        .iter()
-        .map(|n| {
-            let tables: Document = n
-                .tables
-                .iter()
-                .map(|t| {
-                    let mut d = match &t.state {
-                        TableState::Unknown => doc! { "state": "UNKNOWN" },
-                        TableState::Loaded { major, minor } => {
-                            doc! { "state": "loaded", "version": version((*major, *minor)) }
-                        }
-                    };
-                    d.insert("refreshSuccesses", i64::from(t.refresh.successes));
-                    d.insert("refreshFailures", i64::from(t.refresh.failures));
-                    if let Some(ok) = t.refresh.last_ok {
-                        d.insert("lastRefreshOk", ok);
-                    }
-                    if let Some(e) = &t.refresh.last_error {
-                        d.insert("lastRefreshError", e.as_str());
-                    }
-                    (t.ns.clone(), Bson::Document(d))
-                })
-                .collect();
-            Bson::Document(doc! {
-                "name": &n.name, "shard": &n.shard,
-                "role": if n.primary { "primary" } else { "secondary" },
-                "stalled": n.stalled, "restarts": i64::from(n.restarts),
-                "addr": n.addr.map(|a| a.to_string()),
-                "tables": tables,
-            })
-        })
-        .collect();
-    let shards: Vec<Bson> = s
-        .shards
-        .iter()
-        .map(|sh| {
-            let counts = |m: &std::collections::BTreeMap<String, usize>| -> Document {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), Bson::Int64(*v as i64)))
-                    .collect()
-            };
-            Bson::Document(doc! {
-                "name": &sh.name, "primary": &sh.primary, "stalled": sh.stalled,
-                "tickets": {
-                    "totalTickets": i64::from(sh.tickets_total),
-                    "out": i64::from(sh.tickets_out),
-                    "available": i64::from(sh.tickets_total - sh.tickets_out),
-                },
-                "queuedWriters": i64::from(sh.queued_writers),
-                "pendingWrites": sh.pending_writes as i64,
-                "term": sh.term,
-                "docs": counts(&sh.docs),
-                "orphans": counts(&sh.orphans),
-            })
-        })
-        .collect();
-    let collections: Vec<Bson> = s
-        .collections
-        .iter()
-        .map(|c| {
-            let chunks: Vec<Bson> = c
-                .chunks
-                .iter()
-                .map(|ch| {
-                    Bson::Document(doc! {
-                        "min": { "_id": ch.min.clone() }, "max": { "_id": ch.max.clone() },
-                        "shard": &ch.shard, "version": version(ch.version),
-                    })
-                })
-                .collect();
-            Bson::Document(doc! {
-                "ns": &c.ns, "epoch": &c.epoch, "version": version(c.version),
-                "shardKey": { "_id": "hashed" }, "chunks": chunks,
-            })
-        })
-        .collect();
-    let m = &s.mongos;
-    let cached: Document = m
-        .cached
-        .iter()
-        .map(|(ns, v)| (ns.clone(), Bson::Document(version(*v))))
-        .collect();
-    doc! {
-        "nodes": nodes, "shards": shards, "collections": collections,
-        "mongos": {
-            "cachedVersions": cached,
-            "staleConfigErrors": m.stale_config_errors as i64,
-            "cacheRefreshes": m.cache_refreshes as i64,
-            "openCursors": m.open_cursors as i64,
-            "connections": m.connections as i64,
-        },
-    }
 }

@@ -14,9 +14,8 @@ use bson::{doc, Bson, Document};
 use futures::future::join_all;
 
 use super::commands::namespace;
-use super::model::{
-    lock, submit, DeleteStmt, Outcome, StmtError, UpdateStmt, WriteOp, PRIMARY_SHARD,
-};
+use super::engine::{submit, DeleteStmt, Outcome, StmtError, UpdateStmt, WriteOp};
+use super::model::{lock, PRIMARY_SHARD};
 use super::request::Request;
 use super::routing::{hash_value, ShardId, Table, Target};
 use super::{Cluster, SimError};
