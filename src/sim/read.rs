@@ -74,7 +74,7 @@ impl Cluster {
                 }
             }
             let Some(e) = stale else { return Ok(docs) };
-            tracing::debug!(ns = %spec.ns, error = %e.message, "mongos: stale config, refreshing and retrying");
+            tracing::info!(ns = %spec.ns, error = %e.message, "mongos: StaleConfig (13388), refreshing and retrying");
             self.mongos_refresh(&spec.ns);
             last = Some(e);
         }
