@@ -158,15 +158,40 @@ impl Cluster {
                     "version mismatch detected: mongos's routing table is older than this shard's",
                 )))
             }
-            have => {
-                let state = if have.is_some() { "older" } else { "UNKNOWN" };
-                match self.refresh(node, &spec.ns, spec.deadline).await {
-                    Ok(wanted) => Err(NodeError::Stale(stale(&spec.ns, shard, &name, &sent, Some(wanted), &format!("shard version not ok: this node's routing table was {state} and has just been refreshed")))),
-                    Err(RefreshError::Deadline) => Err(NodeError::Fatal(SimError::max_time())),
-                    Err(RefreshError::Failed(why)) => Err(NodeError::Stale(stale(&spec.ns, shard, &name, &sent, None, &format!("sharding status of collection {} is not currently available for filtering and needs to be recovered from the config server: {why}", spec.ns)))),
-                }
-            }
+            have => Err(self.refresh_for(node, spec, &sent, have.is_some()).await),
         }
+    }
+
+    /// A node whose table is UNKNOWN or older than mongos's refreshes it, then answers
+    /// StaleConfig either way (mongos retries; after a successful refresh the retry passes).
+    async fn refresh_for(
+        &self,
+        node: NodeId,
+        spec: &ReadSpec,
+        sent: &ShardVersion,
+        had_table: bool,
+    ) -> NodeError {
+        let (name, shard) = {
+            let st = lock(&self.state);
+            (st.nodes[node].name.clone(), st.nodes[node].shard)
+        };
+        let ns = &spec.ns;
+        let (wanted, what) = match self.refresh(node, ns, spec.deadline).await {
+            Err(RefreshError::Deadline) => return NodeError::Fatal(SimError::max_time()),
+            Ok(wanted) => (
+                Some(wanted),
+                "shard version not ok: this node's routing table was behind and has just been refreshed".to_string(),
+            ),
+            Err(RefreshError::Failed(why)) if had_table => (
+                None,
+                format!("version mismatch detected for {ns}: this node's routing table is older and its refresh failed: {why}"),
+            ),
+            Err(RefreshError::Failed(why)) => (
+                None,
+                format!("sharding status of collection {ns} is not currently available for filtering and needs to be recovered from the config server: {why}"),
+            ),
+        };
+        NodeError::Stale(stale(ns, shard, &name, sent, wanted, &what))
     }
 
     /// The node's documents for the read (orphans dropped when `table` is given).
