@@ -128,26 +128,8 @@ impl Cluster {
         if st.shards[old.shard].stalled || st.shards[to_id].stalled {
             return Err(SimError::illegal("a migration needs writes on both primaries and one of them is stalled; the simulator refuses instead of hanging"));
         }
-        let docs = st.shards[old.shard]
-            .data
-            .get(ns)
-            .map(|c| c.range(old.min, old.max))
-            .unwrap_or_default();
-        let moved = docs.len();
-        let recipient = st.shards[to_id].data.entry(ns.to_string()).or_default();
-        for d in docs {
-            let _ = recipient.insert(d);
-        }
         let next = std::sync::Arc::new(next);
-        st.config.insert(ns.to_string(), next.clone());
-        st.mongos.cache.insert(ns.to_string(), next.clone());
-        for shard in [old.shard, to_id] {
-            let primary = st.shards[shard].primary(shard);
-            st.nodes[primary]
-                .tables
-                .insert(ns.to_string(), next.clone());
-            st.shards[shard].optime = st.clock.tick();
-        }
+        let moved = st.commit_migration(ns, &old, to_id, next.clone());
         drop(st);
         self.schedule_range_deletion(&runtime, ns, &old, delay);
         tracing::info!(ns, from = SHARDS[old.shard], to, moved, version = %next.version(), "sim: chunk migrated");

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{Outcome, WriteOp};
-use super::routing::{hash_value, ShardId, Table};
+use super::routing::{hash_value, Chunk, ShardId, Table};
 use super::store::Collection;
 
 /// Index of a node in the cluster (`a0 a1 a2 b0 b1 b2` = 0..6).
@@ -222,6 +222,40 @@ impl State {
         coll.iter()
             .filter(|(h, _)| t.owner(*h) != Some(shard))
             .count()
+    }
+}
+
+impl State {
+    /// A migration's copy and commit: the chunk's documents go to `to` (the donor keeps
+    /// them as orphans), the config server and mongos take the new table, and so do the two
+    /// primaries. Returns how many documents were copied.
+    pub fn commit_migration(
+        &mut self,
+        ns: &str,
+        old: &Chunk,
+        to: ShardId,
+        next: Arc<Table>,
+    ) -> usize {
+        let docs = self.shards[old.shard]
+            .data
+            .get(ns)
+            .map(|c| c.range(old.min, old.max))
+            .unwrap_or_default();
+        let moved = docs.len();
+        let recipient = self.coll(to, ns);
+        for d in docs {
+            let _ = recipient.insert(d);
+        }
+        self.config.insert(ns.to_string(), next.clone());
+        self.mongos.cache.insert(ns.to_string(), next.clone());
+        for shard in [old.shard, to] {
+            let primary = self.shards[shard].primary(shard);
+            self.nodes[primary]
+                .tables
+                .insert(ns.to_string(), next.clone());
+            self.shards[shard].optime = self.clock.tick();
+        }
+        moved
     }
 }
 
