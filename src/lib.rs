@@ -25,5 +25,6 @@ pub mod policy;
 pub mod rewrite;
 pub mod server;
 pub mod session;
+pub mod sim;
 pub mod upstream;
 pub mod wire;
