@@ -87,8 +87,8 @@ async fn readyz(State(st): State<AdminState>) -> Response {
 }
 
 async fn metrics(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(r) = authorize(&st, &headers, &uri) {
-        return r;
+    if !authorized(&st, &headers, &uri) {
+        return unauthorized();
     }
     let openmetrics = headers
         .get(header::ACCEPT)
@@ -107,8 +107,8 @@ async fn metrics(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> 
 }
 
 async fn status_json(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(r) = authorize(&st, &headers, &uri) {
-        return r;
+    if !authorized(&st, &headers, &uri) {
+        return unauthorized();
     }
     let s = status::collect(&st.shared, !st.stopping.is_cancelled());
     match serde_json::to_string_pretty(&s) {
@@ -125,8 +125,8 @@ async fn status_json(State(st): State<AdminState>, headers: HeaderMap, uri: Uri)
 }
 
 async fn page(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(r) = authorize(&st, &headers, &uri) {
-        return r;
+    if !authorized(&st, &headers, &uri) {
+        return unauthorized();
     }
     let s = status::collect(&st.shared, !st.stopping.is_cancelled());
     (
@@ -142,11 +142,11 @@ async fn page(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> Res
         .into_response()
 }
 
-/// Checks the bearer token (header, or `token` query parameter) when one is configured.
-fn authorize(st: &AdminState, headers: &HeaderMap, uri: &Uri) -> Result<(), Response> {
+/// The bearer token (header, or `token` query parameter) matches, or none is configured.
+fn authorized(st: &AdminState, headers: &HeaderMap, uri: &Uri) -> bool {
     let config = st.shared.config.load();
     let Some(expected) = config.admin_token.as_deref() else {
-        return Ok(());
+        return true;
     };
     let from_header = headers
         .get(header::AUTHORIZATION)
@@ -159,19 +159,19 @@ fn authorize(st: &AdminState, headers: &HeaderMap, uri: &Uri) -> Result<(), Resp
             .find(|(k, _)| *k == "token")
             .map(|(_, v)| percent_decode(v))
     });
-    let ok = from_header
+    from_header
         .into_iter()
         .chain(from_query)
-        .any(|t| same(t.as_bytes(), expected.as_bytes()));
-    if ok {
-        return Ok(());
-    }
-    Err((
+        .any(|t| same(t.as_bytes(), expected.as_bytes()))
+}
+
+fn unauthorized() -> Response {
+    (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"))],
         "admin token required: Authorization: Bearer TOKEN\n",
     )
-        .into_response())
+        .into_response()
 }
 
 /// Compares in time that does not depend on where the first difference is.

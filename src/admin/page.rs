@@ -94,7 +94,7 @@ pub fn render(s: &Status) -> String {
         esc(&super::status::rfc3339(std::time::SystemTime::now()))
     );
     out.push_str("</main></div>");
-    let _ = write!(out, "<script>{SCRIPT}</script></body></html>\n");
+    let _ = writeln!(out, "<script>{SCRIPT}</script></body></html>");
     out
 }
 
