@@ -79,6 +79,13 @@ pub fn reload(shared: &Shared, trigger: &str) -> Result<(), Vec<ConfigError>> {
     for gone in shared.upstreams.set(&new.upstreams) {
         shared.metrics.upstream_removed(&gone);
     }
+    // Health checks reconnect with the new settings (e.g. `[upstream_tls]`); a check in
+    // flight keeps its connection until it ends.
+    for u in shared.upstreams.list().iter() {
+        if let Ok(mut probe) = u.probe.try_lock() {
+            *probe = None;
+        }
+    }
     let entries = new.policy.entries().len();
     shared.config.store(Arc::new(new));
     shared.metrics.reload(true);
