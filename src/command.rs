@@ -220,8 +220,9 @@ fn classify_explained<'a>(
     let mut pipeline = None;
     while let Some(e) = elems.next_elem()? {
         match e.key {
-            b"readConcern" if !info.read_concern.present => info.read_concern = read_concern(&e)?,
-            b"maxTimeMS" if info.max_time_ms.is_none() => info.max_time_ms = int_value(&e),
+            // Read before the outer fields, which overwrite these when present.
+            b"readConcern" => info.read_concern = read_concern(&e)?,
+            b"maxTimeMS" => info.max_time_ms = int_value(&e),
             b"pipeline" if is_aggregate => pipeline = Some(e),
             _ => {}
         }
@@ -279,7 +280,7 @@ fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
 }
 
 /// An int32, int64 or whole double as i64; `None` for anything else.
-pub(crate) fn int_value(e: &Elem<'_>) -> Option<i64> {
+fn int_value(e: &Elem<'_>) -> Option<i64> {
     match e.tag {
         scan::INT32 => Some(i32::from_le_bytes(e.value.try_into().ok()?) as i64),
         scan::INT64 => Some(i64::from_le_bytes(e.value.try_into().ok()?)),
@@ -745,7 +746,7 @@ pub(crate) mod scan {
         }
 
         /// The next element, `None` at the end; after an error the scan stays at the error.
-        #[inline]
+        #[inline(always)]
         pub fn next_elem(&mut self) -> Result<Option<Elem<'a>>, Malformed> {
             if self.at >= self.end {
                 return Ok(None);
@@ -753,10 +754,7 @@ pub(crate) mod scan {
             let start = self.at;
             let tag = self.doc[start];
             let rest = &self.doc[start + 1..self.end];
-            let nul = rest
-                .iter()
-                .position(|&b| b == 0)
-                .ok_or(Malformed("element key without terminator"))?;
+            let nul = find_nul(rest).ok_or(Malformed("element key without terminator"))?;
             let vstart = start + 1 + nul + 1;
             let room = &self.doc[vstart..self.end];
             let size = value_size(tag, room)?;
@@ -770,6 +768,33 @@ pub(crate) mod scan {
                 end: vend,
             }))
         }
+    }
+
+    /// The index of the first NUL byte, eight bytes at a time (keys are short, but a byte
+    /// loop was the largest cost of a scan).
+    #[inline]
+    pub(crate) fn find_nul(b: &[u8]) -> Option<usize> {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGHS: u64 = 0x8080_8080_8080_8080;
+        let mut chunks = b.chunks_exact(8);
+        let mut at = 0;
+        for chunk in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            let w = u64::from_le_bytes(w);
+            // The lowest set bit marks the first zero byte (borrows only cause false
+            // positives above a real zero byte).
+            let zero = w.wrapping_sub(ONES) & !w & HIGHS;
+            if zero != 0 {
+                return Some(at + (zero.trailing_zeros() / 8) as usize);
+            }
+            at += 8;
+        }
+        chunks
+            .remainder()
+            .iter()
+            .position(|&c| c == 0)
+            .map(|p| at + p)
     }
 
     #[inline]
@@ -787,13 +812,13 @@ pub(crate) mod scan {
     }
 
     fn cstring_size(room: &[u8]) -> Result<usize, Malformed> {
-        room.iter()
-            .position(|&b| b == 0)
+        find_nul(room)
             .map(|n| n + 1)
             .ok_or(Malformed("cstring without terminator"))
     }
 
     /// The size of a value of type `tag` at the front of `room`, checked to fit in `room`.
+    #[inline(always)]
     fn value_size(tag: u8, room: &[u8]) -> Result<usize, Malformed> {
         let size = match tag {
             0x01 | 0x09 | 0x11 | 0x12 => 8,
@@ -847,5 +872,33 @@ pub(crate) mod scan {
 
     pub fn key_str(key: &[u8]) -> Result<&str, Malformed> {
         std::str::from_utf8(key).map_err(|_| Malformed("key is not utf-8"))
+    }
+}
+
+/// The command name (first key) alone, without looking at the rest of the body: lets the
+/// session skip classification of commands no policy acts on.
+pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
+    let mut elems = Elements::new(body.as_bytes())?;
+    match elems.next_elem()? {
+        Some(first) => Ok(Some(scan::key_str(first.key)?)),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The word-at-a-time NUL search agrees with a byte loop on every input.
+        #[test]
+        fn find_nul_matches_position(
+            b in proptest::collection::vec(
+                prop_oneof![Just(0u8), Just(1u8), Just(0x80u8), Just(0xffu8), any::<u8>()],
+                0..40,
+            )
+        ) {
+            prop_assert_eq!(super::scan::find_nul(&b), b.iter().position(|&c| c == 0));
+        }
     }
 }

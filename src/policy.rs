@@ -74,15 +74,19 @@ pub fn resolve<'a>(info: &CommandInfo<'a>, table: &PolicyTable) -> Option<Target
     if !is_read_command(info.name) && !info.explain {
         return None;
     }
-    let db = info.db?;
+    info.db?;
     let primary = info.primary_ns();
     let mut best: Option<(Ns<'a>, &Arc<NsPolicy>)> = None;
+    // A passthrough entry is a promise to leave that namespace alone: a read touching one
+    // is never relaxed, though a strict namespace it also touches still governs it.
+    let mut touches_passthrough = false;
     let touched = primary.iter().chain(info.other_namespaces.iter());
     for ns in touched {
         let Some(p) = table.lookup(ns.db, ns.coll) else {
             continue;
         };
         if p.mode == Mode::Passthrough {
+            touches_passthrough = true;
             continue;
         }
         if best.is_none_or(|(_, b)| strictness(p.mode) > strictness(b.mode)) {
@@ -93,10 +97,9 @@ pub fn resolve<'a>(info: &CommandInfo<'a>, table: &PolicyTable) -> Option<Target
     let mode = policy.mode;
     // Fallback acts only when the primary namespace itself is fallback; a pipeline that
     // merely reads a fallback namespace from an unlisted one is left alone.
-    if mode == Mode::Fallback && (primary != Some(ns) || info.opaque_stage) {
+    if mode == Mode::Fallback && (primary != Some(ns) || info.opaque_stage || touches_passthrough) {
         return None;
     }
-    let _ = db;
     let kind = if info.read_concern.level == Some("available") {
         ReadKind::AsksAvailable
     } else if is_eligible_shape(info) && pref_allowed(info.read_pref, policy.read_preferences) {

@@ -26,10 +26,9 @@ pub struct RewriteSpec {
 /// Returns `body` with the edits of `spec`: `readConcern` and `maxTimeMS` replaced where they
 /// stand, or appended at the end; every other element spliced over unchanged, in order.
 pub fn rewrite_body(body: &RawDocument, spec: &RewriteSpec) -> Result<Vec<u8>, WireError> {
-    let body = body.as_bytes();
-    let len = rewritten_len(body, spec)?;
-    let mut out = Vec::with_capacity(len);
-    write_body(body, spec, len, &mut out)?;
+    let splice = Splice::plan(body.as_bytes(), spec)?;
+    let mut out = Vec::with_capacity(splice.len);
+    splice.write(&mut out)?;
     Ok(out)
 }
 
@@ -66,7 +65,7 @@ pub fn rewrite_request(
                 ..header
             }
             .put(&mut out);
-            layout.write(payload, spec, &mut out)?;
+            layout.write(payload, &mut out)?;
             if crc {
                 let sum = crc32c::crc32c(&out);
                 out.extend_from_slice(&sum.to_le_bytes());
@@ -89,7 +88,7 @@ pub fn rewrite_request(
             let inner_len = layout.payload_len;
             fits(HEADER_LEN + inner_len, max_message_size)?;
             let mut inner = Vec::with_capacity(inner_len);
-            layout.write(payload, spec, &mut inner)?;
+            layout.write(payload, &mut inner)?;
             if crc {
                 let sum = op_msg_crc(&inner_header(&header, inner_len), &inner);
                 inner.extend_from_slice(&sum.to_le_bytes());
@@ -130,11 +129,10 @@ fn bad_body(_: Malformed) -> WireError {
 
 /// Where the pieces of a rewritten OP_MSG payload come from.
 struct Layout<'b> {
-    body: &'b [u8],
+    splice: Splice<'b>,
     body_start: usize,
     body_end: usize,
     sections_end: usize,
-    new_body_len: usize,
     /// The new payload (flags, sections, checksum) length.
     payload_len: usize,
 }
@@ -147,32 +145,26 @@ impl<'b> Layout<'b> {
         crc: bool,
         spec: &RewriteSpec,
     ) -> Result<Layout<'b>, WireError> {
-        let new_body_len = rewritten_len(body, spec)?;
+        let splice = Splice::plan(body, spec)?;
         if sections_end < body_range.end {
             return Err(WireError::Truncated("op_msg sections"));
         }
         let payload_len = body_range.start
-            + new_body_len
+            + splice.len
             + (sections_end - body_range.end)
             + if crc { 4 } else { 0 };
         Ok(Layout {
-            body,
+            splice,
             body_start: body_range.start,
             body_end: body_range.end,
             sections_end,
-            new_body_len,
             payload_len,
         })
     }
 
     /// Writes flags and sections (not the checksum): bytes before the body, the new body,
     /// bytes after it.
-    fn write(
-        &self,
-        payload: &[u8],
-        spec: &RewriteSpec,
-        out: &mut Vec<u8>,
-    ) -> Result<(), WireError> {
+    fn write(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
         let before = payload
             .get(..self.body_start)
             .ok_or(WireError::Truncated("op_msg sections"))?;
@@ -180,115 +172,158 @@ impl<'b> Layout<'b> {
             .get(self.body_end..self.sections_end)
             .ok_or(WireError::Truncated("op_msg sections"))?;
         out.extend_from_slice(before);
-        write_body(self.body, spec, self.new_body_len, out)?;
+        self.splice.write(out)?;
         out.extend_from_slice(after);
         Ok(())
     }
 }
 
 // ---------------------------------------------------------------------------------------
-// The splice. The same code runs twice: once counting bytes (to allocate exactly once and
-// to know the length prefixes), once writing.
+// The splice: one scan finds the elements to replace and gives the exact new length (so the
+// output is allocated once); then the bytes between them are copied in at most four memcpys.
+// Only the first `readConcern` and the first `maxTimeMS` are replaced; a duplicate (which
+// the server rejects anyway) is copied as it was.
 
+const RC_KEY: &[u8] = b"readConcern\0";
+const LEVEL_AVAILABLE: &[u8] = b"\x02level\0\x0a\0\0\0available\0";
+const MT_KEY: &[u8] = b"maxTimeMS\0";
+
+struct Splice<'b> {
+    body: &'b [u8],
+    spec: RewriteSpec,
+    /// The `readConcern` element to replace (only when `spec.available`).
+    rc: Option<Elem<'b>>,
+    /// The length of the new readConcern's elements.
+    rc_fields_len: usize,
+    /// The `maxTimeMS` element to replace (only when `spec.max_time_ms` is set).
+    mt: Option<Elem<'b>>,
+    /// The length of the new body.
+    len: usize,
+}
+
+impl<'b> Splice<'b> {
+    fn plan(body: &'b [u8], spec: &RewriteSpec) -> Result<Splice<'b>, WireError> {
+        Self::plan_inner(body, spec).map_err(bad_body)
+    }
+
+    fn plan_inner(body: &'b [u8], spec: &RewriteSpec) -> Result<Splice<'b>, Malformed> {
+        let (mut rc, mut mt) = (None, None);
+        let mut elems = Elements::new(body)?;
+        while let Some(e) = elems.next_elem()? {
+            if spec.available && rc.is_none() && e.key == b"readConcern" {
+                rc = Some(e);
+            } else if spec.max_time_ms.is_some() && mt.is_none() && e.key == b"maxTimeMS" {
+                mt = Some(e);
+            }
+        }
+        let mut len = body.len();
+        let mut rc_fields_len = 0;
+        if spec.available {
+            let mut count = Count(0);
+            read_concern_fields(old_read_concern(rc.as_ref()), spec, &mut count)?;
+            rc_fields_len = count.0;
+            len += 1 + RC_KEY.len() + 4 + rc_fields_len + 1;
+            len -= rc.map_or(0, |e| e.end - e.start);
+        }
+        if let Some(n) = spec.max_time_ms {
+            len += 1 + MT_KEY.len() + max_time_ms(mt.map(|e| e.tag), n).1.len;
+            len -= mt.map_or(0, |e| e.end - e.start);
+        }
+        Ok(Splice {
+            body,
+            spec: *spec,
+            rc,
+            rc_fields_len,
+            mt,
+            len,
+        })
+    }
+
+    /// Appends the new body (exactly `self.len` bytes) to `out`.
+    fn write(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        self.write_inner(out).map_err(bad_body)
+    }
+
+    fn write_inner(&self, out: &mut Vec<u8>) -> Result<(), Malformed> {
+        let start_len = out.len();
+        let body = self.body;
+        out.extend_from_slice(&(self.len as i32).to_le_bytes());
+        let mut edits = [
+            self.rc.map(|e| (e.start, e.end, true)),
+            self.mt.map(|e| (e.start, e.end, false)),
+        ];
+        if let [Some(a), Some(b)] = edits {
+            if b.0 < a.0 {
+                edits.swap(0, 1);
+            }
+        }
+        let mut copied = 4;
+        for (start, end, is_rc) in edits.into_iter().flatten() {
+            out.extend_from_slice(&body[copied..start]);
+            copied = end;
+            if is_rc {
+                self.put_read_concern(out)?;
+            } else {
+                self.put_max_time_ms(out);
+            }
+        }
+        out.extend_from_slice(&body[copied..body.len() - 1]);
+        if self.spec.available && self.rc.is_none() {
+            self.put_read_concern(out)?;
+        }
+        if self.spec.max_time_ms.is_some() && self.mt.is_none() {
+            self.put_max_time_ms(out);
+        }
+        out.push(0);
+        debug_assert_eq!(out.len() - start_len, self.len);
+        Ok(())
+    }
+
+    fn put_read_concern(&self, out: &mut Vec<u8>) -> Result<(), Malformed> {
+        out.push(scan::DOCUMENT);
+        out.extend_from_slice(RC_KEY);
+        out.extend_from_slice(&((4 + self.rc_fields_len + 1) as i32).to_le_bytes());
+        read_concern_fields(old_read_concern(self.rc.as_ref()), &self.spec, out)?;
+        out.push(0);
+        Ok(())
+    }
+
+    fn put_max_time_ms(&self, out: &mut Vec<u8>) {
+        if let Some(n) = self.spec.max_time_ms {
+            let (tag, value) = max_time_ms(self.mt.map(|e| e.tag), n);
+            out.push(tag);
+            out.extend_from_slice(MT_KEY);
+            out.extend_from_slice(value.as_slice());
+        }
+    }
+}
+
+/// The old readConcern's document bytes; any other value is simply replaced.
+fn old_read_concern<'b>(rc: Option<&Elem<'b>>) -> Option<&'b [u8]> {
+    rc.filter(|e| e.tag == scan::DOCUMENT).map(|e| e.value)
+}
+
+/// Where the new readConcern's elements go: counted first, then written.
 trait Sink {
     fn put(&mut self, bytes: &[u8]);
 }
 
-/// Counts what would be written.
 struct Count(usize);
 
 impl Sink for Count {
-    #[inline]
     fn put(&mut self, bytes: &[u8]) {
         self.0 += bytes.len();
     }
 }
 
 impl Sink for Vec<u8> {
-    #[inline]
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
     }
 }
 
-const RC_KEY: &[u8] = b"readConcern\0";
-const LEVEL_AVAILABLE: &[u8] = b"\x02level\0\x0a\0\0\0available\0";
-const MT_KEY: &[u8] = b"maxTimeMS\0";
-
-/// The length of the rewritten body.
-fn rewritten_len(body: &[u8], spec: &RewriteSpec) -> Result<usize, WireError> {
-    let mut count = Count(4 + 1);
-    splice(body, spec, &mut count).map_err(bad_body)?;
-    Ok(count.0)
-}
-
-/// Appends the rewritten body, whose length `len` is already known, to `out`.
-fn write_body(
-    body: &[u8],
-    spec: &RewriteSpec,
-    len: usize,
-    out: &mut Vec<u8>,
-) -> Result<(), WireError> {
-    let start = out.len();
-    out.extend_from_slice(&(len as i32).to_le_bytes());
-    splice(body, spec, out).map_err(bad_body)?;
-    out.push(0);
-    debug_assert_eq!(out.len() - start, len);
-    Ok(())
-}
-
-/// The elements of the rewritten body (no length prefix, no terminator).
-fn splice<S: Sink>(body: &[u8], spec: &RewriteSpec, out: &mut S) -> Result<(), Malformed> {
-    let mut elems = Elements::new(body)?;
-    let mut copied = 4;
-    let (mut saw_rc, mut saw_mt) = (false, false);
-    while let Some(e) = elems.next_elem()? {
-        let rc = spec.available && e.key == b"readConcern";
-        let mt = match spec.max_time_ms {
-            Some(n) if e.key == b"maxTimeMS" => Some(n),
-            _ => None,
-        };
-        if !rc && mt.is_none() {
-            continue;
-        }
-        out.put(&body[copied..e.start]);
-        copied = e.end;
-        if rc {
-            saw_rc = true;
-            read_concern(Some(&e), spec, out)?;
-        } else if let Some(n) = mt {
-            saw_mt = true;
-            max_time_ms(Some(e.tag), n, out);
-        }
-    }
-    out.put(&body[copied..body.len() - 1]);
-    if spec.available && !saw_rc {
-        read_concern(None, spec, out)?;
-    }
-    if let (Some(n), false) = (spec.max_time_ms, saw_mt) {
-        max_time_ms(None, n, out);
-    }
-    Ok(())
-}
-
-/// `readConcern: {level: "available", <old subfields but level (and afterClusterTime)>}`.
-fn read_concern<S: Sink>(
-    old: Option<&Elem<'_>>,
-    spec: &RewriteSpec,
-    out: &mut S,
-) -> Result<(), Malformed> {
-    // Only a document's subfields are kept; any other value is simply replaced.
-    let old = old.filter(|e| e.tag == scan::DOCUMENT).map(|e| e.value);
-    let mut inner = Count(0);
-    read_concern_fields(old, spec, &mut inner)?;
-    out.put(&[scan::DOCUMENT]);
-    out.put(RC_KEY);
-    out.put(&((4 + inner.0 + 1) as i32).to_le_bytes());
-    read_concern_fields(old, spec, out)?;
-    out.put(&[0]);
-    Ok(())
-}
-
+/// `level: "available"`, then the old subfields but `level` (and, if asked, `afterClusterTime`)
+/// in their order.
 fn read_concern_fields<S: Sink>(
     old: Option<&[u8]>,
     spec: &RewriteSpec,
@@ -309,25 +344,42 @@ fn read_concern_fields<S: Sink>(
     Ok(())
 }
 
-/// `maxTimeMS: n` as int32 if the client sent int32 and `n` fits, as a double if the client
-/// sent a double, else as int64.
-fn max_time_ms<S: Sink>(old_tag: Option<u8>, n: i64, out: &mut S) {
+/// A little-endian value of 4 or 8 bytes.
+struct Value {
+    bytes: [u8; 8],
+    len: usize,
+}
+
+impl Value {
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// `maxTimeMS: n` (at least 1: 0 would mean no limit) as int32 if the client sent int32 and
+/// `n` fits, as a double if the client sent a double, else as int64. Returns the type byte and
+/// the value.
+fn max_time_ms(old_tag: Option<u8>, n: i64) -> (u8, Value) {
     let n = n.max(1);
     match (old_tag, i32::try_from(n)) {
         (Some(scan::INT32), Ok(v)) => {
-            out.put(&[scan::INT32]);
-            out.put(MT_KEY);
-            out.put(&v.to_le_bytes());
+            let mut bytes = [0; 8];
+            bytes[..4].copy_from_slice(&v.to_le_bytes());
+            (scan::INT32, Value { bytes, len: 4 })
         }
-        (Some(scan::DOUBLE), _) => {
-            out.put(&[scan::DOUBLE]);
-            out.put(MT_KEY);
-            out.put(&(n as f64).to_le_bytes());
-        }
-        _ => {
-            out.put(&[scan::INT64]);
-            out.put(MT_KEY);
-            out.put(&n.to_le_bytes());
-        }
+        (Some(scan::DOUBLE), _) => (
+            scan::DOUBLE,
+            Value {
+                bytes: (n as f64).to_le_bytes(),
+                len: 8,
+            },
+        ),
+        _ => (
+            scan::INT64,
+            Value {
+                bytes: n.to_le_bytes(),
+                len: 8,
+            },
+        ),
     }
 }

@@ -236,6 +236,16 @@ impl Session {
         if body.flags() & MORE_TO_COME != 0 {
             return self.pass(msg.clone(), false, uw).await;
         }
+        match command::command_name(doc) {
+            Ok(Some(name)) if command::is_read_command(name) || name == "explain" => {}
+            Ok(_) => return self.pass(msg.clone(), true, uw).await,
+            Err(command::ClassifyError::Malformed(what)) => {
+                return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
+            }
+            Err(command::ClassifyError::NoCommand) => {
+                return self.pass(msg.clone(), true, uw).await
+            }
+        }
         let info = match command::classify(doc) {
             Ok(info) => info,
             Err(command::ClassifyError::NoCommand) => {
@@ -330,7 +340,8 @@ impl Session {
                     policy: target.policy.clone(),
                     original: msg,
                     started: now,
-                    max_time_ms: cap_ms.or(info.max_time_ms),
+                    // maxTimeMS 0 means "no limit": no budget to spend.
+                    max_time_ms: cap_ms.or(info.max_time_ms.filter(|&m| m > 0)),
                     probe,
                     retry,
                     retried: false,
@@ -430,9 +441,17 @@ impl Session {
         let trigger = status
             .code
             .filter(|&c| !status.ok && t.policy.is_trigger(c));
+        if t.retried {
+            // The breaker counts failing reads, not attempts: the first error of this read
+            // was counted already. Whatever the resend got goes to the client.
+            if let Some(code) = trigger {
+                tracing::info!(ns = %t.ns, command = %t.command, code, "resend failed too; returning its error");
+            }
+            return Ok(false);
+        }
         if let Some(code) = trigger {
             let what = format!("{} {}", code, status.code_name.as_deref().unwrap_or(""));
-            tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, retried = t.retried, "trigger error");
+            tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, "trigger error");
             self.shared.metrics.trigger_error(&t.ns, &code.to_string());
             let reason = Reason::of_code(code);
             if let Some(tr) =
@@ -440,7 +459,7 @@ impl Session {
             {
                 self.log_transition(&t.ns, &tr);
             }
-            if t.retry && !t.retried {
+            if t.retry {
                 let remaining = t
                     .max_time_ms
                     .map(|m| m - elapsed.as_millis().min(i64::MAX as u128) as i64);
@@ -470,9 +489,6 @@ impl Session {
             }
             return Ok(false);
         }
-        if t.retried {
-            return Ok(false);
-        }
         if let Some(slow) = t.policy.slow_read.filter(|&s| elapsed > s) {
             self.shared.metrics.trigger_error(&t.ns, "slow");
             let what = format!(
@@ -497,6 +513,10 @@ impl Session {
     fn client_gone(&mut self) {
         let now = Instant::now();
         for t in std::mem::take(&mut self.pending) {
+            if t.retried {
+                // Its first attempt's error was counted; the read is not counted twice.
+                continue;
+            }
             let waited = now.saturating_duration_since(t.started);
             tracing::info!(ns = %t.ns, command = %t.command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
             self.shared.metrics.trigger_error(&t.ns, "timeout");

@@ -1,0 +1,881 @@
+//! Classification of command bodies, request body access and reply inspection on arbitrary
+//! input.
+
+use bson::{rawdoc, RawDocument, RawDocumentBuf, Timestamp};
+use proptest::prelude::*;
+use staleguard::command::{
+    classify, inspect_reply, is_eligible_shape, request_body, ClassifyError, CommandInfo, Ns,
+    ReadConcernInfo, ReadPrefMode, RequestBody, MAX_PIPELINE_DEPTH,
+};
+use staleguard::wire::compressed::{self, compress};
+use staleguard::wire::opmsg::CHECKSUM_PRESENT;
+use staleguard::wire::reply::op_msg;
+use staleguard::wire::{WireError, DEFAULT_MAX_MESSAGE_SIZE};
+
+const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;
+
+fn ns<'a>(db: &'a str, coll: &'a str) -> Ns<'a> {
+    Ns { db, coll }
+}
+
+fn ts() -> Timestamp {
+    Timestamp {
+        time: 1_700_000_000,
+        increment: 7,
+    }
+}
+
+#[test]
+fn find_with_secondary_preferred_and_tags() {
+    let body = rawdoc! {
+        "find": "store_inventory",
+        "filter": { "sku": "abc", "$or": [ { "qty": { "$gt": 1 } } ] },
+        "limit": 10,
+        "$db": "demo",
+        "lsid": { "id": 1 },
+        "$readPreference": { "mode": "secondaryPreferred", "tags": [ { "dc": "a1" }, {} ] },
+    };
+    let info = classify(&body).unwrap();
+    assert_eq!(
+        info,
+        CommandInfo {
+            name: "find",
+            db: Some("demo"),
+            collection: Some("store_inventory"),
+            read_pref: Some(ReadPrefMode::SecondaryPreferred),
+            ..CommandInfo::default()
+        }
+    );
+    assert_eq!(info.primary_ns(), Some(ns("demo", "store_inventory")));
+    assert_eq!(
+        info.other_namespaces.capacity(),
+        0,
+        "no allocation for a find"
+    );
+    assert!(is_eligible_shape(&info));
+}
+
+#[test]
+fn read_preference_variants() {
+    let cases: Vec<(RawDocumentBuf, Option<ReadPrefMode>, bool)> = vec![
+        (rawdoc! { "find": "c", "$db": "d" }, None, false),
+        (
+            rawdoc! { "find": "c", "$readPreference": { "mode": "nearest" }, "$db": "d" },
+            Some(ReadPrefMode::Nearest),
+            false,
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": { "mode": "secondary", "maxStalenessSeconds": 90 } },
+            Some(ReadPrefMode::Secondary),
+            false,
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": { "mode": "primaryPreferred" } },
+            Some(ReadPrefMode::PrimaryPreferred),
+            false,
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": { "mode": "Secondary" } },
+            None,
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": { "tags": [] } },
+            None,
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": "secondary" },
+            None,
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": { "mode": 2 } },
+            None,
+            true,
+        ),
+    ];
+    for (body, mode, unknown) in cases {
+        let info = classify(&body).unwrap();
+        assert_eq!(info.read_pref, mode, "{body:?}");
+        assert_eq!(info.read_pref_unknown, unknown, "{body:?}");
+    }
+}
+
+#[test]
+fn aggregate_with_nested_namespaces() {
+    let body = rawdoc! {
+        "aggregate": "orders",
+        "pipeline": [
+            { "$match": { "status": "A" } },
+            { "$lookup": { "from": "items", "localField": "sku", "foreignField": "sku", "as": "i" } },
+            { "$lookup": { "from": { "db": "config", "coll": "cache.chunks.demo.orders" }, "as": "c" } },
+            { "$lookup": {
+                "from": "customers",
+                "let": { "c": "$cust" },
+                "pipeline": [
+                    { "$match": { "x": 1 } },
+                    { "$unionWith": {
+                        "coll": "archived.customers.2023",
+                        "pipeline": [
+                            { "$facet": {
+                                "a": [ { "$graphLookup": { "from": "org.tree", "startWith": "$p", "connectFromField": "p", "connectToField": "_id", "as": "t" } } ],
+                                "b": [ { "$unionWith": "legacy" }, { "$lookup": { "from": "orders", "as": "self" } } ],
+                            } },
+                        ],
+                    } },
+                ],
+                "as": "cust",
+            } },
+            { "$unionWith": "items" },
+        ],
+        "cursor": {},
+        "$db": "shop",
+        "$readPreference": { "mode": "secondary" },
+    };
+    let info = classify(&body).unwrap();
+    assert_eq!(info.name, "aggregate");
+    assert_eq!(info.collection, Some("orders"));
+    assert_eq!(info.db, Some("shop"));
+    assert_eq!(
+        info.other_namespaces,
+        vec![
+            ns("shop", "items"),
+            ns("config", "cache.chunks.demo.orders"),
+            ns("shop", "customers"),
+            ns("shop", "archived.customers.2023"),
+            ns("shop", "org.tree"),
+            ns("shop", "legacy"),
+        ],
+        "every namespace once; the primary (orders) and the repeated items are not repeated"
+    );
+    assert!(!info.opaque_stage);
+    assert!(!info.has_out && !info.has_merge && !info.has_change_stream);
+    assert!(is_eligible_shape(&info));
+}
+
+#[test]
+fn db_after_pipeline_and_missing_db() {
+    // `$db` before the pipeline gives the same answer as after it.
+    let before = rawdoc! {
+        "aggregate": "a", "$db": "d", "pipeline": [ { "$lookup": { "from": "b", "as": "x" } } ],
+    };
+    assert_eq!(
+        classify(&before).unwrap().other_namespaces,
+        vec![ns("d", "b")]
+    );
+    // Without `$db`, a same-db `from` cannot be named: opaque, not an error.
+    let no_db =
+        rawdoc! { "aggregate": "a", "pipeline": [ { "$lookup": { "from": "b", "as": "x" } } ] };
+    let info = classify(&no_db).unwrap();
+    assert!(info.opaque_stage);
+    assert!(info.other_namespaces.is_empty());
+    // ...but a {db, coll} form can.
+    let no_db2 = rawdoc! {
+        "aggregate": "a", "pipeline": [ { "$lookup": { "from": { "db": "x", "coll": "y" }, "as": "x" } } ],
+    };
+    let info = classify(&no_db2).unwrap();
+    assert!(!info.opaque_stage);
+    assert_eq!(info.other_namespaces, vec![ns("x", "y")]);
+}
+
+#[test]
+fn plain_pipeline_does_not_allocate() {
+    let body = rawdoc! {
+        "aggregate": "c",
+        "pipeline": [ { "$match": { "a": 1 } }, { "$group": { "_id": "$a" } }, { "$sort": { "_id": 1 } } ],
+        "cursor": { "batchSize": 10 },
+        "$db": "d",
+    };
+    let info = classify(&body).unwrap();
+    assert_eq!(info.other_namespaces.capacity(), 0);
+    assert!(!info.opaque_stage);
+}
+
+#[test]
+fn aggregate_one_has_no_collection() {
+    let body = rawdoc! {
+        "aggregate": 1, "pipeline": [ { "$documents": [ { "x": 1 } ] }, { "$unionWith": { "pipeline": [ { "$documents": [] } ] } } ],
+        "cursor": {}, "$db": "admin",
+    };
+    let info = classify(&body).unwrap();
+    assert_eq!(info.collection, None);
+    assert_eq!(info.primary_ns(), None);
+    assert!(info.other_namespaces.is_empty());
+    assert!(!info.opaque_stage, "$unionWith without coll is valid");
+}
+
+#[test]
+fn write_stages_at_any_depth() {
+    let top_out = rawdoc! { "aggregate": "c", "pipeline": [ { "$match": {} }, { "$out": "target" } ], "$db": "d" };
+    let info = classify(&top_out).unwrap();
+    assert!(info.has_out && !info.has_merge && !info.has_change_stream);
+    assert!(!is_eligible_shape(&info));
+
+    let deep_merge = rawdoc! {
+        "aggregate": "c",
+        "pipeline": [ { "$facet": { "f": [ { "$lookup": { "from": "x", "pipeline": [ { "$merge": { "into": "y" } } ], "as": "z" } } ] } } ],
+        "$db": "d",
+    };
+    let info = classify(&deep_merge).unwrap();
+    assert!(!info.has_out && info.has_merge && !info.has_change_stream);
+    assert_eq!(info.other_namespaces, vec![ns("d", "x")]);
+    assert!(!is_eligible_shape(&info));
+
+    let change_stream = rawdoc! {
+        "aggregate": 1,
+        "pipeline": [ { "$changeStream": { "allChangesForCluster": true } } ],
+        "$db": "admin",
+    };
+    let info = classify(&change_stream).unwrap();
+    assert!(info.has_change_stream && !info.has_out && !info.has_merge);
+    assert!(!is_eligible_shape(&info));
+
+    let deep_change_stream = rawdoc! {
+        "aggregate": "c",
+        "pipeline": [ { "$unionWith": { "coll": "u", "pipeline": [ { "$changeStream": {} } ] } } ],
+        "$db": "d",
+    };
+    assert!(classify(&deep_change_stream).unwrap().has_change_stream);
+}
+
+#[test]
+fn unexpected_shapes_are_opaque_not_errors() {
+    let cases = [
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$lookup": { "from": 7, "as": "x" } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$lookup": { "from": { "db": "x" }, "as": "x" } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$lookup": "x" } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$lookup": { "from": "x", "pipeline": "p" } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$graphLookup": { "from": 1 } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$graphLookup": { "startWith": "$x" } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$unionWith": 3 } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$unionWith": { "coll": 3 } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$facet": { "a": "nope" } } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$facet": 1 } ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ 5 ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [ {} ], "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": { "$match": {} }, "$db": "d" },
+    ];
+    for body in cases {
+        let info = classify(&body).unwrap_or_else(|e| panic!("{body:?}: {e}"));
+        assert!(info.opaque_stage, "{body:?}");
+    }
+}
+
+/// `{$unionWith: {coll: "c<n>", pipeline: [<inner>]}}` nested `levels` deep.
+fn nested_union(levels: u32) -> RawDocumentBuf {
+    let mut stage = rawdoc! { "$match": {} };
+    for i in (0..levels).rev() {
+        stage = rawdoc! { "$unionWith": { "coll": format!("c{i}"), "pipeline": [ stage ] } };
+    }
+    rawdoc! { "aggregate": "top", "pipeline": [ stage ], "$db": "d" }
+}
+
+#[test]
+fn nesting_limit() {
+    // The top pipeline is depth 0; MAX_PIPELINE_DEPTH - 1 nested sub-pipelines are walked.
+    let ok = nested_union(MAX_PIPELINE_DEPTH - 1);
+    let info = classify(&ok).unwrap();
+    assert!(!info.opaque_stage);
+    assert_eq!(
+        info.other_namespaces.len(),
+        (MAX_PIPELINE_DEPTH - 1) as usize
+    );
+
+    let deep = nested_union(MAX_PIPELINE_DEPTH);
+    let info = classify(&deep).unwrap();
+    assert!(info.opaque_stage);
+    assert_eq!(info.other_namespaces.len(), MAX_PIPELINE_DEPTH as usize);
+
+    // Far deeper than any stack would like: still no error, no overflow.
+    let very_deep = nested_union(500);
+    assert!(classify(&very_deep).unwrap().opaque_stage);
+}
+
+#[test]
+fn explain_wrapping_find_and_aggregate() {
+    let find = rawdoc! {
+        "explain": { "find": "inv.items", "filter": {}, "readConcern": { "level": "majority" }, "maxTimeMS": 10 },
+        "verbosity": "queryPlanner",
+        "readConcern": { "level": "local" },
+        "$db": "shop",
+        "$readPreference": { "mode": "secondary" },
+    };
+    let info = classify(&find).unwrap();
+    assert_eq!(
+        info,
+        CommandInfo {
+            name: "explain",
+            db: Some("shop"),
+            collection: Some("inv.items"),
+            read_pref: Some(ReadPrefMode::Secondary),
+            read_concern: ReadConcernInfo {
+                present: true,
+                level: Some("local"),
+                ..ReadConcernInfo::default()
+            },
+            max_time_ms: Some(10),
+            explain: true,
+            ..CommandInfo::default()
+        }
+    );
+    assert!(!is_eligible_shape(&info));
+
+    let agg = rawdoc! {
+        "explain": {
+            "aggregate": "orders",
+            "pipeline": [ { "$lookup": { "from": "pay.ledger", "as": "l" } }, { "$out": "x" } ],
+            "cursor": {},
+        },
+        "$db": "shop",
+    };
+    let info = classify(&agg).unwrap();
+    assert!(info.explain);
+    assert_eq!(info.name, "explain");
+    assert_eq!(info.collection, Some("orders"));
+    assert_eq!(info.other_namespaces, vec![ns("shop", "pay.ledger")]);
+    assert!(info.has_out);
+    assert!(!is_eligible_shape(&info));
+
+    // A `pipeline` of a non-aggregate inner command is not walked.
+    let find_pipeline = rawdoc! {
+        "explain": { "find": "c", "pipeline": [ { "$lookup": { "from": "x" } } ] }, "$db": "d",
+    };
+    assert!(classify(&find_pipeline)
+        .unwrap()
+        .other_namespaces
+        .is_empty());
+}
+
+#[test]
+fn transactions() {
+    let cases = [
+        (
+            rawdoc! { "find": "c", "lsid": {}, "txnNumber": 5_i64, "autocommit": false, "$db": "d" },
+            true,
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "lsid": {}, "txnNumber": 1_i64, "startTransaction": true, "autocommit": false, "readConcern": { "level": "snapshot" }, "$db": "d" },
+            true,
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "startTransaction": true, "$db": "d" },
+            true,
+            false,
+        ),
+        // A retryable write: txnNumber without autocommit.
+        (
+            rawdoc! { "insert": "c", "lsid": {}, "txnNumber": 2_i64, "$db": "d" },
+            false,
+            true,
+        ),
+        (rawdoc! { "find": "c", "$db": "d" }, false, false),
+    ];
+    for (body, in_txn, txn_number) in cases {
+        let info = classify(&body).unwrap();
+        assert_eq!(info.in_transaction, in_txn, "{body:?}");
+        assert_eq!(info.txn_number, txn_number, "{body:?}");
+        if in_txn {
+            assert!(!is_eligible_shape(&info));
+        }
+    }
+}
+
+#[test]
+fn read_concern_variants() {
+    let rc = |present, level, after, at, other, malformed| ReadConcernInfo {
+        present,
+        level,
+        after_cluster_time: after,
+        at_cluster_time: at,
+        other_fields: other,
+        malformed,
+    };
+    let cases = [
+        (
+            rawdoc! { "find": "c" },
+            rc(false, None, false, false, false, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": {} },
+            rc(true, None, false, false, false, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "majority" } },
+            rc(true, Some("majority"), false, false, false, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "afterClusterTime": ts() } },
+            rc(true, None, true, false, false, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "local", "afterClusterTime": ts() } },
+            rc(true, Some("local"), true, false, false, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "snapshot", "atClusterTime": ts() } },
+            rc(true, Some("snapshot"), false, true, false, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "available", "provenance": "clientSupplied" } },
+            rc(true, Some("available"), false, false, true, false),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": "majority" },
+            rc(true, None, false, false, false, true),
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": 1 } },
+            rc(true, None, false, false, false, true),
+        ),
+    ];
+    for (body, want) in cases {
+        assert_eq!(classify(&body).unwrap().read_concern, want, "{body:?}");
+    }
+}
+
+#[test]
+fn max_time_ms_types() {
+    let cases = [
+        (rawdoc! { "find": "c", "maxTimeMS": 1500 }, Some(1500)),
+        (
+            rawdoc! { "find": "c", "maxTimeMS": 5_000_000_000_i64 },
+            Some(5_000_000_000),
+        ),
+        (rawdoc! { "find": "c", "maxTimeMS": 250.0 }, Some(250)),
+        (rawdoc! { "find": "c", "maxTimeMS": 250.5 }, None),
+        (rawdoc! { "find": "c", "maxTimeMS": f64::NAN }, None),
+        (rawdoc! { "find": "c", "maxTimeMS": f64::INFINITY }, None),
+        (rawdoc! { "find": "c", "maxTimeMS": "100" }, None),
+        (rawdoc! { "find": "c" }, None),
+    ];
+    for (body, want) in cases {
+        assert_eq!(classify(&body).unwrap().max_time_ms, want, "{body:?}");
+    }
+}
+
+#[test]
+fn names_and_collections() {
+    let cases: [(RawDocumentBuf, &str, Option<&str>); 6] = [
+        (
+            rawdoc! { "count": "a.b.c", "query": {}, "$db": "d" },
+            "count",
+            Some("a.b.c"),
+        ),
+        (
+            rawdoc! { "distinct": "system.views", "key": "k", "$db": "d" },
+            "distinct",
+            Some("system.views"),
+        ),
+        (
+            rawdoc! { "getMore": 42_i64, "collection": "c", "$db": "d" },
+            "getMore",
+            None,
+        ),
+        (rawdoc! { "hello": 1, "$db": "admin" }, "hello", None),
+        (rawdoc! { "insert": "c", "$db": "d" }, "insert", Some("c")),
+        (
+            rawdoc! { "find": "café.ü", "$db": "d" },
+            "find",
+            Some("café.ü"),
+        ),
+    ];
+    for (body, name, coll) in cases {
+        let info = classify(&body).unwrap();
+        assert_eq!(info.name, name);
+        assert_eq!(info.collection, coll);
+    }
+    let dotted = rawdoc! { "find": "a.b.c", "$db": "d" };
+    let info = classify(&dotted).unwrap();
+    assert_eq!(info.primary_ns().unwrap().to_string(), "d.a.b.c");
+}
+
+#[test]
+fn malformed_bson_is_an_error() {
+    // Empty document: no first key.
+    let empty = RawDocument::from_bytes(b"\x05\0\0\0\0").unwrap();
+    assert_eq!(classify(empty), Err(ClassifyError::NoCommand));
+
+    let good = rawdoc! { "find": "c", "filter": { "a": 1 }, "$db": "d" };
+    let bytes = good.as_bytes().to_vec();
+
+    // An element type that does not exist.
+    let mut bad_type = bytes.clone();
+    bad_type[4] = 0x42;
+    let doc = RawDocument::from_bytes(&bad_type).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+
+    // A string length that runs past the document.
+    let mut long_str = bytes.clone();
+    let at = 4 + 1 + 5; // type, "find\0"
+    long_str[at..at + 4].copy_from_slice(&1000i32.to_le_bytes());
+    let doc = RawDocument::from_bytes(&long_str).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+
+    // A negative string length.
+    let mut neg = bytes.clone();
+    neg[at..at + 4].copy_from_slice(&(-3i32).to_le_bytes());
+    let doc = RawDocument::from_bytes(&neg).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+
+    // An embedded document whose length overruns its parent.
+    let mut nested = bytes.clone();
+    let at = 4 + 1 + 5 + 6 + 1 + 7; // "find" elem (1+5+4+2), type, "filter\0"
+    assert_eq!(nested[at], 12, "filter length");
+    nested[at] = 200;
+    let doc = RawDocument::from_bytes(&nested).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+
+    // A key without its terminator: a document that is only a type byte and key bytes.
+    let raw = [9u8, 0, 0, 0, 0x02, b'f', b'i', b'n', 0];
+    let doc = RawDocument::from_bytes(&raw).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+
+    // Invalid UTF-8 in the collection name.
+    let mut utf = bytes.clone();
+    utf[4 + 1 + 5 + 4] = 0xff;
+    let doc = RawDocument::from_bytes(&utf).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+
+    // Malformed inside a pipeline stage is an error too (not opaque).
+    let agg =
+        rawdoc! { "aggregate": "c", "pipeline": [ { "$lookup": { "from": "x" } } ], "$db": "d" };
+    let mut b = agg.as_bytes().to_vec();
+    let pos = b.windows(5).position(|w| w == b"from\0").unwrap() + 5;
+    b[pos..pos + 4].copy_from_slice(&99i32.to_le_bytes());
+    let doc = RawDocument::from_bytes(&b).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+}
+
+#[test]
+fn eligibility_table() {
+    let sp = rawdoc! { "mode": "secondary" };
+    let cases: Vec<(RawDocumentBuf, bool)> = vec![
+        (
+            rawdoc! { "find": "c", "$db": "d", "$readPreference": sp.clone() },
+            true,
+        ),
+        (
+            rawdoc! { "aggregate": "c", "pipeline": [], "$db": "d" },
+            true,
+        ),
+        (rawdoc! { "count": "c", "$db": "d" }, true),
+        (rawdoc! { "distinct": "c", "key": "k", "$db": "d" }, true),
+        // Read preference is the policy's business, not the shape's.
+        (rawdoc! { "find": "c", "$db": "d" }, true),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "local" } },
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "majority" } },
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "available" } },
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "local", "afterClusterTime": ts() } },
+            true,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "snapshot" } },
+            false,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "linearizable" } },
+            false,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "level": "something" } },
+            false,
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": { "atClusterTime": ts() } },
+            false,
+        ),
+        (rawdoc! { "find": "c", "readConcern": "local" }, false),
+        (rawdoc! { "find": "c", "autocommit": false }, false),
+        (rawdoc! { "find": "c", "startTransaction": true }, false),
+        (rawdoc! { "getMore": 1_i64, "collection": "c" }, false),
+        (rawdoc! { "insert": "c", "documents": [] }, false),
+        (rawdoc! { "explain": { "find": "c" } }, false),
+        (
+            rawdoc! { "aggregate": "c", "pipeline": [ { "$out": "o" } ] },
+            false,
+        ),
+        (
+            rawdoc! { "aggregate": "c", "pipeline": [ { "$merge": "o" } ] },
+            false,
+        ),
+        (
+            rawdoc! { "aggregate": 1, "pipeline": [ { "$changeStream": {} } ] },
+            false,
+        ),
+        (rawdoc! { "Find": "c" }, false),
+    ];
+    for (body, want) in cases {
+        let info = classify(&body).unwrap();
+        assert_eq!(is_eligible_shape(&info), want, "{body:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// request_body
+
+fn find_body() -> RawDocumentBuf {
+    rawdoc! {
+        "find": "store_inventory",
+        "filter": { "sku": "abc" },
+        "$db": "demo",
+        "$readPreference": { "mode": "secondary" },
+    }
+}
+
+/// Wraps a whole OP_MSG into OP_COMPRESSED with the given compressor.
+fn compressed(msg: &[u8], compressor: u8) -> Vec<u8> {
+    let payload = &msg[16..];
+    let data = compress(compressor, payload).unwrap();
+    let len = 16 + 9 + data.len();
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&(len as i32).to_le_bytes());
+    out.extend_from_slice(&msg[4..12]);
+    out.extend_from_slice(&2012i32.to_le_bytes());
+    out.extend_from_slice(&2013i32.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as i32).to_le_bytes());
+    out.push(compressor);
+    out.extend_from_slice(&data);
+    out
+}
+
+fn op_query(cmd: &RawDocument) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&0i32.to_le_bytes());
+    p.extend_from_slice(b"admin.$cmd\0");
+    p.extend_from_slice(&0i32.to_le_bytes());
+    p.extend_from_slice(&(-1i32).to_le_bytes());
+    p.extend_from_slice(cmd.as_bytes());
+    let mut out = Vec::new();
+    out.extend_from_slice(&((16 + p.len()) as i32).to_le_bytes());
+    out.extend_from_slice(&1i32.to_le_bytes());
+    out.extend_from_slice(&0i32.to_le_bytes());
+    out.extend_from_slice(&2004i32.to_le_bytes());
+    out.extend_from_slice(&p);
+    out
+}
+
+#[test]
+fn request_body_op_msg_borrows() {
+    let body = find_body();
+    let msg = op_msg(7, 0, 0, &body);
+    let req = request_body(&msg, MAX).unwrap();
+    let RequestBody::Msg(ref m) = req else {
+        panic!("expected Msg, got {req:?}")
+    };
+    // The body is a view into the message, not a copy.
+    assert_eq!(m.body.as_bytes().as_ptr(), msg[21..].as_ptr());
+    assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
+    assert_eq!(req.flags(), 0);
+    let info = classify(req.body().unwrap()).unwrap();
+    assert_eq!(info.primary_ns(), Some(ns("demo", "store_inventory")));
+}
+
+#[test]
+fn request_body_checksum() {
+    let body = find_body();
+    let msg = op_msg(7, 0, CHECKSUM_PRESENT, &body);
+    let req = request_body(&msg, MAX).unwrap();
+    assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
+    assert_eq!(req.flags(), CHECKSUM_PRESENT);
+
+    let mut bad = msg.to_vec();
+    let n = bad.len();
+    bad[n - 1] ^= 0x55;
+    assert!(matches!(
+        request_body(&bad, MAX),
+        Err(WireError::ChecksumMismatch { .. })
+    ));
+    // A flipped byte in the body is caught as well.
+    let mut bad = msg.to_vec();
+    bad[30] ^= 1;
+    assert!(matches!(
+        request_body(&bad, MAX),
+        Err(WireError::ChecksumMismatch { .. })
+    ));
+}
+
+#[test]
+fn request_body_compressed_each_compressor() {
+    let body = find_body();
+    for flags in [0, CHECKSUM_PRESENT] {
+        let msg = op_msg(9, 0, flags, &body);
+        for c in [
+            compressed::NOOP,
+            compressed::SNAPPY,
+            compressed::ZLIB,
+            compressed::ZSTD,
+        ] {
+            let wrapped = compressed(&msg, c);
+            let req = request_body(&wrapped, MAX).unwrap();
+            match &req {
+                RequestBody::Decompressed {
+                    payload,
+                    compressor,
+                    flags: f,
+                    ..
+                } => {
+                    assert_eq!(*compressor, c);
+                    assert_eq!(*f, flags);
+                    assert_eq!(&payload[..], &msg[16..]);
+                }
+                other => panic!("compressor {c}: {other:?}"),
+            }
+            assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
+            assert_eq!(
+                classify(req.body().unwrap()).unwrap().collection,
+                Some("store_inventory")
+            );
+        }
+    }
+}
+
+#[test]
+fn request_body_compressed_bad_inner_checksum() {
+    let msg = op_msg(9, 0, CHECKSUM_PRESENT, &find_body());
+    let mut inner = msg.to_vec();
+    let n = inner.len();
+    inner[n - 2] ^= 1;
+    let wrapped = compressed(&inner, compressed::SNAPPY);
+    assert!(matches!(
+        request_body(&wrapped, MAX),
+        Err(WireError::ChecksumMismatch { .. })
+    ));
+}
+
+#[test]
+fn request_body_not_command_and_bad_frames() {
+    let q = op_query(&rawdoc! { "isMaster": 1, "helloOk": true });
+    assert!(matches!(
+        request_body(&q, MAX).unwrap(),
+        RequestBody::NotCommand
+    ));
+    assert!(request_body(&q, MAX).unwrap().body().is_none());
+
+    // OP_COMPRESSED wrapping OP_QUERY.
+    let mut wrapped = compressed(&q, compressed::ZLIB);
+    wrapped[16..20].copy_from_slice(&2004i32.to_le_bytes());
+    assert!(matches!(
+        request_body(&wrapped, MAX).unwrap(),
+        RequestBody::NotCommand
+    ));
+
+    let msg = op_msg(1, 0, 0, &find_body());
+    // Header length disagrees with the bytes.
+    assert!(request_body(&msg[..msg.len() - 1], MAX).is_err());
+    // Larger than the limit.
+    assert!(matches!(
+        request_body(&msg, 20),
+        Err(WireError::BadLength { .. })
+    ));
+    // Shorter than a header.
+    assert!(request_body(&msg[..10], MAX).is_err());
+}
+
+// ---------------------------------------------------------------------------------------
+// Arbitrary input never panics.
+
+/// A valid body to mutate.
+fn seed_body() -> Vec<u8> {
+    rawdoc! {
+        "aggregate": "c",
+        "pipeline": [
+            { "$lookup": { "from": "x", "pipeline": [ { "$unionWith": { "coll": "u", "pipeline": [] } } ], "as": "y" } },
+            { "$facet": { "a": [ { "$graphLookup": { "from": "g" } } ] } },
+        ],
+        "readConcern": { "level": "local", "afterClusterTime": ts() },
+        "maxTimeMS": 5,
+        "$readPreference": { "mode": "nearest" },
+        "$db": "d",
+    }
+    .as_bytes()
+    .to_vec()
+}
+
+/// A document frame (correct length, trailing NUL) around arbitrary element bytes.
+fn framed(inner: &[u8]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(inner.len() + 5);
+    d.extend_from_slice(&((inner.len() + 5) as i32).to_le_bytes());
+    d.extend_from_slice(inner);
+    d.push(0);
+    d
+}
+
+fn exercise_message(msg: &[u8]) {
+    if let Ok(req) = request_body(msg, 1 << 20) {
+        if let Some(body) = req.body() {
+            let _ = classify(body);
+        }
+    }
+    let _ = inspect_reply(msg, 1 << 20);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn classify_arbitrary_framed_bytes(inner in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let d = framed(&inner);
+        let doc = RawDocument::from_bytes(&d).unwrap();
+        let _ = classify(doc);
+    }
+
+    #[test]
+    fn classify_mutated_body(flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)) {
+        let mut d = seed_body();
+        let n = d.len();
+        for (i, v) in flips {
+            let i = i.index(n - 5) + 4; // keep the frame so from_bytes accepts it
+            d[i] = v;
+        }
+        let doc = RawDocument::from_bytes(&d).unwrap();
+        if let Ok(info) = classify(doc) {
+            let _ = is_eligible_shape(&info);
+        }
+    }
+
+    #[test]
+    fn messages_from_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        exercise_message(&bytes);
+    }
+
+    #[test]
+    fn messages_with_valid_header(opcode in prop::sample::select(vec![1i32, 2004, 2012, 2013, 7]),
+                                  payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+        let mut msg = Vec::with_capacity(16 + payload.len());
+        msg.extend_from_slice(&((16 + payload.len()) as i32).to_le_bytes());
+        msg.extend_from_slice(&[1, 0, 0, 0, 0, 0, 0, 0]);
+        msg.extend_from_slice(&opcode.to_le_bytes());
+        msg.extend_from_slice(&payload);
+        exercise_message(&msg);
+    }
+
+    #[test]
+    fn mutated_op_msg(flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+                      compressor in prop::sample::select(vec![None, Some(0u8), Some(1), Some(2), Some(3)])) {
+        let body = RawDocumentBuf::from_bytes(seed_body()).unwrap();
+        let mut msg = op_msg(1, 0, 0, &body).to_vec();
+        let n = msg.len();
+        for (i, v) in flips {
+            let i = i.index(n - 4) + 4; // keep the message length
+            msg[i] = v;
+        }
+        let msg = match compressor {
+            Some(c) => compressed(&msg, c),
+            None => msg,
+        };
+        exercise_message(&msg);
+    }
+}

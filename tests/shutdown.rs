@@ -1,0 +1,96 @@
+//! Graceful stop: requests in flight finish, idle connections close, new ones are refused,
+//! and a request that outlives `shutdown_timeout` is cut.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::rawdoc;
+use staleguard::config::Config;
+use support::mongos::{FakeMongos, Hooked};
+use support::raw::{self, RawClient};
+
+async fn proxy(fake: &FakeMongos, grace: Duration) -> staleguard::server::Running {
+    let mut cfg = Config::for_upstreams("127.0.0.1:0", vec![fake.addr().to_string()]);
+    cfg.shutdown_timeout = grace;
+    staleguard::server::start(Arc::new(cfg))
+        .await
+        .expect("proxy starts")
+}
+
+fn slow_pings(fake: &FakeMongos, delay: Duration) {
+    fake.set_hook(move |body| {
+        (body.get_str("comment").ok() == Some("slow")).then(|| Hooked::delay(delay))
+    });
+}
+
+#[tokio::test]
+async fn in_flight_request_finishes_then_connection_closes() {
+    let fake = FakeMongos::start().await;
+    slow_pings(&fake, Duration::from_millis(400));
+    let p = proxy(&fake, Duration::from_secs(5)).await;
+    let addr = p.local_addr();
+    let mut busy = RawClient::connect(addr).await;
+    let mut idle = RawClient::connect(addr).await;
+    idle.roundtrip(&raw::msg(1, 0, &rawdoc! {"ping": 1, "$db": "admin"}))
+        .await;
+    busy.send(&raw::msg(
+        7,
+        0,
+        &rawdoc! {"ping": 1, "comment": "slow", "$db": "admin"},
+    ))
+    .await;
+    fake.wait_for("slow ping upstream", |log| {
+        log.commands
+            .iter()
+            .any(|(_, b)| b.get_str("comment").ok() == Some("slow"))
+    })
+    .await;
+    let started = Instant::now();
+    let stopping = tokio::spawn(p.shutdown());
+    // The idle client is closed at once; the busy one gets its reply first.
+    assert!(idle.expect_closed().await.is_empty());
+    let reply = busy.recv().await;
+    assert_eq!(raw::header(&reply).response_to, 7);
+    assert_eq!(raw::body(&reply).get_f64("ok").ok(), Some(1.0));
+    assert!(busy.expect_closed().await.is_empty());
+    stopping.await.expect("shutdown completes");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+#[tokio::test]
+async fn request_outliving_the_deadline_is_cut() {
+    let fake = FakeMongos::start().await;
+    slow_pings(&fake, Duration::from_secs(30));
+    let p = proxy(&fake, Duration::from_millis(300)).await;
+    let mut busy = RawClient::connect(p.local_addr()).await;
+    busy.send(&raw::msg(
+        9,
+        0,
+        &rawdoc! {"ping": 1, "comment": "slow", "$db": "admin"},
+    ))
+    .await;
+    fake.wait_for("slow ping upstream", |log| {
+        log.commands
+            .iter()
+            .any(|(_, b)| b.get_str("comment").ok() == Some("slow"))
+    })
+    .await;
+    let started = Instant::now();
+    p.shutdown().await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+        "shutdown took {waited:?}"
+    );
+    assert!(
+        busy.expect_closed().await.is_empty(),
+        "no reply after the cut"
+    );
+}
