@@ -129,11 +129,19 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
         .map_err(|e| side("listen", &config.listen, e))?;
     let addr = listener.local_addr()?;
     let admin_listener = match &config.admin_listen {
-        Some(a) => Some(
-            TcpListener::bind(a.as_str())
-                .await
-                .map_err(|e| side("admin listen", a, e))?,
-        ),
+        Some(a) => match TcpListener::bind(a.as_str()).await {
+            Ok(l) => Some(l),
+            // The built-in default may be taken by another instance on this host: the proxy
+            // matters more than its status page. An address chosen on purpose must work.
+            Err(e)
+                if a == crate::config::DEFAULT_ADMIN_LISTEN
+                    && e.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                tracing::error!(admin = %a, error = %e, "admin endpoint not started: its default address is in use; set [admin] listen");
+                None
+            }
+            Err(e) => return Err(side("admin listen", a, e)),
+        },
         None => None,
     };
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());

@@ -323,32 +323,22 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// `<target>/pyvenv` with pymongo, made once under an exclusive lock on `pyvenv.lock`
-/// (other test files and processes make the same venv the same way). Fails, never skips.
+/// `<target>/pyvenv` with pymongo, made once by `tests/py/ensure_venv.py` under a file lock
+/// (the pymongo policy tests share it). Fails, never skips.
 fn venv_python() -> PathBuf {
     static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let made = VENV.get_or_init(|| {
         let venv = target_dir().join("pyvenv");
-        let script = r#"
-set -e
-py="$1/bin/python"
-if "$py" -c 'import pymongo' 2>/dev/null; then exit 0; fi
-rm -rf "$1"
-python3 -m venv "$1"
-"$py" -m pip install --quiet --disable-pip-version-check 'pymongo>=4.9,<5'
-"$py" -c 'import pymongo'
-"#;
-        std::fs::create_dir_all(target_dir()).map_err(|e| e.to_string())?;
-        let out = Command::new("flock")
-            .arg(format!("{}.lock", venv.display()))
-            .args(["sh", "-c", script, "sh"])
+        let script = manifest_dir().join("tests/py/ensure_venv.py");
+        let out = Command::new("python3")
+            .arg(&script)
             .arg(&venv)
             .output()
-            .map_err(|e| format!("cannot run flock/sh: {e}"))?;
+            .map_err(|e| format!("cannot run python3: {e}"))?;
         if !out.status.success() {
             return Err(format!(
-                "making {} failed ({}): {}{}",
-                venv.display(),
+                "{} failed ({}): {}{}",
+                script.display(),
                 out.status,
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
