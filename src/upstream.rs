@@ -196,7 +196,7 @@ impl Upstreams {
         let in_turn = (0..n).map(|i| &list[(start + i) % n]);
         let (usable, down): (Vec<_>, Vec<_>) = in_turn.partition(|u| u.health() != Health::Down);
         if usable.is_empty() && n > 0 {
-            tracing::warn!("every upstream is marked down; trying them anyway");
+            tracing::debug!("every upstream is marked down; trying them anyway");
         }
         let mut attempts = Vec::new();
         for u in usable.into_iter().chain(down) {
