@@ -43,7 +43,7 @@ tr.half-open td.state b{color:#8a5a00}
 .banner.good{background:#dff3e3;color:#17582a}
 .down{color:#b3001b;font-weight:700}
 .up{color:#17582a;font-weight:600}
-.muted{color:#6b6b6b}
+.muted{color:#6b6b6b;font-weight:normal}
 code{font-size:13px}
 footer{color:#6b6b6b;font-size:13px;margin-top:18px}
 "#;
@@ -203,7 +203,11 @@ fn upstreams(out: &mut String, s: &Status) {
     let _ = write!(
         out,
         "<p class=\"muted\">Health checks: {}{}</p>",
-        esc(&s.health_checks),
+        if s.health_checks == "off" {
+            "off".to_string()
+        } else {
+            format!("a hello every {}", esc(&s.health_checks))
+        },
         if s.upstream_tls {
             " &middot; TLS to mongos"
         } else {
