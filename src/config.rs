@@ -12,7 +12,7 @@
 //! - a trigger code <= 0 (server error codes are positive);
 //! - `max_time` below 1ms (it would be sent as `maxTimeMS: 0`, which means "no limit");
 //! - a database name holding a character MongoDB forbids in database names;
-//! - `admin.listen` equal to `listen`;
+//! - `admin.listen` equal to `listen` (unless both use port 0);
 //! - `health_timeout` longer than `health_interval`;
 //! - `[upstream_tls] ca` together with `insecure_skip_verify = true`.
 //!
