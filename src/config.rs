@@ -12,7 +12,12 @@
 //! - a trigger code <= 0 (server error codes are positive);
 //! - `max_time` below 1ms (it would be sent as `maxTimeMS: 0`, which means "no limit");
 //! - a database name holding a character MongoDB forbids in database names;
-//! - `admin.listen` equal to `listen`.
+//! - `admin.listen` equal to `listen` (unless both use port 0);
+//! - `health_timeout` longer than `health_interval`;
+//! - `[upstream_tls] ca` together with `insecure_skip_verify = true`.
+//!
+//! The operations sections (`[admin]`, `[tls]`, `[upstream_tls]`, health checks) live in
+//! `ops`; TLS files are read while validating, so a missing file names its key and line.
 //!
 //! `lookup` runs per request: it hashes `db` once in a per-database map and does not allocate.
 
@@ -27,6 +32,11 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::command::ReadPrefMode;
+use crate::tls::{ServerTls, UpstreamTls};
+
+mod ops;
+
+pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
 
 /// Default `listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:27018";
@@ -344,9 +354,27 @@ pub struct Config {
     /// `shutdown_timeout`: how long a graceful stop waits for connections to finish.
     /// Default 10s; zero stops at once. Reloads.
     pub shutdown_timeout: Duration,
-    /// `[admin] listen`: address of the HTTP admin endpoint. Default none (no endpoint).
+    /// `[admin] listen`: address of the HTTP admin endpoint. Default `127.0.0.1:9187` in a
+    /// file (`[admin] enabled = false` turns it off), none in [`Config::for_upstreams`].
     /// Needs a restart.
     pub admin_listen: Option<String>,
+    /// `[admin] token`: bearer token required for every admin route but `/healthz` and
+    /// `/readyz`. Default none (no authentication). Reloads.
+    pub admin_token: Option<String>,
+    /// `health_interval`: time between two `hello` checks of each upstream; `"off"` (none)
+    /// disables them. Default 5s in a file, off in [`Config::for_upstreams`]. Reloads (from
+    /// the next check).
+    pub health_interval: Option<Duration>,
+    /// `health_timeout`: time a check (connect, TLS and `hello`) may take. Default 2s; at
+    /// most `health_interval`. Reloads.
+    pub health_timeout: Duration,
+    /// `[tls]`: client-facing TLS (`cert`, `key`, optional `client_ca`). Default none
+    /// (plain TCP). Turning it on or off needs a restart; new files (certificate rotation)
+    /// reload and apply to new connections.
+    pub tls: Option<ServerTls>,
+    /// `[upstream_tls]`: TLS to mongos (`ca`, `server_name`, optional `cert`/`key`,
+    /// `insecure_skip_verify`). Default none (plain TCP). Reloads: new upstream connections.
+    pub upstream_tls: Option<UpstreamTls>,
     /// `[defaults]` and `[[namespaces]]`: per-namespace policies. Default none (every read
     /// passes through). Reloads.
     pub policy: PolicyTable,
@@ -377,6 +405,11 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(10),
             admin_listen: None,
+            admin_token: None,
+            health_interval: None,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            tls: None,
+            upstream_tls: None,
             policy: PolicyTable::default(),
         }
     }
@@ -441,16 +474,14 @@ struct RawConfig {
     max_message_size: Option<Spanned<i64>>,
     connect_timeout: Option<Spanned<String>>,
     shutdown_timeout: Option<Spanned<String>>,
-    admin: Option<RawAdmin>,
+    health_interval: Option<Spanned<String>>,
+    health_timeout: Option<Spanned<String>>,
+    admin: Option<Spanned<ops::RawAdmin>>,
+    tls: Option<Spanned<ops::RawTls>>,
+    upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
     defaults: Option<Spanned<RawEntry>>,
     #[serde(default)]
     namespaces: Vec<Spanned<RawEntry>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAdmin {
-    listen: Option<Spanned<String>>,
 }
 
 /// One `[[namespaces]]` entry, or `[defaults]` (where `pattern` and `mode` are refused).
@@ -638,16 +669,14 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         .map_or(Some(Duration::from_secs(10)), |v| {
             duration(ctx, v, "shutdown_timeout", Duration::ZERO)
         });
-    let admin_listen = raw.admin.as_ref().and_then(|a| a.listen.as_ref()).map(|v| {
-        if check_addr(ctx, v, "admin.listen", true) && *v.get_ref() == listen {
-            ctx.err(
-                v,
-                "admin.listen",
-                format!("`{listen}` is also `listen`; use another port"),
-            );
-        }
-        v.get_ref().clone()
-    });
+    let (admin_listen, admin_token) = ops::admin(ctx, raw.admin.as_ref(), &listen);
+    let (health_interval, health_timeout) = ops::health(
+        ctx,
+        raw.health_interval.as_ref(),
+        raw.health_timeout.as_ref(),
+    );
+    let tls = ops::server_tls(ctx, raw.tls.as_ref(), path);
+    let upstream_tls = ops::upstream_tls(ctx, raw.upstream_tls.as_ref(), path);
     let defaults = raw
         .defaults
         .as_ref()
@@ -661,6 +690,11 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         connect_timeout: connect_timeout?,
         shutdown_timeout: shutdown_timeout?,
         admin_listen,
+        admin_token,
+        health_interval: health_interval?,
+        health_timeout: health_timeout?,
+        tls: tls.ok()?,
+        upstream_tls: upstream_tls.ok()?,
         policy: policy?,
     })
 }
@@ -1089,6 +1123,12 @@ pub fn render_table(config: &Config) -> String {
     let _ = writeln!(out, "listen            {}", config.listen);
     let admin = config.admin_listen.as_deref().unwrap_or("-");
     let _ = writeln!(out, "admin.listen      {admin}");
+    let token = if config.admin_token.is_some() {
+        "set"
+    } else {
+        "-"
+    };
+    let _ = writeln!(out, "admin.token       {token}");
     let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
     let _ = writeln!(out, "max_message_size  {}", config.max_message_size);
     let _ = writeln!(
@@ -1101,6 +1141,37 @@ pub fn render_table(config: &Config) -> String {
         "shutdown_timeout  {}",
         fmt_duration(config.shutdown_timeout)
     );
+    let health = config.health_interval.map_or_else(
+        || "off".to_string(),
+        |every| {
+            format!(
+                "every {}, timeout {}",
+                fmt_duration(every),
+                fmt_duration(config.health_timeout)
+            )
+        },
+    );
+    let _ = writeln!(out, "health            {health}");
+    let tls = config.tls.as_ref().map_or_else(
+        || "-".to_string(),
+        |t| {
+            let mtls = t
+                .client_ca
+                .as_ref()
+                .map_or(String::new(), |ca| format!(", client_ca {}", ca.display()));
+            format!("cert {}{mtls}", t.cert.display())
+        },
+    );
+    let _ = writeln!(out, "tls               {tls}");
+    let up = config.upstream_tls.as_ref().map_or_else(
+        || "-".to_string(),
+        |t| match (&t.ca, t.insecure_skip_verify) {
+            (_, true) => "on, certificate NOT verified (insecure_skip_verify)".to_string(),
+            (Some(ca), false) => format!("on, ca {}", ca.display()),
+            (None, false) => "on".to_string(),
+        },
+    );
+    let _ = writeln!(out, "upstream_tls      {up}");
     out.push('\n');
     let t = &config.policy;
     if t.entries.is_empty() {

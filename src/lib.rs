@@ -13,18 +13,28 @@
 //!        └─ breaker    per-namespace sliding window, closed/open/half-open
 //! ```
 //!
-//! `config` turns TOML into the validated `Config` that all of the above read.
+//! `config` turns TOML into the validated `Config` that all of the above read; `reload`
+//! swaps in a new one (SIGHUP, file change) without dropping connections.
+//!
+//! Around the relay: `tls` (rustls acceptor and connector, and the `Stream` either leg
+//! runs on), `upstream` (choosing and dialing mongos) with `health` (periodic `hello`),
+//! `metrics` (every metric name) and `admin` (HTTP: `/metrics`, `/status`, the status page,
+//! `/healthz`, `/readyz`).
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod breaker;
 pub mod command;
 pub mod config;
+pub mod health;
 pub mod metrics;
 pub mod policy;
+pub mod reload;
 pub mod rewrite;
 pub mod server;
 pub mod session;
 pub mod sim;
+pub mod tls;
 pub mod upstream;
 pub mod wire;

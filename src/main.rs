@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use staleguard::config::{self, Config};
 
@@ -18,8 +18,17 @@ struct Cli {
     /// Log level (overridden by RUST_LOG when set): error, warn, info, debug, trace.
     #[arg(long, global = true, default_value = "info")]
     log_level: String,
+    /// Log format on stderr: `pretty` for people, `json` (one object per line) for collectors.
+    #[arg(long, global = true, value_enum, default_value = "pretty")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Pretty,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -43,20 +52,28 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(&cli.log_level);
+    init_logs(&cli.log_level, cli.log_format);
     match cli.command {
         Command::Run { config } => run(config),
         Command::CheckConfig { file, explain } => check_config(file, explain),
     }
 }
 
-fn init_logs(level: &str) {
+fn init_logs(level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => logs.init(),
+        // The connection span (client address, id) rides along on every event.
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
 }
 
 fn load(path: &std::path::Path) -> Option<Config> {
@@ -111,9 +128,27 @@ fn run(path: PathBuf) -> ExitCode {
             tracing::info!("signal received, stopping");
             stop.cancel();
         });
+        let shared = running.shared().clone();
+        tokio::spawn(reload_on_hangup(shared));
         running.wait().await;
         ExitCode::SUCCESS
     })
+}
+
+/// SIGHUP reloads the config file (errors are logged and shown in `/status`).
+async fn reload_on_hangup(shared: Arc<staleguard::server::Shared>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; reload by editing the file");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the config");
+        let _ = staleguard::reload::reload(&shared, "signal");
+    }
 }
 
 async fn wait_for_signal() {

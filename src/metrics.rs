@@ -3,10 +3,11 @@
 //! outside a fixed list count as `other`, and only namespaces that have a policy get a label
 //! of their own (at most `MAX_NS_LABELS`; past that they share `other`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
-use dashmap::DashSet;
+use dashmap::{DashMap, DashSet};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -72,6 +73,11 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SideLabel {
+    pub side: &'static str,
+}
+
 pub struct Metrics {
     registry: Mutex<Registry>,
     pub client_connections: Gauge,
@@ -85,7 +91,12 @@ pub struct Metrics {
     pub breaker_state: Family<NsLabel, Gauge>,
     pub upstream_up: Family<UpstreamLabel, Gauge>,
     pub upstream_latency: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
+    pub upstream_hello: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
     pub reloads: Family<ResultLabel, Counter>,
+    /// TLS handshakes that failed, by side (client, upstream).
+    pub tls_failures: Family<SideLabel, Counter>,
+    /// Trigger errors per namespace label, all codes together (for `/status`).
+    ns_errors: DashMap<String, AtomicU64>,
     /// Forwarded requests with no decision to make, counted without a label lookup.
     forwarded: Counter,
     seen_ns: DashSet<String>,
@@ -123,7 +134,10 @@ impl Metrics {
             breaker_state: Family::default(),
             upstream_up: Family::default(),
             upstream_latency: Family::new_with_constructor(latency_histogram),
+            upstream_hello: Family::new_with_constructor(latency_histogram),
             reloads: Family::default(),
+            tls_failures: Family::default(),
+            ns_errors: DashMap::new(),
             forwarded: Counter::default(),
             seen_ns: DashSet::new(),
             ns_count: AtomicUsize::new(0),
@@ -184,7 +198,21 @@ impl Metrics {
                 "Time from forwarding a request to its first reply, by upstream",
                 m.upstream_latency.clone(),
             );
-            r.register("reloads", "Config reloads by result", m.reloads.clone());
+            r.register(
+                "upstream_hello_seconds",
+                "Round trip of the health check's hello, by upstream",
+                m.upstream_hello.clone(),
+            );
+            r.register(
+                "reloads",
+                "Config reloads (SIGHUP, file change) by result: ok, error",
+                m.reloads.clone(),
+            );
+            r.register(
+                "tls_handshake_failures",
+                "TLS handshakes that failed, by side (client, upstream)",
+                m.tls_failures.clone(),
+            );
         }
         m
     }
@@ -236,12 +264,24 @@ impl Metrics {
     }
 
     pub fn trigger_error(&self, ns: &str, code: &str) {
+        let namespace = self.ns_label(ns);
+        self.ns_errors
+            .entry(namespace.clone())
+            .or_default()
+            .fetch_add(1, Ordering::Relaxed);
         self.trigger_errors
             .get_or_create(&NsCode {
-                namespace: self.ns_label(ns),
+                namespace,
                 code: code.to_string(),
             })
             .inc();
+    }
+
+    /// Trigger errors counted for `ns` since start, every code together.
+    pub fn trigger_errors_total(&self, ns: &str) -> u64 {
+        self.ns_errors
+            .get(ns)
+            .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     pub fn rewrite(&self, ns: &str, kind: &'static str) {
@@ -288,6 +328,33 @@ impl Metrics {
                 upstream: upstream.to_string(),
             })
             .set(up as i64);
+    }
+
+    /// Forgets the breaker gauge of a namespace whose breaker was dropped (reload).
+    pub fn breaker_dropped(&self, ns: &str) {
+        self.breaker_state.remove(&NsLabel {
+            namespace: ns.to_string(),
+        });
+    }
+
+    pub fn upstream_hello(&self, upstream: &str, latency: Duration) {
+        self.upstream_hello
+            .get_or_create(&UpstreamLabel {
+                upstream: upstream.to_string(),
+            })
+            .observe(latency.as_secs_f64());
+    }
+
+    /// Forgets the health gauge of an upstream removed from the config.
+    pub fn upstream_removed(&self, upstream: &str) {
+        let label = UpstreamLabel {
+            upstream: upstream.to_string(),
+        };
+        self.upstream_up.remove(&label);
+    }
+
+    pub fn tls_failure(&self, side: &'static str) {
+        self.tls_failures.get_or_create(&SideLabel { side }).inc();
     }
 
     pub fn reload(&self, ok: bool) {

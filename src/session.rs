@@ -12,7 +12,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +23,7 @@ use crate::config::{Causal, Config, NsPolicy};
 use crate::policy::{self, Decision, Target};
 use crate::rewrite::{self, RewriteSpec};
 use crate::server::Shared;
+use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::opmsg::{self, MORE_TO_COME};
 use crate::wire::{reply, Header, MessageCodec, OpCode, WireError};
@@ -103,14 +103,18 @@ impl Session {
         }
     }
 
-    pub async fn run(self, client: TcpStream) {
+    pub async fn run(self, client: Stream) {
         let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.id);
         self.relay(client).instrument(span).await
     }
 
-    async fn relay(self, client: TcpStream) {
-        let timeout = self.config.connect_timeout;
-        let (upstream, upstream_addr) = match self.shared.upstreams.connect(timeout).await {
+    async fn relay(self, client: Stream) {
+        let connected = self
+            .shared
+            .upstreams
+            .connect(&self.config, &self.shared.metrics)
+            .await;
+        let (upstream, upstream_addr) = match connected {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::error!(error = %e, "closing client: no upstream reachable");
@@ -130,9 +134,19 @@ impl Session {
         let shared = self.shared.clone();
         let mut this = self;
         this.latency = Some(latency);
-        let (cr, cw) = client.into_split();
-        let (ur, uw) = upstream.into_split();
-        this.pump(cr, cw, ur, uw).await;
+        match (client, upstream) {
+            // Plain TCP keeps its lock-free owned halves.
+            (Stream::Plain(c), Stream::Plain(u)) => {
+                let (cr, cw) = c.into_split();
+                let (ur, uw) = u.into_split();
+                this.pump(cr, cw, ur, uw).await;
+            }
+            (c, u) => {
+                let (cr, cw) = tokio::io::split(c);
+                let (ur, uw) = tokio::io::split(u);
+                this.pump(cr, cw, ur, uw).await;
+            }
+        }
         shared.metrics.client_connections.dec();
     }
 

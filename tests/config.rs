@@ -207,7 +207,11 @@ fn empty_file_is_all_defaults() {
     assert_eq!(c.max_message_size, 48_000_000);
     assert_eq!(c.connect_timeout, Duration::from_secs(5));
     assert_eq!(c.shutdown_timeout, Duration::from_secs(10));
-    assert_eq!(c.admin_listen, None);
+    assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:9187"));
+    assert_eq!(c.admin_token, None);
+    assert_eq!(c.health_interval, Some(Duration::from_secs(5)));
+    assert_eq!(c.health_timeout, Duration::from_secs(2));
+    assert!(c.tls.is_none() && c.upstream_tls.is_none());
     assert!(c.policy.entries().is_empty());
     assert_eq!(c.source, Path::new("t.toml"));
 }
@@ -891,4 +895,52 @@ fn lookup_does_not_allocate() {
     // The counter works: a String allocates.
     let s = String::from("x").repeat(100);
     assert!(alloc_count::count() > after, "{s}");
+}
+
+// ----------------------------------------------------------------------------- operations
+
+#[test]
+fn admin_token_health_and_switching_the_admin_endpoint_off() {
+    let c = ok("health_interval = \"1s\"\nhealth_timeout = \"1s\"\n[admin]\ntoken = \"abc-123\"\n");
+    assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:9187"));
+    assert_eq!(c.admin_token.as_deref(), Some("abc-123"));
+    assert_eq!(c.health_interval, Some(Duration::from_secs(1)));
+    assert_eq!(c.health_timeout, Duration::from_secs(1));
+    let off = ok("health_interval = \"off\"\n[admin]\nenabled = false\n");
+    assert_eq!((off.admin_listen, off.health_interval), (None, None));
+    // Port 0 on both sides binds two different free ports.
+    let c = ok("listen = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:0"));
+}
+
+#[test]
+fn operations_errors_name_line_and_key() {
+    assert_eq!(
+        errs("[admin]\nenabled = false\nlisten = \"127.0.0.1:1\"\n"),
+        [k(3, "admin.listen")]
+    );
+    assert_eq!(errs("[admin]\ntoken = \"a b\"\n"), [k(2, "admin.token")]);
+    assert_eq!(errs("[admin]\ntoken = \"\"\n"), [k(2, "admin.token")]);
+    assert_eq!(
+        errs("health_interval = \"0s\"\n"),
+        [k(1, "health_interval")]
+    );
+    assert_eq!(
+        errs("\nhealth_timeout = \"soon\"\n"),
+        [k(2, "health_timeout")]
+    );
+    let e = one_err("health_interval = \"1s\"\nhealth_timeout = \"3s\"\n");
+    assert_eq!((e.line, e.key.as_str()), (2, "health_timeout"));
+    assert!(
+        e.message.contains("longer than health_interval"),
+        "{}",
+        e.message
+    );
+    let e = one_err("health_interval = \"1s\"\n");
+    assert_eq!((e.line, e.key.as_str()), (1, "health_interval"));
+    assert_eq!(errs("[tls]\ncert = \"a\"\n"), [k(1, "tls.key")]);
+    assert_eq!(
+        errs("[upstream_tls]\nsni = \"x\"\n"),
+        [k(2, "upstream_tls.sni")]
+    );
 }

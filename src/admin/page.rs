@@ -1,0 +1,275 @@
+//! The HTML status page (`/`): what a person needs during an incident, open breakers first
+//! and highlighted, refreshed every 2 s by a tiny inline script (no external assets).
+//! Every value that can come from outside (namespaces come from clients) is escaped.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::status::{short_duration, NsStatus, Status, UpstreamStatus};
+
+/// `&`, `<`, `>`, `"` and `'` escaped for text and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = r#"
+body{font:15px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1f;background:#f6f6f4}
+header{background:#20242b;color:#fff;padding:12px 20px}
+header h1{display:inline;font-size:20px;margin:0 12px 0 0}
+header span{color:#c9ccd1}
+main{padding:8px 20px 20px}
+h2{font-size:16px;margin:22px 0 6px}
+table{border-collapse:collapse;width:100%;background:#fff}
+th,td{text-align:left;padding:6px 9px;border-bottom:1px solid #e2e2df;vertical-align:top}
+th{background:#ecece8;font-weight:600}
+tr.open td{background:#fde2e1}
+tr.open td.state b{color:#b3001b;text-transform:uppercase}
+tr.half-open td{background:#fff3d6}
+tr.half-open td.state b{color:#8a5a00}
+.banner{padding:10px 14px;margin:12px 0;border-radius:4px;font-weight:600}
+.banner.bad{background:#b3001b;color:#fff}
+.banner.warn{background:#ffe8a3}
+.banner.good{background:#dff3e3;color:#17582a}
+.down{color:#b3001b;font-weight:700}
+.up{color:#17582a;font-weight:600}
+.muted{color:#6b6b6b;font-weight:normal}
+code{font-size:13px}
+footer{color:#6b6b6b;font-size:13px;margin-top:18px}
+"#;
+
+const SCRIPT: &str = r#"
+(function(){
+  function tick(){
+    fetch(location.href,{cache:"no-store"}).then(function(r){
+      if(!r.ok){throw new Error("HTTP "+r.status);}
+      return r.text();
+    }).then(function(t){
+      var m=new DOMParser().parseFromString(t,"text/html").getElementById("main");
+      if(m){document.getElementById("main").replaceWith(m);}
+      document.getElementById("conn").hidden=true;
+    }).catch(function(e){
+      var c=document.getElementById("conn");
+      c.textContent="Cannot reach the staleguard admin endpoint ("+e.message+"); the figures below are stale.";
+      c.hidden=false;
+    });
+  }
+  setInterval(tick,2000);
+})();
+"#;
+
+/// The whole page.
+pub fn render(s: &Status) -> String {
+    let mut out = String::with_capacity(8 * 1024);
+    out.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+    out.push_str("<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">");
+    out.push_str("<title>staleguard status</title>");
+    out.push_str("<noscript><meta http-equiv=\"refresh\" content=\"2\"></noscript>");
+    let _ = write!(out, "<style>{STYLE}</style></head><body>");
+    out.push_str("<div id=\"conn\" class=\"banner bad\" hidden></div>");
+    out.push_str("<div id=\"main\">");
+    header(&mut out, s);
+    out.push_str("<main>");
+    banners(&mut out, s);
+    out.push_str("<h2>Namespaces</h2>");
+    namespaces(&mut out, &s.namespaces);
+    out.push_str("<h2>Upstreams</h2>");
+    upstreams(&mut out, s);
+    out.push_str("<h2>Configuration</h2>");
+    config(&mut out, s);
+    let _ = write!(
+        out,
+        "<footer>Page built {} (UTC) &middot; refreshes every 2 s &middot; \
+         <a href=\"status\">status JSON</a> &middot; <a href=\"metrics\">metrics</a></footer>",
+        esc(&super::status::rfc3339(std::time::SystemTime::now()))
+    );
+    out.push_str("</main></div>");
+    let _ = writeln!(out, "<script>{SCRIPT}</script></body></html>");
+    out
+}
+
+fn header(out: &mut String, s: &Status) {
+    let tls = if s.tls { " (TLS)" } else { "" };
+    let _ = write!(
+        out,
+        "<header><h1>staleguard</h1><span>v{} &middot; up {} &middot; clients connect to {}{} \
+         &middot; {} client connection{}</span></header>",
+        esc(s.version),
+        short_duration(Duration::from_secs(s.uptime_seconds)),
+        esc(&s.listen),
+        tls,
+        s.client_connections,
+        if s.client_connections == 1 { "" } else { "s" },
+    );
+}
+
+fn banners(out: &mut String, s: &Status) {
+    let open: Vec<&NsStatus> = s
+        .namespaces
+        .iter()
+        .filter(|n| n.breaker == Some("open"))
+        .collect();
+    if open.is_empty() {
+        out.push_str("<div class=\"banner good\">No breaker is open.</div>");
+    } else {
+        let names: Vec<String> = open
+            .iter()
+            .map(|n| format!("{} ({})", esc(&n.namespace), n.mode))
+            .collect();
+        let _ = write!(
+            out,
+            "<div class=\"banner bad\">{} breaker{} open: {}</div>",
+            open.len(),
+            if open.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        );
+    }
+    if !s.ready {
+        out.push_str(
+            "<div class=\"banner bad\">Not ready: no upstream answered its last health check.</div>",
+        );
+    }
+    if s.config.last_reload.result == "error" {
+        let _ = write!(
+            out,
+            "<div class=\"banner warn\">The last config reload failed ({}); the previous config is still in force. See Configuration below.</div>",
+            esc(&s.config.last_reload.at)
+        );
+    }
+}
+
+fn namespaces(out: &mut String, rows: &[NsStatus]) {
+    if rows.is_empty() {
+        out.push_str("<p class=\"muted\">No [[namespaces]] configured: every read passes through untouched.</p>");
+        return;
+    }
+    out.push_str(
+        "<table id=\"namespaces\"><tr><th>namespace</th><th>pattern</th><th>mode</th>\
+         <th>breaker</th><th>what happens to reads</th><th>errors in window</th>\
+         <th>trigger errors</th><th>last transition</th><th>reason</th></tr>",
+    );
+    for r in rows {
+        let when = match (&r.last_transition, r.last_transition_seconds_ago) {
+            (Some(t), Some(ago)) => format!(
+                "{} ago<br><span class=\"muted\">{}</span>",
+                short_duration(Duration::from_secs(ago)),
+                esc(t)
+            ),
+            _ => "<span class=\"muted\">never</span>".to_string(),
+        };
+        let probe = r.next_probe_seconds.map_or(String::new(), |p| {
+            format!("<br><span class=\"muted\">next probe in {p}s</span>")
+        });
+        let state = match r.breaker {
+            Some(b) => format!("<b>{b}</b>{probe}"),
+            None => "<span class=\"muted\">per namespace</span>".to_string(),
+        };
+        let window = match (r.errors_in_window, r.threshold) {
+            (Some(n), Some(t)) => format!("{n} / {t}"),
+            (Some(n), None) => n.to_string(),
+            (None, _) => "-".to_string(),
+        };
+        let total = r
+            .trigger_errors_total
+            .map_or_else(|| "-".to_string(), |n| n.to_string());
+        let dry = if r.dry_run { " (dry run)" } else { "" };
+        let _ = write!(
+            out,
+            "<tr class=\"{class}\"><td><code>{ns}</code></td><td><code>{pat}</code></td>\
+             <td>{mode}{dry}</td><td class=\"state\">{state}</td><td>{action}</td>\
+             <td>{window}</td><td>{total}</td><td>{when}</td><td>{reason}</td></tr>",
+            class = r.breaker.unwrap_or("pattern"),
+            ns = esc(&r.namespace),
+            pat = esc(r.pattern.as_deref().unwrap_or("-")),
+            mode = r.mode,
+            action = esc(&r.action),
+            reason = esc(r.reason.as_deref().unwrap_or("")),
+        );
+    }
+    out.push_str("</table>");
+}
+
+fn upstreams(out: &mut String, s: &Status) {
+    let _ = write!(
+        out,
+        "<p class=\"muted\">Health checks: {}{}</p>",
+        if s.health_checks == "off" {
+            "off".to_string()
+        } else {
+            format!("a hello every {}", esc(&s.health_checks))
+        },
+        if s.upstream_tls {
+            " &middot; TLS to mongos"
+        } else {
+            ""
+        }
+    );
+    out.push_str(
+        "<table id=\"upstreams\"><tr><th>address</th><th>health</th><th>last hello</th>\
+         <th>last check</th><th>last error</th></tr>",
+    );
+    for u in &s.upstreams {
+        upstream_row(out, u);
+    }
+    out.push_str("</table>");
+}
+
+fn upstream_row(out: &mut String, u: &UpstreamStatus) {
+    let latency = u
+        .last_hello_ms
+        .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1} ms"));
+    let _ = write!(
+        out,
+        "<tr><td><code>{}</code></td><td class=\"{h}\">{h}<br><span class=\"muted\">since {}</span></td>\
+         <td>{latency}</td><td>{}</td><td>{}</td></tr>",
+        esc(&u.address),
+        esc(&u.since),
+        esc(u.last_check.as_deref().unwrap_or("-")),
+        esc(u.last_error.as_deref().unwrap_or("")),
+        h = u.health,
+    );
+}
+
+fn config(out: &mut String, s: &Status) {
+    let r = &s.config.last_reload;
+    let class = if r.result == "ok" { "up" } else { "down" };
+    let _ = write!(
+        out,
+        "<p>File <code>{}</code> &middot; last load: <span class=\"{class}\">{}</span> \
+         ({}, {})</p>",
+        esc(&s.config.file),
+        r.result,
+        esc(&r.trigger),
+        esc(&r.at),
+    );
+    if !r.messages.is_empty() {
+        out.push_str("<ul id=\"reload-messages\">");
+        for m in &r.messages {
+            let _ = write!(out, "<li><code>{}</code></li>", esc(m));
+        }
+        out.push_str("</ul>");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::esc;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc("<script>a&b\"c'</script>"),
+            "&lt;script&gt;a&amp;b&quot;c&#39;&lt;/script&gt;"
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! The status model behind `/status` (JSON) and `/` (HTML): one snapshot of the live
+//! config, breakers, upstreams and counters.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::breaker::State;
+use crate::config::{Mode, NsPolicy};
+use crate::health;
+use crate::server::Shared;
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub version: &'static str,
+    pub started_at: String,
+    pub uptime_seconds: u64,
+    pub listen: String,
+    pub tls: bool,
+    pub upstream_tls: bool,
+    /// Listening (not stopping) and at least one upstream healthy.
+    pub ready: bool,
+    pub config: ConfigStatus,
+    pub client_connections: i64,
+    /// `"off"` or the interval, e.g. `"5s"`.
+    pub health_checks: String,
+    pub upstreams: Vec<UpstreamStatus>,
+    /// Open breakers first, then half-open, then the rest; by namespace within each.
+    pub namespaces: Vec<NsStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConfigStatus {
+    pub file: String,
+    pub last_reload: ReloadView,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReloadView {
+    /// `ok` or `error`.
+    pub result: &'static str,
+    /// `start`, `signal`, `file`, `api`.
+    pub trigger: String,
+    pub at: String,
+    /// Errors as `file:line: key: message` (or warnings when ok).
+    pub messages: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UpstreamStatus {
+    pub address: String,
+    /// `up`, `down`, `unknown`.
+    pub health: &'static str,
+    pub since: String,
+    pub last_check: Option<String>,
+    pub last_hello_ms: Option<f64>,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NsStatus {
+    /// A configured pattern, or an exact namespace that has a breaker.
+    pub namespace: String,
+    /// `pattern` (a configured entry without a breaker of its own) or `namespace`.
+    pub kind: &'static str,
+    /// The governing pattern; none when no pattern governs it any more.
+    pub pattern: Option<String>,
+    /// `fallback`, `strict`, `passthrough`, or `unlisted`.
+    pub mode: &'static str,
+    pub dry_run: bool,
+    /// `closed`, `open`, `half-open`; none for a wildcard pattern (breakers are per exact
+    /// namespace: the ones it governs are listed on their own).
+    pub breaker: Option<&'static str>,
+    /// What the proxy does with eligible reads right now.
+    pub action: String,
+    pub errors_in_window: Option<usize>,
+    pub threshold: Option<u32>,
+    pub trigger_errors_total: Option<u64>,
+    pub last_transition: Option<String>,
+    pub last_transition_seconds_ago: Option<u64>,
+    /// Why the last transition happened.
+    pub reason: Option<String>,
+    /// While open: seconds until the next probe.
+    pub next_probe_seconds: Option<u64>,
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Takes the snapshot. `listening` is false once the proxy is stopping.
+pub fn collect(shared: &Shared, listening: bool) -> Status {
+    let config = shared.config.load_full();
+    let now = SystemTime::now();
+    let reload = shared.reload_status();
+    let upstreams = shared
+        .upstreams
+        .list()
+        .iter()
+        .map(|u| {
+            let i = u.info();
+            UpstreamStatus {
+                address: u.addr.clone(),
+                health: i.health.as_str(),
+                since: rfc3339(i.since),
+                last_check: i.last_check.map(rfc3339),
+                last_hello_ms: i.last_latency.map(|d| d.as_secs_f64() * 1000.0),
+                last_error: i.last_error,
+            }
+        })
+        .collect();
+    Status {
+        version: env!("CARGO_PKG_VERSION"),
+        started_at: rfc3339(shared.started),
+        uptime_seconds: now
+            .duration_since(shared.started)
+            .unwrap_or_default()
+            .as_secs(),
+        listen: shared
+            .local_addr
+            .get()
+            .map_or_else(|| config.listen.clone(), |a| a.to_string()),
+        tls: config.tls.is_some(),
+        upstream_tls: config.upstream_tls.is_some(),
+        ready: listening && health::any_up(shared),
+        config: ConfigStatus {
+            file: config.source.display().to_string(),
+            last_reload: ReloadView {
+                result: if reload.ok { "ok" } else { "error" },
+                trigger: reload.trigger,
+                at: rfc3339(reload.at),
+                messages: reload.messages,
+            },
+        },
+        client_connections: shared.metrics.client_connections.get(),
+        health_checks: config.health_interval.map_or_else(
+            || "off".into(),
+            |d| humantime::format_duration(d).to_string(),
+        ),
+        upstreams,
+        namespaces: namespaces(shared, &config.policy),
+    }
+}
+
+fn namespaces(shared: &Shared, table: &crate::config::PolicyTable) -> Vec<NsStatus> {
+    let now = Instant::now();
+    let wall = SystemTime::now();
+    let mut rows: Vec<NsStatus> = Vec::new();
+    for snap in shared.breakers.snapshot() {
+        let policy = snap
+            .ns
+            .split_once('.')
+            .and_then(|(db, coll)| table.lookup(db, coll));
+        let ago = now.saturating_duration_since(snap.since);
+        let next_probe = match (snap.state, policy) {
+            (State::Open, Some(p)) => {
+                Some((snap.since + p.cooldown).saturating_duration_since(now))
+            }
+            _ => None,
+        };
+        rows.push(NsStatus {
+            namespace: snap.ns.clone(),
+            kind: "namespace",
+            pattern: policy.map(|p| p.pattern.clone()),
+            mode: policy.map_or("unlisted", |p| p.mode.as_str()),
+            dry_run: policy.is_some_and(|p| p.dry_run),
+            breaker: Some(snap.state.as_str()),
+            action: action(policy.map(|p| &**p), snap.state, snap.reason.reply_code().1),
+            errors_in_window: Some(snap.errors_in_window),
+            threshold: policy.map(|p| p.threshold),
+            trigger_errors_total: Some(shared.metrics.trigger_errors_total(&snap.ns)),
+            last_transition: Some(rfc3339(wall - ago)),
+            last_transition_seconds_ago: Some(ago.as_secs()),
+            reason: Some(snap.last_reason.clone()),
+            next_probe_seconds: next_probe.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+        });
+    }
+    for p in table.entries() {
+        if rows.iter().any(|r| r.namespace == p.pattern) {
+            continue;
+        }
+        let exact = !p.pattern.ends_with('*');
+        rows.push(NsStatus {
+            namespace: p.pattern.clone(),
+            kind: "pattern",
+            pattern: Some(p.pattern.clone()),
+            mode: p.mode.as_str(),
+            dry_run: p.dry_run,
+            breaker: exact.then_some(State::Closed.as_str()),
+            action: action(Some(p), State::Closed, ""),
+            errors_in_window: exact.then_some(0),
+            threshold: Some(p.threshold),
+            trigger_errors_total: exact.then(|| shared.metrics.trigger_errors_total(&p.pattern)),
+            last_transition: None,
+            last_transition_seconds_ago: None,
+            reason: None,
+            next_probe_seconds: None,
+        });
+    }
+    rows.sort_by(|a, b| {
+        rank(a.breaker)
+            .cmp(&rank(b.breaker))
+            .then_with(|| a.namespace.cmp(&b.namespace))
+    });
+    rows
+}
+
+fn rank(breaker: Option<&str>) -> u8 {
+    match breaker {
+        Some("open") => 0,
+        Some("half-open") => 1,
+        Some(_) => 2,
+        None => 3,
+    }
+}
+
+/// What happens to eligible reads, in words.
+fn action(policy: Option<&NsPolicy>, state: State, code_name: &str) -> String {
+    let Some(p) = policy else {
+        return "forwarded untouched (no longer governed by a pattern)".into();
+    };
+    let what = match (p.mode, state) {
+        (Mode::Passthrough, _) => "forwarded untouched".to_string(),
+        (Mode::Fallback, State::Closed) => {
+            "forwarded; a trigger error is retried with readConcern available".into()
+        }
+        (Mode::Fallback, State::Open) => "rewritten to readConcern available before sending".into(),
+        (Mode::Strict, State::Closed) => "forwarded; trigger errors are counted".into(),
+        (Mode::Strict, State::Open) => format!("failing fast with {code_name}, nothing sent"),
+        (_, State::HalfOpen) => "one probe sent unmodified, others as if open".into(),
+    };
+    if p.dry_run && p.mode != Mode::Passthrough {
+        format!("dry run (only logged and counted); would be: {what}")
+    } else {
+        what
+    }
+}
+
+/// `d` as `1h 2m`, `3m 4s` or `5s`.
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m {}s", s / 60, s % 60),
+        _ => format!("{}h {}m", s / 3600, (s % 3600) / 60),
+    }
+}

@@ -1,0 +1,242 @@
+//! The operations sections of the config: `[admin]`, `[tls]`, `[upstream_tls]` and the
+//! health-check durations. TLS files are read and the rustls configs built here, so a
+//! missing or unusable file is an error that names its key and line.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{check_addr, duration, Ctx};
+use crate::tls::{ServerTls, TlsError, UpstreamTls};
+
+/// Default `[admin] listen`: loopback only.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9187";
+/// Default `health_interval`.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+/// Default `health_timeout`.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    listen: Option<Spanned<String>>,
+    token: Option<Spanned<String>>,
+    enabled: Option<Spanned<bool>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    cert: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    client_ca: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawUpstreamTls {
+    ca: Option<Spanned<String>>,
+    server_name: Option<Spanned<String>>,
+    cert: Option<Spanned<String>>,
+    key: Option<Spanned<String>>,
+    insecure_skip_verify: Option<Spanned<bool>>,
+}
+
+/// `[admin]`: (listen, token).
+pub(super) fn admin(
+    ctx: &mut Ctx,
+    raw: Option<&Spanned<RawAdmin>>,
+    listen: &str,
+) -> (Option<String>, Option<String>) {
+    let Some(raw) = raw else {
+        return (Some(DEFAULT_ADMIN_LISTEN.to_string()), None);
+    };
+    let a = raw.get_ref();
+    let enabled = a.enabled.as_ref().is_none_or(|e| *e.get_ref());
+    if !enabled {
+        for (name, v) in [("listen", &a.listen), ("token", &a.token)] {
+            if let Some(v) = v {
+                let msg = "has no effect: [admin] enabled = false".to_string();
+                ctx.err(v, &format!("admin.{name}"), msg);
+            }
+        }
+        return (None, None);
+    }
+    let addr = match &a.listen {
+        Some(v) => {
+            // Port 0 binds a free port on each side, so equal text does not clash.
+            let any_port = listen.ends_with(":0");
+            if check_addr(ctx, v, "admin.listen", true) && v.get_ref() == listen && !any_port {
+                let msg = format!("`{listen}` is also `listen`; use another port");
+                ctx.err(v, "admin.listen", msg);
+            }
+            v.get_ref().clone()
+        }
+        None => DEFAULT_ADMIN_LISTEN.to_string(),
+    };
+    let token = a.token.as_ref().and_then(|t| {
+        let s = t.get_ref();
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
+            let msg = "must be non-empty printable ASCII without spaces (it is sent as `Authorization: Bearer TOKEN`)".to_string();
+            ctx.err(t, "admin.token", msg);
+            return None;
+        }
+        Some(s.clone())
+    });
+    (Some(addr), token)
+}
+
+/// `health_interval` (`"off"` disables the checks), `health_timeout`: the timeout must fit
+/// in the interval.
+pub(super) fn health(
+    ctx: &mut Ctx,
+    interval: Option<&Spanned<String>>,
+    timeout: Option<&Spanned<String>>,
+) -> (Option<Option<Duration>>, Option<Duration>) {
+    let nonzero = Duration::from_nanos(1);
+    let i = match interval {
+        None => Some(Some(DEFAULT_HEALTH_INTERVAL)),
+        Some(v) if v.get_ref() == "off" => Some(None),
+        Some(v) => duration(ctx, v, "health_interval", nonzero).map(Some),
+    };
+    let t = timeout.map_or(Some(DEFAULT_HEALTH_TIMEOUT), |v| {
+        duration(ctx, v, "health_timeout", nonzero)
+    });
+    if let (Some(Some(iv)), Some(tv)) = (i, t) {
+        if tv > iv {
+            let msg = format!(
+                "health_timeout {} is longer than health_interval {}: checks would overlap",
+                humantime::format_duration(tv),
+                humantime::format_duration(iv)
+            );
+            match (timeout, interval) {
+                (Some(at), _) => ctx.err(at, "health_timeout", msg),
+                (None, Some(at)) => ctx.err(at, "health_interval", msg),
+                (None, None) => {}
+            }
+        }
+    }
+    (i, t)
+}
+
+/// A file path from the config: relative paths are relative to the config file's folder.
+fn resolve(config: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        return p.to_path_buf();
+    }
+    match config.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(p),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Reports a TLS error at the line of the setting it names (or of the table).
+fn tls_err<T>(
+    ctx: &mut Ctx,
+    table: &str,
+    table_at: &Spanned<T>,
+    at: Option<&Spanned<String>>,
+    e: TlsError,
+) {
+    let key = format!("{table}.{}", e.key);
+    match at {
+        Some(v) => ctx.err(v, &key, e.message),
+        None => ctx.err(table_at, &key, e.message),
+    }
+}
+
+/// `[tls]`: the client-facing acceptor. `Err(())` when invalid (errors recorded).
+pub(super) fn server_tls(
+    ctx: &mut Ctx,
+    raw: Option<&Spanned<RawTls>>,
+    config: &Path,
+) -> Result<Option<ServerTls>, ()> {
+    let Some(table) = raw else { return Ok(None) };
+    let t = table.get_ref();
+    let mut missing = false;
+    for (name, v) in [("cert", &t.cert), ("key", &t.key)] {
+        if v.is_none() {
+            let msg = "missing; [tls] needs both cert and key (PEM files)".to_string();
+            ctx.err(table, &format!("tls.{name}"), msg);
+            missing = true;
+        }
+    }
+    let (Some(cert), Some(key), false) = (&t.cert, &t.key, missing) else {
+        return Err(());
+    };
+    let ca = t.client_ca.as_ref().map(|v| resolve(config, v.get_ref()));
+    match ServerTls::new(
+        &resolve(config, cert.get_ref()),
+        &resolve(config, key.get_ref()),
+        ca.as_deref(),
+    ) {
+        Ok(tls) => Ok(Some(tls)),
+        Err(e) => {
+            let at = match e.key {
+                "cert" => Some(cert),
+                "key" => Some(key),
+                _ => t.client_ca.as_ref(),
+            };
+            tls_err(ctx, "tls", table, at, e);
+            Err(())
+        }
+    }
+}
+
+/// `[upstream_tls]`: the upstream connector. `Err(())` when invalid (errors recorded).
+pub(super) fn upstream_tls(
+    ctx: &mut Ctx,
+    raw: Option<&Spanned<RawUpstreamTls>>,
+    config: &Path,
+) -> Result<Option<UpstreamTls>, ()> {
+    let Some(table) = raw else { return Ok(None) };
+    let t = table.get_ref();
+    let insecure = t
+        .insecure_skip_verify
+        .as_ref()
+        .is_some_and(|v| *v.get_ref());
+    if insecure {
+        if let Some(ca) = &t.ca {
+            let msg =
+                "has no effect: insecure_skip_verify = true accepts any certificate".to_string();
+            ctx.err(ca, "upstream_tls.ca", msg);
+            return Err(());
+        }
+    }
+    let client = match (&t.cert, &t.key) {
+        (Some(c), Some(k)) => Some((resolve(config, c.get_ref()), resolve(config, k.get_ref()))),
+        (None, None) => None,
+        (Some(c), None) => {
+            let msg = "is set without `key`: a client certificate needs both".to_string();
+            ctx.err(c, "upstream_tls.cert", msg);
+            return Err(());
+        }
+        (None, Some(k)) => {
+            let msg = "is set without `cert`: a client certificate needs both".to_string();
+            ctx.err(k, "upstream_tls.key", msg);
+            return Err(());
+        }
+    };
+    let ca = t.ca.as_ref().map(|v| resolve(config, v.get_ref()));
+    match UpstreamTls::new(
+        ca.as_deref(),
+        t.server_name.as_ref().map(|s| s.get_ref().as_str()),
+        client.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+        insecure,
+    ) {
+        Ok(tls) => Ok(Some(tls)),
+        Err(e) => {
+            let at = match e.key {
+                "ca" => t.ca.as_ref(),
+                "server_name" => t.server_name.as_ref(),
+                "cert" => t.cert.as_ref(),
+                _ => t.key.as_ref(),
+            };
+            tls_err(ctx, "upstream_tls", table, at, e);
+            Err(())
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! Hot reload: read and validate the config file again, then swap it in atomically. An
+//! invalid file changes nothing. Triggered by SIGHUP (the binary), a change of the file
+//! (a watcher on its folder, debounced) or [`crate::server::Running::reload`].
+//!
+//! What survives a reload: breakers whose namespace is still governed by the same pattern
+//! with the same mode; upstreams still listed (with their health). Settings that need a
+//! restart (`listen`, `[admin] listen`, turning `[tls]` on or off) keep their old values,
+//! with a warning.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use notify::{EventKind, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError};
+use crate::server::Shared;
+
+/// How long the file must stay quiet before a change is reloaded (editors write in steps).
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// The outcome of the last load, for `/status`.
+#[derive(Debug, Clone)]
+pub struct ReloadStatus {
+    pub ok: bool,
+    /// `start`, `signal`, `file`, `api`.
+    pub trigger: String,
+    pub at: SystemTime,
+    /// Errors (`file:line: key: message`) when not ok; warnings when ok.
+    pub messages: Vec<String>,
+}
+
+impl ReloadStatus {
+    pub fn started() -> ReloadStatus {
+        ReloadStatus {
+            ok: true,
+            trigger: "start".to_string(),
+            at: SystemTime::now(),
+            messages: Vec::new(),
+        }
+    }
+}
+
+/// Reloads the file the live config came from. `trigger` names what asked (for logs).
+pub fn reload(shared: &Shared, trigger: &str) -> Result<(), Vec<ConfigError>> {
+    let old = shared.config.load_full();
+    let result = Config::load(&old.source);
+    let status = |ok, messages| ReloadStatus {
+        ok,
+        trigger: trigger.to_string(),
+        at: SystemTime::now(),
+        messages,
+    };
+    let mut new = match result {
+        Ok(c) => c,
+        Err(errors) => {
+            for e in &errors {
+                tracing::error!(file = %e.file, line = e.line, key = %e.key, error = %e.message, trigger, "reload rejected, config unchanged");
+            }
+            shared.metrics.reload(false);
+            set_status(
+                shared,
+                status(false, errors.iter().map(|e| e.to_string()).collect()),
+            );
+            return Err(errors);
+        }
+    };
+    let warnings = keep_restart_only(&old, &mut new);
+    for w in &warnings {
+        tracing::warn!(trigger, "{w}");
+    }
+    if let Some(t) = new.upstream_tls.as_ref().filter(|t| t.insecure_skip_verify) {
+        tracing::warn!(server_name = ?t.server_name, "upstream_tls.insecure_skip_verify = true: mongos certificates are NOT verified");
+    }
+    retain_breakers(shared, &old, &new);
+    for gone in shared.upstreams.set(&new.upstreams) {
+        shared.metrics.upstream_removed(&gone);
+    }
+    // Health checks reconnect with the new settings (e.g. `[upstream_tls]`); a check in
+    // flight keeps its connection until it ends.
+    for u in shared.upstreams.list().iter() {
+        if let Ok(mut probe) = u.probe.try_lock() {
+            *probe = None;
+        }
+    }
+    let entries = new.policy.entries().len();
+    shared.config.store(Arc::new(new));
+    shared.metrics.reload(true);
+    tracing::info!(trigger, file = %old.source.display(), entries, "config reloaded");
+    set_status(shared, status(true, warnings));
+    Ok(())
+}
+
+fn set_status(shared: &Shared, s: ReloadStatus) {
+    *shared
+        .reload_status
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = s;
+}
+
+/// Puts back the settings that need a restart; returns one warning per change ignored.
+fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
+    let mut w = Vec::new();
+    if new.listen != old.listen {
+        w.push(format!(
+            "listen: changed to `{}` in the file; needs a restart, still listening on `{}`",
+            new.listen, old.listen
+        ));
+        new.listen.clone_from(&old.listen);
+    }
+    if new.admin_listen != old.admin_listen {
+        let show = |a: &Option<String>| a.clone().unwrap_or_else(|| "off".to_string());
+        w.push(format!(
+            "admin.listen: changed to `{}` in the file; needs a restart, still `{}`",
+            show(&new.admin_listen),
+            show(&old.admin_listen)
+        ));
+        new.admin_listen.clone_from(&old.admin_listen);
+    }
+    if new.tls.is_some() != old.tls.is_some() {
+        let on = |b: bool| if b { "on" } else { "off" };
+        w.push(format!(
+            "tls: turned {} in the file; needs a restart, client TLS stays {}",
+            on(new.tls.is_some()),
+            on(old.tls.is_some())
+        ));
+        new.tls.clone_from(&old.tls);
+    }
+    w
+}
+
+/// Drops the breakers whose namespace changed pattern or mode (or lost its policy).
+fn retain_breakers(shared: &Shared, old: &Config, new: &Config) {
+    let dropped = RefCell::new(Vec::new());
+    shared.breakers.retain(|ns| {
+        let Some((db, coll)) = ns.split_once('.') else {
+            return false;
+        };
+        let before = old.policy.lookup(db, coll);
+        let after = new.policy.lookup(db, coll);
+        let same = matches!((before, after), (Some(a), Some(b)) if a.pattern == b.pattern && a.mode == b.mode);
+        if !same {
+            dropped.borrow_mut().push(ns.to_string());
+        }
+        same
+    });
+    for ns in dropped.into_inner() {
+        tracing::info!(ns = %ns, "breaker reset: its policy changed");
+        shared.metrics.breaker_dropped(&ns);
+    }
+}
+
+/// Watches the config file's folder and reloads when the file's content changes.
+pub fn watch(shared: Arc<Shared>, stop: CancellationToken) -> Result<(), String> {
+    let path = shared.config.load().source.clone();
+    let Some(name) = path.file_name().map(|n| n.to_os_string()) else {
+        return Err(format!("{}: not a file name", path.display()));
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let Ok(ev) = res else { return };
+        if matches!(ev.kind, EventKind::Access(_)) {
+            return;
+        }
+        if ev
+            .paths
+            .iter()
+            .any(|p| p.file_name() == Some(name.as_os_str()))
+        {
+            let _ = tx.send(());
+        }
+    })
+    .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    tracing::info!(file = %path.display(), "watching the config file for changes");
+    tokio::spawn(debounce(shared, stop, rx, watcher, path));
+    Ok(())
+}
+
+async fn debounce(
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    mut rx: mpsc::UnboundedReceiver<()>,
+    watcher: notify::RecommendedWatcher,
+    path: PathBuf,
+) {
+    // Kept alive for as long as this task runs.
+    let _watcher = watcher;
+    let mut last = read(&path);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            ev = rx.recv() => if ev.is_none() { return },
+        }
+        // Wait for the writes to settle.
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                ev = rx.recv() => if ev.is_none() { return },
+                _ = tokio::time::sleep(DEBOUNCE) => break,
+            }
+        }
+        let now = read(&path);
+        if now.is_some() && last == now {
+            continue;
+        }
+        last = now;
+        let _ = reload(&shared, "file");
+    }
+}
+
+fn read(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}

@@ -1,0 +1,269 @@
+//! Hot reload: a changed file (watched) or an explicit reload swaps the policy for the next
+//! request on connections already open; breakers of unchanged policies keep their state; an
+//! invalid file changes nothing and shows in `/status` and the metrics.
+
+mod ops_support;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ops_support::http::get;
+use ops_support::*;
+use staleguard::breaker::State;
+use staleguard::config::{Config, Mode};
+use staleguard::server::Running;
+use support::mongos::FakeMongos;
+use support::raw::RawClient;
+
+/// The config text: `pay.*` and `shop.*` with the given modes, breakers open at 1 error.
+fn text(fake: &FakeMongos, pay: &str, shop: &str) -> String {
+    format!(
+        r#"listen = "127.0.0.1:0"
+upstreams = ["{}"]
+
+[admin]
+listen = "127.0.0.1:0"
+
+[defaults]
+threshold = 1
+cooldown = "60s"
+
+[[namespaces]]
+pattern = "pay.*"
+mode = "{pay}"
+
+[[namespaces]]
+pattern = "shop.*"
+mode = "{shop}"
+"#,
+        fake.addr()
+    )
+}
+
+/// Replaces the file the way editors do: write a temp file, rename it over.
+fn write(path: &Path, text: &str) {
+    let tmp = path.with_extension("toml.tmp");
+    std::fs::write(&tmp, text).expect("write temp config");
+    std::fs::rename(&tmp, path).expect("rename config");
+}
+
+struct Env {
+    fake: FakeMongos,
+    proxy: Running,
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn env(pay: &str, shop: &str) -> Env {
+    let fake = FakeMongos::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("staleguard.toml");
+    write(&path, &text(&fake, pay, shop));
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e:?}"));
+    let proxy = staleguard::server::start(Arc::new(config))
+        .await
+        .expect("start proxy");
+    Env {
+        fake,
+        proxy,
+        path,
+        _dir: dir,
+    }
+}
+
+impl Env {
+    fn mode_of(&self, db: &str) -> Mode {
+        let c = self.proxy.shared().config.load();
+        c.policy.lookup(db, "x").expect("governed").mode
+    }
+
+    fn finds_received(&self) -> usize {
+        let cmds = self.fake.received_commands();
+        cmds.iter().filter(|(n, _)| n == "find").count()
+    }
+}
+
+/// Sends a find on `db.orders`; true when mongos answered it (not a staleguard fail-fast).
+async fn reached_mongos(client: &mut RawClient, id: i32, db: &str) -> bool {
+    let reply = client.roundtrip(&find(id, db, "orders")).await;
+    let msg = errmsg(&reply);
+    assert!(!msg.is_empty(), "expected an error reply");
+    !msg.starts_with("staleguard:")
+}
+
+#[tokio::test]
+async fn file_change_applies_to_the_next_request_on_an_open_connection() {
+    let env = env("strict", "strict").await;
+    stale_on(&env.fake, "pay");
+    let mut client = RawClient::connect(env.proxy.local_addr()).await;
+    assert!(
+        reached_mongos(&mut client, 1, "pay").await,
+        "first error comes from mongos"
+    );
+    assert_eq!(env.proxy.shared().breakers.state("pay.orders"), State::Open);
+    assert!(
+        !reached_mongos(&mut client, 2, "pay").await,
+        "open strict breaker fails fast"
+    );
+    let before = env.finds_received();
+
+    write(&env.path, &text(&env.fake, "passthrough", "strict"));
+    wait_until("the file change is reloaded", || {
+        env.mode_of("pay") == Mode::Passthrough
+    })
+    .await;
+
+    // Same connection, next request: passthrough now, so it reaches mongos.
+    assert!(reached_mongos(&mut client, 3, "pay").await);
+    assert_eq!(env.finds_received(), before + 1);
+    // The breaker of a namespace whose mode changed is gone.
+    assert!(env.proxy.shared().breakers.snapshot().is_empty());
+    let m = get(admin(&env.proxy), "/metrics", &[]).await.body;
+    assert!(
+        m.contains("staleguard_reloads_total{result=\"ok\"} 1"),
+        "{m}"
+    );
+    env.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn explicit_reload_keeps_breakers_whose_policy_did_not_change() {
+    let env = env("strict", "strict").await;
+    stale_on(&env.fake, "pay");
+    let mut client = RawClient::connect(env.proxy.local_addr()).await;
+    assert!(reached_mongos(&mut client, 1, "pay").await);
+    stale_on(&env.fake, "shop");
+    assert!(reached_mongos(&mut client, 2, "shop").await);
+    let b = &env.proxy.shared().breakers;
+    assert_eq!(
+        (b.state("pay.orders"), b.state("shop.orders")),
+        (State::Open, State::Open)
+    );
+
+    write(&env.path, &text(&env.fake, "strict", "fallback"));
+    env.proxy.reload().expect("valid config");
+    assert_eq!(env.mode_of("shop"), Mode::Fallback);
+    // pay.* did not change: its breaker is still open and still fails fast.
+    assert_eq!(b.state("pay.orders"), State::Open);
+    assert!(!reached_mongos(&mut client, 3, "pay").await);
+    // shop.* changed: fresh breaker, the read goes to mongos (fallback retries it).
+    assert_eq!(b.state("shop.orders"), State::Closed);
+    let before = env.finds_received();
+    client.roundtrip(&find(4, "shop", "orders")).await;
+    assert!(env.finds_received() > before);
+    env.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_file_changes_nothing_and_shows_where() {
+    let env = env("strict", "strict").await;
+    stale_on(&env.fake, "pay");
+    let mut client = RawClient::connect(env.proxy.local_addr()).await;
+    assert!(reached_mongos(&mut client, 1, "pay").await);
+
+    // Line 13 is `mode = "..."` of the first entry.
+    let bad = text(&env.fake, "stricter", "strict");
+    assert!(bad.lines().nth(12).is_some_and(|l| l.contains("stricter")));
+    write(&env.path, &bad);
+    let errors = env.proxy.reload().expect_err("invalid config");
+    assert_eq!(
+        (errors[0].line, errors[0].key.as_str()),
+        (13, "namespaces[0].mode")
+    );
+
+    // The old policy is in force on the open connection: strict, breaker open.
+    assert_eq!(env.mode_of("pay"), Mode::Strict);
+    assert!(!reached_mongos(&mut client, 2, "pay").await);
+    assert_eq!(env.proxy.shared().breakers.state("pay.orders"), State::Open);
+
+    let s = get(admin(&env.proxy), "/status", &[]).await.json();
+    let last = &s["config"]["last_reload"];
+    assert_eq!(last["result"], "error");
+    let msg = last["messages"][0].as_str().unwrap_or_default();
+    let want = format!(
+        "{}:13: namespaces[0].mode: unknown mode `stricter`",
+        env.path.display()
+    );
+    assert!(msg.starts_with(&want), "{msg}");
+    let m = get(admin(&env.proxy), "/metrics", &[]).await.body;
+    assert!(
+        m.contains("staleguard_reloads_total{result=\"error\"}"),
+        "{m}"
+    );
+    let page = get(admin(&env.proxy), "/", &[]).await.body;
+    assert!(page.contains("The last config reload failed"), "{page}");
+    assert!(page.contains("namespaces[0].mode"), "{page}");
+    env.proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn settings_that_need_a_restart_keep_their_old_values() {
+    let env = env("strict", "strict").await;
+    let changed = text(&env.fake, "strict", "fallback").replacen(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:1\"",
+        1,
+    );
+    write(&env.path, &changed);
+    env.proxy.reload().expect("valid config");
+    let c = env.proxy.shared().config.load();
+    assert_eq!(c.listen, "127.0.0.1:0");
+    assert_eq!(env.mode_of("shop"), Mode::Fallback);
+    let s = get(admin(&env.proxy), "/status", &[]).await.json();
+    let msg = s["config"]["last_reload"]["messages"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("listen: changed to `127.0.0.1:1`") && msg.contains("needs a restart"),
+        "{msg}"
+    );
+    // Still accepting on the old address.
+    let mut client = RawClient::connect(env.proxy.local_addr()).await;
+    client.roundtrip(&find(1, "other", "things")).await;
+    env.proxy.shutdown().await;
+}
+
+/// The read through the official driver: `Err` message of a `find` on `db.orders`.
+async fn driver_find(client: &mongodb::Client, db: &str) -> String {
+    let coll = client.database(db).collection::<bson::Document>("orders");
+    match support::within("driver find", coll.find(bson::doc! {})).await {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn driver_connection_obeys_the_new_policy_after_a_file_change() {
+    let env = env("strict", "strict").await;
+    stale_on(&env.fake, "pay");
+    // Awaitable hellos answer quickly, so the stop at the end need not wait for them.
+    env.fake
+        .set_await_cap(std::time::Duration::from_millis(100));
+    let uri = format!(
+        "mongodb://{}/?maxPoolSize=1&readPreference=secondary&serverSelectionTimeoutMS=5000",
+        env.proxy.local_addr()
+    );
+    let client = mongodb::Client::with_uri_str(uri).await.expect("driver");
+    let first = driver_find(&client, "pay").await;
+    assert!(first.contains("shard version"), "{first}");
+    let second = driver_find(&client, "pay").await;
+    assert!(
+        second.contains("staleguard: strict namespace pay.orders"),
+        "{second}"
+    );
+    let connections = env.fake.connections();
+
+    write(&env.path, &text(&env.fake, "passthrough", "strict"));
+    wait_until("the file change is reloaded", || {
+        env.mode_of("pay") == Mode::Passthrough
+    })
+    .await;
+
+    let third = driver_find(&client, "pay").await;
+    assert!(third.contains("shard version"), "passthrough now: {third}");
+    // Same pooled connection: the proxy opened no new upstream connection.
+    assert_eq!(env.fake.connections(), connections);
+    client.shutdown().await;
+    env.proxy.shutdown().await;
+}
