@@ -27,6 +27,7 @@ pub mod admin;
 pub mod breaker;
 pub mod command;
 pub mod config;
+pub mod demo;
 pub mod health;
 pub mod metrics;
 pub mod policy;

@@ -16,8 +16,9 @@ use staleguard::config::{self, Config};
 )]
 struct Cli {
     /// Log level (overridden by RUST_LOG when set): error, warn, info, debug, trace.
-    #[arg(long, global = true, default_value = "info")]
-    log_level: String,
+    /// Default: info (error for `demo`, which prints its own timeline).
+    #[arg(long, global = true)]
+    log_level: Option<String>,
     /// Log format on stderr: `pretty` for people, `json` (one object per line) for collectors.
     #[arg(long, global = true, value_enum, default_value = "pretty")]
     log_format: LogFormat,
@@ -39,6 +40,24 @@ enum Command {
         #[arg(long, default_value = "config/staleguard.toml")]
         config: PathBuf,
     },
+    /// Run the simulated sharded cluster (a mongos front on ADDR) until interrupted.
+    Sim {
+        /// Address of the simulated mongos.
+        #[arg(long, default_value = "127.0.0.1:27017")]
+        listen: String,
+        /// Secondary routing-table refresh limit (30s in MongoDB 4.2).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        refresh_timeout: std::time::Duration,
+        /// Also listen on one port per node (for serverStatus on shard primaries).
+        #[arg(long)]
+        node_ports: bool,
+    },
+    /// Tell the story: the incident against the simulated cluster, with and without staleguard.
+    Demo {
+        /// Length of each of the five phases.
+        #[arg(long, default_value = "6s", value_parser = humantime::parse_duration)]
+        phase: std::time::Duration,
+    },
     /// Validate a config file and print the effective policy table.
     CheckConfig {
         /// Config file.
@@ -52,10 +71,23 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logs(&cli.log_level, cli.log_format);
+    let default_level = match cli.command {
+        Command::Demo { .. } => "error",
+        _ => "info",
+    };
+    init_logs(
+        cli.log_level.as_deref().unwrap_or(default_level),
+        cli.log_format,
+    );
     match cli.command {
         Command::Run { config } => run(config),
         Command::CheckConfig { file, explain } => check_config(file, explain),
+        Command::Sim {
+            listen,
+            refresh_timeout,
+            node_ports,
+        } => sim(listen, refresh_timeout, node_ports),
+        Command::Demo { phase } => demo(phase),
     }
 }
 
@@ -149,6 +181,73 @@ async fn reload_on_hangup(shared: Arc<staleguard::server::Shared>) {
         tracing::info!("SIGHUP: reloading the config");
         let _ = staleguard::reload::reload(&shared, "signal");
     }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            None
+        }
+    }
+}
+
+fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: bool) -> ExitCode {
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    rt.block_on(async move {
+        let cfg = staleguard::sim::SimConfig {
+            listen,
+            refresh_timeout,
+            node_ports,
+            ..Default::default()
+        };
+        let handle = match staleguard::sim::start(cfg).await {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("error: cannot start the simulated cluster: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        println!("simulated mongos listening on {}", handle.addr());
+        for node in ["a0", "a1", "a2", "b0", "b1", "b2"] {
+            if let Some(a) = handle.node_addr(node) {
+                println!("  node {node} on {a}");
+            }
+        }
+        println!("faults: run {{simControl: \"status\"}} on the admin database (see README)");
+        wait_for_signal().await;
+        handle.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+fn demo(phase: std::time::Duration) -> ExitCode {
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let opts = staleguard::demo::DemoOptions {
+        phase,
+        ..Default::default()
+    };
+    rt.block_on(async move {
+        match staleguard::demo::run(opts, true).await {
+            Ok(report) => {
+                println!();
+                print!("{}", staleguard::demo::summary(&report));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: demo failed: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }
 
 async fn wait_for_signal() {
