@@ -13,7 +13,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::options::{
     ClientOptions, FindOneOptions, FindOptions, ReadPreference, SelectionCriteria,
 };
-use mongodb::Client;
+use mongodb::{Client, Collection};
 use tokio::time::Instant;
 
 use crate::breaker::State;
@@ -33,8 +33,8 @@ pub struct DemoOptions {
     pub app_timeout: Duration,
     /// The payment service's `maxTimeMS`.
     pub payment_max_time: Duration,
-    /// Concurrent requests per workload and path.
-    pub concurrency: usize,
+    /// Requests per second per workload and path.
+    pub rate: u32,
     pub seed: u64,
 }
 
@@ -45,7 +45,7 @@ impl Default for DemoOptions {
             refresh_timeout: Duration::from_secs(3),
             app_timeout: Duration::from_millis(1500),
             payment_max_time: Duration::from_millis(1000),
-            concurrency: 3,
+            rate: 25,
             seed: 7,
         }
     }
@@ -72,10 +72,24 @@ pub struct Tally {
     pub latencies_ms: Vec<f64>,
     /// Documents returned more than once by store views (orphans served).
     pub orphans: u64,
-    pub max_error_ms: f64,
+    pub error_ms: Vec<f64>,
 }
 
 impl Tally {
+    fn ok_share(&self) -> f64 {
+        if self.requests == 0 {
+            return 0.0;
+        }
+        self.ok as f64 / self.requests as f64
+    }
+
+    /// Median time an error took to arrive (how long the caller waited to learn of it).
+    fn error_p50(&self) -> f64 {
+        let mut v = self.error_ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
     fn percentile(&self, p: f64) -> f64 {
         if self.latencies_ms.is_empty() {
             return 0.0;
@@ -93,6 +107,9 @@ pub struct Report {
     pub tallies: BTreeMap<(Workload, Path), Tally>,
     pub timeline: Vec<String>,
 }
+
+/// Requests one workload may have waiting at once before it sheds load.
+const MAX_IN_FLIGHT: usize = 200;
 
 type Tallies = Arc<Mutex<BTreeMap<(Workload, Path), Tally>>>;
 
@@ -160,6 +177,9 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
             "staleguard proxy at {}: demo.store_inventory = fallback, pay.* = strict",
             proxy.local_addr()
         );
+        if let Some(admin) = proxy.admin_addr() {
+            println!("staleguard status page: http://{admin}/ (watch the breakers change during the run)");
+        }
         println!("Two services read from secondaries (secondaryPreferred), each once straight to mongos and once through staleguard:");
         println!("  inventory display: demo.store_inventory, product lookups and store views, gives up after {} ms", opts.app_timeout.as_millis());
         println!(
@@ -174,36 +194,27 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
 
     // A chunk migration finished a moment ago; its documents still sit on the donor
     // (orphans) until the range deleter runs, long after this demo.
-    let moved = admin
-        .database("admin")
-        .run_command(doc! {"simControl": "moveChunk", "ns": "demo.store_inventory",
-            "find": {"_id": {"productId": 1, "storeId": 1}}, "to": "shardB", "deleteAfter": 600_000})
-        .await;
-    if let Err(e) = moved {
-        tl.say(&format!("note: moveChunk failed: {e}"));
+    match migrate_one_chunk(&admin).await {
+        Ok(n) => tl.say(&format!(
+            "setup: a chunk of demo.store_inventory ({n} documents) just moved to another shard; its old copies stay behind as orphans until cleanup"
+        )),
+        Err(e) => tl.say(&format!("setup: moveChunk failed: {e}")),
     }
 
     let tallies: Tallies = Arc::default();
     let running = Arc::new(AtomicBool::new(true));
     let mut tasks = Vec::new();
     for (path, c) in [(Path::Direct, &direct), (Path::Staleguard, &guarded)] {
-        for i in 0..opts.concurrency {
+        for w in [Workload::Inventory, Workload::Payments] {
             let seed = opts
                 .seed
                 .wrapping_mul(31)
-                .wrapping_add(i as u64 * 7 + path as u64);
-            tasks.push(tokio::spawn(inventory(
+                .wrapping_add(w as u64 * 7 + path as u64);
+            tasks.push(tokio::spawn(workload(
                 c.clone(),
+                w,
                 path,
                 seed,
-                opts.clone(),
-                tallies.clone(),
-                running.clone(),
-            )));
-            tasks.push(tokio::spawn(payments(
-                c.clone(),
-                path,
-                seed ^ 0x5bd1,
                 opts.clone(),
                 tallies.clone(),
                 running.clone(),
@@ -257,6 +268,27 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
 
 fn proxy_shared(p: &Running) -> Arc<crate::server::Shared> {
     p.shared().clone()
+}
+
+/// Moves the chunk holding one inventory document to the other shard, with the orphan
+/// cleanup far in the future. Returns how many documents moved.
+async fn migrate_one_chunk(admin: &Client) -> Result<i64, mongodb::error::Error> {
+    let mut last = None;
+    for to in ["shardB", "shardA"] {
+        let cmd = doc! {"simControl": "moveChunk", "ns": "demo.store_inventory",
+        "find": {"_id": {"productId": 1, "storeId": 1}}, "to": to, "deleteAfter": 600_000};
+        match admin.database("admin").run_command(cmd).await {
+            Ok(reply) => {
+                return Ok(reply
+                    .get_i64("movedDocs")
+                    .or_else(|_| reply.get_i32("movedDocs").map(i64::from))
+                    .unwrap_or(0))
+            }
+            // Already there: move it the other way.
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| mongodb::error::Error::custom("no shard to move to")))
 }
 
 async fn control(admin: &Client, cmd: Document) {
@@ -313,102 +345,118 @@ fn record(tallies: &Tallies, key: (Workload, Path), ms: f64, outcome: Result<u64
         }
         Err(kind) => {
             *t.errors.entry(kind).or_default() += 1;
-            t.max_error_ms = t.max_error_ms.max(ms);
+            t.error_ms.push(ms);
         }
     }
 }
 
-async fn inventory(
+/// One inventory-display request: mostly a single product, every fifth a whole store's
+/// shelf (which goes to every shard, so orphans would show twice). Returns the number of
+/// documents returned more than once.
+async fn inventory_request(
+    coll: Collection<Document>,
+    store: i32,
+    product: Option<i32>,
+) -> Result<u64, mongodb::error::Error> {
+    let Some(product) = product else {
+        let mut cur = coll
+            .find(doc! {"_id.storeId": store})
+            .with_options(FindOptions::builder().batch_size(200).build())
+            .await?;
+        let mut seen = std::collections::HashSet::new();
+        let mut dup = 0u64;
+        while cur.advance().await? {
+            let d = cur.deserialize_current()?;
+            let id = d
+                .get_document("_id")
+                .map(|i| i.to_string())
+                .unwrap_or_default();
+            if !seen.insert(id) {
+                dup += 1;
+            }
+        }
+        return Ok(dup);
+    };
+    coll.find_one(doc! {"_id": {"productId": product, "storeId": store}})
+        .await?;
+    Ok(0)
+}
+
+/// Drives one workload on one path at a fixed arrival rate (requests do not wait for each
+/// other, as independent users would not), until `running` turns false.
+async fn workload(
     c: Client,
+    w: Workload,
     path: Path,
     seed: u64,
     opts: DemoOptions,
     tallies: Tallies,
     running: Arc<AtomicBool>,
 ) {
-    let coll = c.database("demo").collection::<Document>("store_inventory");
+    let inv = c.database("demo").collection::<Document>("store_inventory");
+    let pay = c.database("pay").collection::<Document>("transactions");
     let mut rng = Rng(seed | 1);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / opts.rate as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    let mut tasks = tokio::task::JoinSet::new();
     while running.load(Ordering::Relaxed) {
-        let started = Instant::now();
-        // Mostly single-product lookups; every fifth request a whole store's shelf, which
-        // goes to every shard and so would show orphans twice.
-        let store_view = rng.next(5) == 0;
-        let store = rng.next(20) as i32 + 1;
-        let fut = async {
-            if store_view {
-                let mut cur = coll
-                    .find(doc! {"_id.storeId": store})
-                    .with_options(FindOptions::builder().batch_size(200).build())
-                    .await?;
-                let mut seen = std::collections::HashSet::new();
-                let mut dup = 0u64;
-                while cur.advance().await? {
-                    let d = cur.deserialize_current()?;
-                    if !seen.insert(
-                        d.get_document("_id")
-                            .map(|i| i.to_string())
-                            .unwrap_or_default(),
-                    ) {
-                        dup += 1;
+        tick.tick().await;
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            record(
+                &tallies,
+                (w, path),
+                0.0,
+                Err("not sent: too many waiting".into()),
+            );
+            continue;
+        };
+        let (store, product, id) = (
+            rng.next(20) as i32 + 1,
+            (rng.next(5) != 0).then(|| rng.next(100) as i32 + 1),
+            rng.next(300) as i32 + 1,
+        );
+        let (inv, pay, tallies, opts) = (inv.clone(), pay.clone(), tallies.clone(), opts.clone());
+        tasks.spawn(async move {
+            let started = Instant::now();
+            let outcome = match w {
+                Workload::Inventory => {
+                    match tokio::time::timeout(
+                        opts.app_timeout,
+                        inventory_request(inv, store, product),
+                    )
+                    .await
+                    {
+                        Ok(Ok(dup)) => Ok(dup),
+                        Ok(Err(e)) => Err(classify_error(&e)),
+                        Err(_) => Err("app timeout".to_string()),
                     }
                 }
-                Ok::<u64, mongodb::error::Error>(dup)
-            } else {
-                let product = rng.next(100) as i32 + 1;
-                coll.find_one(doc! {"_id": {"productId": product, "storeId": store}})
-                    .with_options(FindOneOptions::default())
-                    .await?;
-                Ok(0)
-            }
-        };
-        let outcome = match tokio::time::timeout(opts.app_timeout, fut).await {
-            Ok(Ok(dup)) => Ok(dup),
-            Ok(Err(e)) => Err(classify_error(&e)),
-            Err(_) => Err("app timeout".to_string()),
-        };
-        let ms = started.elapsed().as_secs_f64() * 1000.0;
-        let failed = outcome.is_err();
-        record(&tallies, (Workload::Inventory, path), ms, outcome);
-        pace(failed).await;
+                Workload::Payments => {
+                    let fut = pay.find_one(doc! {"_id": id}).with_options(
+                        FindOneOptions::builder()
+                            .max_time(opts.payment_max_time)
+                            .build(),
+                    );
+                    // The service's own guard, well above maxTimeMS.
+                    match tokio::time::timeout(opts.payment_max_time * 3, fut).await {
+                        Ok(Ok(_)) => Ok(0),
+                        Ok(Err(e)) => Err(classify_error(&e)),
+                        Err(_) => Err("app timeout".to_string()),
+                    }
+                }
+            };
+            record(
+                &tallies,
+                (w, path),
+                started.elapsed().as_secs_f64() * 1000.0,
+                outcome,
+            );
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
     }
-}
-
-async fn payments(
-    c: Client,
-    path: Path,
-    seed: u64,
-    opts: DemoOptions,
-    tallies: Tallies,
-    running: Arc<AtomicBool>,
-) {
-    let coll = c.database("pay").collection::<Document>("transactions");
-    let mut rng = Rng(seed | 1);
-    while running.load(Ordering::Relaxed) {
-        let started = Instant::now();
-        let id = rng.next(300) as i32 + 1;
-        let fut = coll.find_one(doc! {"_id": id}).with_options(
-            FindOneOptions::builder()
-                .max_time(opts.payment_max_time)
-                .build(),
-        );
-        // The service's own guard, a little above maxTimeMS.
-        let outcome = match tokio::time::timeout(opts.payment_max_time * 3, fut).await {
-            Ok(Ok(_)) => Ok(0),
-            Ok(Err(e)) => Err(classify_error(&e)),
-            Err(_) => Err("app timeout".to_string()),
-        };
-        let ms = started.elapsed().as_secs_f64() * 1000.0;
-        let failed = outcome.is_err();
-        record(&tallies, (Workload::Payments, path), ms, outcome);
-        pace(failed).await;
-    }
-}
-
-/// Requests come at a human pace; a failed one is followed by a short back-off, as a
-/// service would do, so fast failures do not turn into a tight loop.
-async fn pace(failed: bool) {
-    let ms = if failed { 100 } else { 20 };
-    tokio::time::sleep(Duration::from_millis(ms)).await;
+    while tasks.join_next().await.is_some() {}
 }
 
 async fn watch_breakers(
@@ -419,32 +467,51 @@ async fn watch_breakers(
     let mut last: BTreeMap<String, State> = BTreeMap::new();
     while running.load(Ordering::Relaxed) {
         for s in shared.breakers.snapshot() {
-            if last.get(&s.ns) != Some(&s.state) {
-                let what = match s.state {
-                    State::Open => "OPEN",
-                    State::HalfOpen => "half-open (one probe)",
-                    State::Closed => "closed",
-                };
-                tl.say(&format!(
-                    "staleguard: breaker {} -> {what}: {}",
-                    s.ns, s.last_reason
-                ));
-                last.insert(s.ns.clone(), s.state);
+            let before = last.insert(s.ns.clone(), s.state);
+            if before == Some(s.state) || (before.is_none() && s.state == State::Closed) {
+                continue;
             }
+            let strict = s.ns.starts_with("pay.");
+            let what = match (s.state, strict) {
+                (State::Open, false) => "OPEN: its reads now go out with readConcern \"available\"",
+                (State::Open, true) => {
+                    "OPEN: its reads now fail fast instead of hanging (never relaxed)"
+                }
+                (State::HalfOpen, _) => "half-open: one probe read goes out unmodified",
+                (State::Closed, _) => "closed: reads go out unmodified again",
+            };
+            tl.say(&format!(
+                "staleguard: {} breaker {what} ({})",
+                s.ns, s.last_reason
+            ));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// The side-by-side summary.
+fn row_name(w: Workload, p: Path) -> (&'static str, &'static str) {
+    (
+        match w {
+            Workload::Inventory => "inventory",
+            Workload::Payments => "payments",
+        },
+        match p {
+            Path::Direct => "direct",
+            Path::Staleguard => "staleguard",
+        },
+    )
+}
+
+/// The side-by-side summary, then what it means in plain words.
 pub fn summary(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<11} {:<11} {:>8} {:>8} {:>9} {:>9} {:>8}  errors by kind",
-        "workload", "path", "requests", "ok", "p50 ms", "p99 ms", "orphans"
+        "{:<10} {:<10} {:>8} {:>7} {:>8} {:>8} {:>12} {:>8}  errors by kind",
+        "workload", "path", "requests", "ok %", "p50 ms", "p99 ms", "err p50 ms", "orphans"
     );
     for ((w, p), t) in &report.tallies {
+        let (wn, pn) = row_name(*w, *p);
         let errors = if t.errors.is_empty() {
             "-".to_string()
         } else {
@@ -456,20 +523,45 @@ pub fn summary(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<11} {:<11} {:>8} {:>8} {:>9.1} {:>9.1} {:>8}  {errors}",
-            match w {
-                Workload::Inventory => "inventory",
-                Workload::Payments => "payments",
-            },
-            match p {
-                Path::Direct => "direct",
-                Path::Staleguard => "staleguard",
-            },
+            "{wn:<10} {pn:<10} {:>8} {:>7.1} {:>8.1} {:>8.1} {:>12.1} {:>8}  {errors}",
             t.requests,
-            t.ok,
+            t.ok_share() * 100.0,
             t.percentile(50.0),
             t.percentile(99.0),
+            t.error_p50(),
             t.orphans,
+        );
+    }
+    let get = |w, p| report.tallies.get(&(w, p));
+    if let (Some(d), Some(g)) = (
+        get(Workload::Inventory, Path::Direct),
+        get(Workload::Inventory, Path::Staleguard),
+    ) {
+        let _ = writeln!(
+            out,
+            "\nInventory display: straight to mongos {:.1}% of requests failed (p99 {:.0} ms); through staleguard {:.1}% (p99 {:.0} ms). \
+             The price: {} orphan document(s) served twice by readConcern \"available\" — acceptable for a display.",
+            100.0 - d.ok_share() * 100.0,
+            d.percentile(99.0),
+            100.0 - g.ok_share() * 100.0,
+            g.percentile(99.0),
+            g.orphans,
+        );
+    }
+    if let (Some(d), Some(g)) = (
+        get(Workload::Payments, Path::Direct),
+        get(Workload::Payments, Path::Staleguard),
+    ) {
+        let _ = writeln!(
+            out,
+            "Payments: straight to mongos {} request(s) failed, each after waiting a median {:.0} ms; through staleguard {} failed, \
+             each within a median {:.1} ms: the breaker fails the whole namespace fast while it is open (reads that would have \
+             found a healthy node included) and never relaxes it ({} orphans), so the service gets a clear error at once instead of a hang.",
+            d.requests - d.ok,
+            d.error_p50(),
+            g.requests - g.ok,
+            g.error_p50(),
+            g.orphans,
         );
     }
     out

@@ -1,0 +1,70 @@
+//! `staleguard demo` tells the articles' story: with short phases, the numbers must show
+//! the difference staleguard makes on each path.
+
+use std::time::Duration;
+
+use staleguard::demo::{self, DemoOptions, Path, Workload};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_shows_fallback_answering_and_strict_failing_fast() {
+    let opts = DemoOptions {
+        phase: Duration::from_millis(2500),
+        refresh_timeout: Duration::from_millis(1500),
+        app_timeout: Duration::from_millis(700),
+        payment_max_time: Duration::from_millis(500),
+        rate: 20,
+        seed: 11,
+    };
+    let report = demo::run(opts, false).await.expect("demo runs");
+    let t = |w, p| report.tallies.get(&(w, p)).cloned().expect("tally");
+    let inv_direct = t(Workload::Inventory, Path::Direct);
+    let inv_guard = t(Workload::Inventory, Path::Staleguard);
+    let pay_direct = t(Workload::Payments, Path::Direct);
+    let pay_guard = t(Workload::Payments, Path::Staleguard);
+    println!("{}", demo::summary(&report));
+    for line in &report.timeline {
+        println!("{line}");
+    }
+    // The incident hurts reads that go straight to mongos ...
+    assert!(inv_direct.requests > 100 && inv_direct.ok < inv_direct.requests);
+    assert!(pay_direct.ok < pay_direct.requests);
+    // ... the fallback path keeps answering, at the price of orphans ...
+    assert!(
+        inv_guard.ok * inv_direct.requests > inv_direct.ok * inv_guard.requests,
+        "staleguard inventory answered a larger share"
+    );
+    assert!(inv_guard.orphans > 0, "available served orphans");
+    assert_eq!(inv_direct.orphans, 0, "versioned reads filter orphans");
+    // ... and the strict path fails fast and is never relaxed.
+    assert_eq!(pay_guard.orphans, 0);
+    assert!(
+        pay_guard.errors.keys().any(|k| k.starts_with("fail-fast")),
+        "{:?}",
+        pay_guard.errors
+    );
+    assert!(
+        pay_guard_error_p50(&pay_guard) < 100.0,
+        "fail-fast errors arrive at once"
+    );
+    assert!(
+        pay_guard_error_p50(&pay_direct) >= 400.0,
+        "direct errors hang"
+    );
+    // The timeline names the phases and the breaker transitions.
+    let text = report.timeline.join("\n");
+    for needle in [
+        "stalls",
+        "a1 is restarted",
+        "demo.store_inventory breaker OPEN",
+        "pay.transactions breaker OPEN",
+        "resumes",
+    ] {
+        assert!(text.contains(needle), "timeline lacks {needle:?}:\n{text}");
+    }
+}
+
+fn pay_guard_error_p50(t: &demo::Tally) -> f64 {
+    let mut v = t.error_ms.clone();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
