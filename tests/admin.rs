@@ -143,13 +143,36 @@ async fn readyz_is_503_while_stopping_and_admin_closes_after() {
     assert!(tokio::net::TcpStream::connect(admin).await.is_err());
 }
 
+/// Installs Debian's Chromium on a fresh machine, as `.ci/run` does, so that `cargo test`
+/// alone works there too (as root, with the package mirror reachable).
+fn install_chromium() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        eprintln!("installing Debian's chromium for the status page test (apt-get)");
+        let ok = Command::new("sh")
+            .args([
+                "-c",
+                "DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            eprintln!("apt-get install chromium failed");
+        }
+    });
+}
+
 /// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`);
 /// returns stdout. Fails the test when Chromium is missing: the page must be seen.
 fn chromium(url: &str, mode: &str, profile: &Path) -> String {
     let bin = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string());
+    if !Path::new(&bin).exists() && bin == "/usr/bin/chromium" {
+        install_chromium();
+    }
     assert!(
         Path::new(&bin).exists(),
-        "{bin} is missing: install it (apt-get install -y chromium; .ci/run does) to test the status page"
+        "{bin} is missing and could not be installed: apt-get install -y chromium (as root), then run the tests again"
     );
     let mut child = Command::new(&bin)
         .args([
