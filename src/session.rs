@@ -65,6 +65,7 @@ pub struct Session {
     shared: Arc<Shared>,
     /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
+    config_generation: u64,
     peer: SocketAddr,
     id: u64,
     stop: CancellationToken,
@@ -87,10 +88,12 @@ impl Session {
         stop: CancellationToken,
         kill: CancellationToken,
     ) -> Session {
+        let config_generation = shared.config_generation();
         let config = shared.config.load_full();
         Session {
             shared,
             config,
+            config_generation,
             peer,
             id,
             stop,
@@ -211,7 +214,11 @@ impl Session {
         cw: &mut C,
         uw: &mut U,
     ) -> Result<(), SessionError> {
-        self.config = self.shared.config.load_full();
+        let generation = self.shared.config_generation();
+        if generation != self.config_generation {
+            self.config = self.shared.config.load_full();
+            self.config_generation = generation;
+        }
         let max = self.config.max_message_size;
         let header = Header::parse(&msg)
             .ok_or(SessionError::ClientProtocol(WireError::Truncated("header")))?;
