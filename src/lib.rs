@@ -20,6 +20,10 @@
 //! runs on), `upstream` (choosing and dialing mongos) with `health` (periodic `hello`),
 //! `metrics` (every metric name) and `admin` (HTTP: `/metrics`, `/status`, the status page,
 //! `/healthz`, `/readyz`).
+//!
+//! Beside the proxy: `sim` is a model of a sharded cluster (a mongos front, shards of a
+//! primary and two secondaries, per-node routing tables, stalled primaries, migrations and
+//! orphans) that the tests and `demo` run against; `demo` tells the incident with numbers.
 
 #![forbid(unsafe_code)]
 
