@@ -35,8 +35,8 @@ pub struct Outcome {
     pub secs: f64,
     /// Latencies of those round trips in nanoseconds, sorted.
     pub lat_ns: Vec<u32>,
-    /// Proxy CPU seconds spent during the window.
-    pub cpu_secs: Option<f64>,
+    /// Proxy CPU seconds (user, system) spent during the window.
+    pub cpu_secs: Option<(f64, f64)>,
     pub unexpected: u64,
 }
 
@@ -54,9 +54,17 @@ impl Outcome {
         self.lat_ns[i] as f64 / 1000.0
     }
 
+    /// Proxy CPU time per round trip in µs (user + system).
     pub fn cpu_us_per_rt(&self) -> Option<f64> {
         self.cpu_secs
-            .map(|c| c * 1e6 / self.round_trips.max(1) as f64)
+            .map(|(u, s)| (u + s) * 1e6 / self.round_trips.max(1) as f64)
+    }
+
+    /// The share of the proxy's CPU time spent in the kernel.
+    pub fn sys_share(&self) -> Option<f64> {
+        self.cpu_secs
+            .filter(|(u, s)| u + s > 0.0)
+            .map(|(u, s)| s / (u + s))
     }
 }
 
@@ -197,7 +205,7 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
             let a = procs::cpu_seconds(pid);
             tokio::time::sleep_until(end).await;
             let b = procs::cpu_seconds(pid);
-            a.zip(b).map(|(a, b)| b - a)
+            a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1))
         })
     });
     let joins: Vec<_> = clients

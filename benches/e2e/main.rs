@@ -142,7 +142,7 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
     // The proxy holds two descriptors per pair; the hard limit may be out of our reach.
     let fit = (nofile as usize).saturating_sub(200) / 2;
     let mut notes = Vec::new();
-    let mem_pairs = if opts.mem_pairs > fit {
+    let mem_pairs = if opts.memory && opts.mem_pairs > fit {
         let note = format!(
             "memory run uses {fit} pairs, not {}: RLIMIT_NOFILE is {nofile} here and cannot be \
              raised, and the proxy needs two descriptors per pair",
@@ -207,6 +207,7 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
             "--stale-first".into(),
             "3".into(),
         ],
+        "E2E_UPSTREAM_WRAPPER",
     )?;
     let wants = |t: &str| opts.targets.iter().any(|x| x == t);
     let mut notes = Vec::new();
@@ -249,7 +250,8 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
 }
 
 fn start_floor(upstream: SocketAddr) -> Result<Proc, String> {
-    let mut p = procs::spawn_role("forwarder", &["--upstream".into(), upstream.to_string()])?;
+    let args = ["--upstream".to_string(), upstream.to_string()];
+    let mut p = procs::spawn_role("forwarder", &args, "E2E_FLOOR_WRAPPER")?;
     p.name = "floor".into();
     Ok(p)
 }
@@ -295,18 +297,10 @@ fn start_staleguard(
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml).map_err(|e| e.to_string())?;
-    // E2E_SG_WRAPPER runs staleguard under another program, e.g.
-    // "valgrind --tool=callgrind --callgrind-out-file=/tmp/sg.callgrind".
-    let wrapper = std::env::var("E2E_SG_WRAPPER").unwrap_or_default();
-    let mut words = wrapper.split_whitespace();
-    let mut cmd = match words.next() {
-        Some(w) => {
-            let mut c = Command::new(w);
-            c.args(words).arg(env!("CARGO_BIN_EXE_staleguard"));
-            c
-        }
-        None => Command::new(env!("CARGO_BIN_EXE_staleguard")),
-    };
+    let mut cmd = procs::wrapped(
+        Path::new(env!("CARGO_BIN_EXE_staleguard")),
+        "E2E_SG_WRAPPER",
+    );
     cmd.arg("--log-level")
         .arg(log_level)
         .arg("run")

@@ -55,10 +55,27 @@ impl Drop for Proc {
     }
 }
 
-/// Starts this executable in `role` with `args`; the role prints `LISTEN <addr>` when ready.
-pub fn spawn_role(role: &str, args: &[String]) -> Result<Proc, String> {
+/// `program`, run under the command line in the environment variable `wrapper_env` when it
+/// is set (say `valgrind --tool=callgrind --callgrind-out-file=/tmp/x.callgrind`, or
+/// `strace -f -c -o /tmp/x.strace`), for profiling one process of the benchmark.
+pub fn wrapped(program: &Path, wrapper_env: &str) -> Command {
+    let wrapper = std::env::var(wrapper_env).unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    match words.next() {
+        Some(w) => {
+            let mut c = Command::new(w);
+            c.args(words).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Starts this executable in `role` with `args` (under the wrapper in `wrapper_env`, if
+/// set); the role prints `LISTEN <addr>` when ready.
+pub fn spawn_role(role: &str, args: &[String], wrapper_env: &str) -> Result<Proc, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let mut child = Command::new(exe)
+    let mut child = wrapped(&exe, wrapper_env)
         .arg("--role")
         .arg(role)
         .args(args)
@@ -163,15 +180,15 @@ fn clock_ticks() -> f64 {
     })
 }
 
-/// utime + stime from `/proc/PID/stat` (fields 14 and 15), in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// (utime, stime) from `/proc/PID/stat` (fields 14 and 15) in seconds, all threads.
+pub fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces; fields are counted after its ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
     let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / clock_ticks())
+    Some((utime / clock_ticks(), stime / clock_ticks()))
 }
 
 /// VmRSS from `/proc/PID/status`, in bytes.

@@ -15,6 +15,8 @@ pub struct Sample {
     pub p99: f64,
     pub p999: f64,
     pub cpu_us: Option<f64>,
+    /// Kernel share of the proxy's CPU time.
+    pub sys: Option<f64>,
     pub unexpected: u64,
     /// For the rewrite target: (finds that reached mongos with `available`, all finds).
     pub rewritten: Option<(i64, i64)>,
@@ -28,6 +30,7 @@ impl Sample {
             p99: o.quantile_us(0.99),
             p999: o.quantile_us(0.999),
             cpu_us: o.cpu_us_per_rt(),
+            sys: o.sys_share(),
             unexpected: o.unexpected,
             rewritten: None,
         }
@@ -38,8 +41,8 @@ impl Sample {
             "{:>8.0} req/s  p50 {:>7.1} µs  p99 {:>7.1} µs  p99.9 {:>7.1} µs",
             self.rps, self.p50, self.p99, self.p999
         );
-        if let Some(c) = self.cpu_us {
-            let _ = write!(s, "  cpu {c:>5.1} µs/rt");
+        if let (Some(c), Some(k)) = (self.cpu_us, self.sys) {
+            let _ = write!(s, "  cpu {c:>5.1} µs/rt ({:.0}% sys)", k * 100.0);
         }
         if self.unexpected > 0 {
             let _ = write!(s, "  UNEXPECTED REPLIES {}", self.unexpected);
@@ -73,6 +76,7 @@ struct Med {
     p99: f64,
     p999: f64,
     cpu_us: f64,
+    sys: f64,
 }
 
 fn med(samples: &[Sample]) -> Med {
@@ -83,6 +87,7 @@ fn med(samples: &[Sample]) -> Med {
         p99: m(|s| s.p99),
         p999: m(|s| s.p999),
         cpu_us: m(|s| s.cpu_us.unwrap_or(f64::NAN)),
+        sys: m(|s| s.sys.unwrap_or(f64::NAN)),
     }
 }
 
@@ -159,9 +164,12 @@ impl Summary {
         );
         let _ = writeln!(
             out,
-            "| target | conns | req/s | p50 µs | p99 µs | p99.9 µs | proxy CPU µs/rt | req/s vs floor | CPU vs floor | p99 vs floor |"
+            "| target | conns | req/s | p50 µs | p99 µs | p99.9 µs | proxy CPU µs/rt | of it kernel | req/s vs floor | CPU vs floor | p99 vs floor |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         let conns: Vec<usize> = {
             let mut c: Vec<usize> = self.rows.keys().map(|(n, _)| *n).collect();
             c.dedup();
@@ -181,12 +189,17 @@ impl Summary {
                 };
                 let _ = writeln!(
                     out,
-                    "| {t} | {n} | {} | {} | {} | {} | {} | {r} | {c} | {p} |",
+                    "| {t} | {n} | {} | {} | {} | {} | {} | {} | {r} | {c} | {p} |",
                     num(m.rps, 0),
                     num(m.p50, 1),
                     num(m.p99, 1),
                     num(m.p999, 1),
                     num(m.cpu_us, 1),
+                    if m.sys.is_nan() {
+                        "–".into()
+                    } else {
+                        format!("{:.0}%", m.sys * 100.0)
+                    },
                 );
             }
         }
