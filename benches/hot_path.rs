@@ -86,11 +86,14 @@ fn bench_inspect_reply(c: &mut Criterion) {
     let error = reply::op_msg(5, 17, 0, &msgs::stale_config_body()).to_vec();
     let small = reply::op_msg(5, 17, 0, &msgs::find_reply_body()).to_vec();
     let big = reply::op_msg(5, 17, 0, &msgs::big_cursor_reply_body(1 << 20)).to_vec();
+    // What a tracked read's reply costs when the driver negotiated compression.
+    let big_zstd = msgs::compressed(&big);
     let mut g = c.benchmark_group("inspect_reply");
     for (name, msg) in [
         ("stale_config_error", &error),
         ("find_1_doc", &small),
         ("cursor_1mb", &big),
+        ("cursor_1mb_zstd", &big_zstd),
     ] {
         g.bench_function(format!("{name}/{}B", msg.len()), |b| {
             b.iter(|| inspect_reply(black_box(msg), MAX).expect("valid reply"))

@@ -152,7 +152,7 @@ pub fn op_msg_with_sequence(
     out.to_vec()
 }
 
-/// The 300-byte `find` wrapped in OP_COMPRESSED (zstd), as a driver with compression on sends it.
+/// `msg` (an OP_MSG) wrapped in OP_COMPRESSED (zstd), as a peer with compression on sends it.
 pub fn compressed(msg: &[u8]) -> Vec<u8> {
     let payload = &msg[HEADER_LEN..];
     let data = compress(ZSTD, payload).expect("zstd compresses");

@@ -183,7 +183,7 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
         summary.rows = rt.block_on(latency_runs(opts, &mut fleet))?;
     }
     if opts.memory {
-        summary.memory = memory_runs(opts, mem_pairs, &rt, &mut fleet)?;
+        summary.memory = memory_runs(opts, mem_pairs, &rt, &mut fleet);
     }
     summary.micro = micro;
     notes.append(&mut fleet.notes);
@@ -457,31 +457,45 @@ fn memory_runs(
     pairs: usize,
     rt: &tokio::runtime::Runtime,
     fleet: &mut Fleet,
-) -> Result<Vec<memory::MemResult>, String> {
+) -> Vec<memory::MemResult> {
     let request = msgs::op_msg(0, &msgs::find_body(&opts.ns.0, &opts.ns.1), false);
     let up = fleet.upstream.addr;
     let dir = fleet.tmp.path().to_path_buf();
+    let wants = |t: &str| opts.targets.iter().any(|x| x == t);
     let mut out = Vec::new();
-    // Fresh processes, so nothing from the latency runs is counted.
-    let mut fresh: Vec<Result<Proc, String>> = vec![start_staleguard(
-        &dir,
-        up,
-        &opts.sg_log_level,
-        "staleguard-mem",
-    )];
-    if opts.targets.iter().any(|t| t == "floor") {
-        fresh.push(start_floor(up));
+    // Each proxy freshly started (nothing from the latency runs counted), measured, stopped.
+    type Starter<'a> = Box<dyn Fn() -> Result<Proc, String> + 'a>;
+    let starters: Vec<(&str, Starter)> = vec![
+        (
+            "staleguard",
+            Box::new(|| start_staleguard(&dir, up, &opts.sg_log_level, "staleguard-mem")),
+        ),
+        ("floor", Box::new(|| start_floor(up))),
+        // maxconn leaves HAProxy inside the descriptor limit (two per pair).
+        (
+            "haproxy",
+            Box::new(|| start_haproxy(&dir, up, pairs + 10, "haproxy-mem")),
+        ),
+    ];
+    for (name, start) in starters {
+        let wanted = wants(name) || (name == "staleguard" && wants("staleguard-rewrite"));
+        if !wanted || (name == "haproxy" && fleet.haproxy.is_none()) {
+            continue;
+        }
+        let measured = start().and_then(|p| {
+            eprintln!("memory: {} with {pairs} idle connection pairs ...", p.name);
+            rt.block_on(memory::measure(&p, pairs, &request, up))
+        });
+        match measured {
+            Ok(m) => out.push(m),
+            Err(e) => {
+                let note = format!("memory run of {name} failed: {e}");
+                eprintln!("{note}");
+                fleet.notes.push(note);
+            }
+        }
     }
-    if opts.targets.iter().any(|t| t == "haproxy") && fleet.haproxy.is_some() {
-        fresh.push(start_haproxy(&dir, up, pairs + 1000, "haproxy-mem"));
-    }
-    for p in fresh {
-        let p = p?;
-        eprintln!("memory: {} with {pairs} idle connection pairs ...", p.name);
-        out.push(rt.block_on(memory::measure(&p, pairs, &request, up))?);
-        drop(p);
-    }
-    Ok(out)
+    out
 }
 
 /// How many lines staleguard logged, and its warnings and errors (the breaker opening is
