@@ -193,6 +193,7 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
         summary.notes.push(log_summary(&log));
     }
     println!("{}", summary.render());
+    println!("{}", report::load_average("at the end"));
     Ok(())
 }
 

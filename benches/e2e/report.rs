@@ -371,10 +371,18 @@ pub fn machine() -> String {
         })
         .unwrap_or_else(|| "unknown".into());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "machine: {cpus} CPUs, {model}, kernel {}, {}",
+        kernel.trim(),
+        load_average("at the start")
+    )
+}
+
+/// The 1/5/15-minute load averages: other work on the machine skews every number.
+pub fn load_average(when: &str) -> String {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     format!(
-        "machine: {cpus} CPUs, {model}, kernel {}, load average {}",
-        kernel.trim(),
+        "load average {when}: {}",
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()
