@@ -100,7 +100,7 @@ impl Opts {
             mem_pairs: env_or("E2E_MEM_PAIRS", if quick { 500 } else { 10_000 }),
             ns,
             sg_log_level: env_or("E2E_SG_LOG_LEVEL", "info".to_string()),
-            judge_conns: env_or("E2E_JUDGE_CONNS", 64),
+            judge_conns: env_or("E2E_JUDGE_CONNS", if quick { 16 } else { 64 }),
             micro: !has("--no-micro") && !memory_only,
             latency: !has("--no-latency") && !memory_only,
             memory: !has("--no-memory"),
