@@ -4,7 +4,7 @@
 //! of their own (at most `MAX_NS_LABELS`; past that they share `other`).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use dashmap::{DashMap, DashSet};
@@ -81,7 +81,28 @@ pub struct SideLabel {
     pub side: &'static str,
 }
 
+/// Decisions that get their own `decision` label (see `policy::Decision::name`).
+const DECISIONS: [&str; 6] = [
+    "forward",
+    "track",
+    "track_retry",
+    "rewrite",
+    "fail_fast",
+    "refuse",
+];
+
+/// Counters of one namespace that repeat per request while its breaker is open.
+#[derive(Debug)]
+pub struct NsHot {
+    pub ns: String,
+    pub preemptive: Counter,
+    pub fail_fast: Counter,
+    pub refusal: Counter,
+}
+
 pub struct Metrics {
+    request_counters: [[OnceLock<Counter>; DECISIONS.len()]; COMMANDS.len()],
+    hot: DashMap<String, Arc<NsHot>>,
     registry: Mutex<Registry>,
     pub client_connections: Gauge,
     pub client_connections_total: Counter,
@@ -126,6 +147,8 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let m = Metrics {
+            request_counters: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+            hot: DashMap::new(),
             registry: Mutex::new(Registry::with_prefix("staleguard")),
             client_connections: Gauge::default(),
             client_connections_total: Counter::default(),
@@ -260,12 +283,55 @@ impl Metrics {
     }
 
     pub fn request(&self, command: &str, decision: &'static str) {
-        self.requests
-            .get_or_create(&CommandDecision {
-                command: Metrics::command_label(command),
-                decision,
+        let c = COMMANDS
+            .iter()
+            .position(|c| *c == command)
+            .unwrap_or(COMMANDS.len() - 1);
+        let Some(d) = DECISIONS.iter().position(|d| *d == decision) else {
+            return;
+        };
+        // Each (command, decision) counter is looked up in the family once, then kept.
+        self.request_counters[c][d]
+            .get_or_init(|| {
+                self.requests
+                    .get_or_create(&CommandDecision {
+                        command: COMMANDS[c],
+                        decision: DECISIONS[d],
+                    })
+                    .clone()
             })
             .inc();
+    }
+
+    /// The per-namespace counters a governed read may bump, made once per namespace; a
+    /// session keeps the last one it used, so a run of reads on one namespace neither
+    /// allocates nor hashes.
+    pub fn ns_hot(&self, ns: &str) -> Arc<NsHot> {
+        if let Some(h) = self.hot.get(ns) {
+            return h.clone();
+        }
+        let namespace = self.ns_label(ns);
+        let hot = Arc::new(NsHot {
+            ns: ns.to_string(),
+            preemptive: self
+                .rewrites
+                .get_or_create(&NsKind {
+                    namespace: namespace.clone(),
+                    kind: "preemptive",
+                })
+                .clone(),
+            fail_fast: self
+                .fail_fasts
+                .get_or_create(&NsLabel {
+                    namespace: namespace.clone(),
+                })
+                .clone(),
+            refusal: self.refusals.get_or_create(&NsLabel { namespace }).clone(),
+        });
+        if self.hot.len() < MAX_NS_LABELS {
+            self.hot.insert(ns.to_string(), hot.clone());
+        }
+        hot
     }
 
     pub fn trigger_error(&self, ns: &str, code: &str) {
@@ -294,22 +360,6 @@ impl Metrics {
             .get_or_create(&NsKind {
                 namespace: self.ns_label(ns),
                 kind,
-            })
-            .inc();
-    }
-
-    pub fn fail_fast(&self, ns: &str) {
-        self.fail_fasts
-            .get_or_create(&NsLabel {
-                namespace: self.ns_label(ns),
-            })
-            .inc();
-    }
-
-    pub fn refusal(&self, ns: &str) {
-        self.refusals
-            .get_or_create(&NsLabel {
-                namespace: self.ns_label(ns),
             })
             .inc();
     }

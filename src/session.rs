@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::breaker::{Admission, Reason, Transition};
 use crate::command::{self, CommandInfo};
 use crate::config::{Causal, Config, NsPolicy};
-use crate::metrics::{LatencyBatch, LatencyHistogram};
+use crate::metrics::{LatencyBatch, LatencyHistogram, NsHot};
 use crate::policy::{self, Decision, Target};
 use crate::rewrite::{self, RewriteSpec};
 use crate::server::Shared;
@@ -27,6 +27,7 @@ use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::opmsg::{self, MORE_TO_COME};
 use crate::wire::{reply, Header, MessageCodec, OpCode, WireError};
+use prometheus_client::metrics::counter::Counter;
 
 /// A session adds its batched metrics after this many round trips, or this long after the
 /// last time, whichever comes first (and when it ends).
@@ -55,7 +56,7 @@ struct Governed<'r, 'a> {
     body: &'r command::RequestBody<'a>,
     info: &'r CommandInfo<'a>,
     target: &'r Target<'a>,
-    ns: String,
+    ns: &'r str,
     request_id: i32,
     now: Instant,
 }
@@ -98,6 +99,10 @@ pub struct Session {
     batch: LatencyBatch,
     unflushed_forwards: u64,
     last_flush: Instant,
+    /// Counters of the last governed namespace this session bumped.
+    hot: Option<Arc<NsHot>>,
+    /// Reused for the "db.coll" key of governed reads.
+    ns_buf: String,
 }
 
 impl Session {
@@ -126,6 +131,8 @@ impl Session {
             batch: LatencyBatch::default(),
             unflushed_forwards: 0,
             last_flush: Instant::now(),
+            hot: None,
+            ns_buf: String::new(),
         }
     }
 
@@ -293,7 +300,12 @@ impl Session {
         let Some(target) = policy::resolve(&info, &self.config.policy) else {
             return self.pass(msg.clone(), true, uw).await;
         };
-        let ns = format!("{}.{}", target.ns.db, target.ns.coll);
+        // The "db.coll" key, built in a buffer the session reuses.
+        let mut ns = std::mem::take(&mut self.ns_buf);
+        ns.clear();
+        ns.push_str(target.ns.db);
+        ns.push('.');
+        ns.push_str(target.ns.coll);
         let now = Instant::now();
         let admission = if target.kind == policy::ReadKind::Eligible {
             let (a, t) = self.shared.breakers.admit(&ns, &target.policy, now);
@@ -314,11 +326,13 @@ impl Session {
             body: &body,
             info: &info,
             target: &target,
-            ns,
+            ns: &ns,
             request_id: header.request_id,
             now,
         };
-        self.apply(decision, req, cw, uw).await
+        let done = self.apply(decision, req, cw, uw).await;
+        self.ns_buf = ns;
+        done
     }
 
     async fn apply<C: AsyncWrite + Unpin, U: AsyncWrite + Unpin>(
@@ -372,7 +386,7 @@ impl Session {
                 }
                 self.pending.push(Tracked {
                     request_id,
-                    ns,
+                    ns: ns.to_string(),
                     command: info.name.to_string(),
                     policy: target.policy.clone(),
                     original: msg,
@@ -396,7 +410,7 @@ impl Session {
                 };
                 match rewrite::rewrite_request(&msg, body, &spec, max) {
                     Ok(out) => {
-                        self.shared.metrics.rewrite(&ns, "preemptive");
+                        self.bump(ns, |h| &h.preemptive);
                         tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
                         self.forward(out, true, uw).await
                     }
@@ -412,8 +426,8 @@ impl Session {
                 errors,
             } => {
                 let (code, name) = reason.reply_code();
-                let errmsg = fail_fast_message(&ns, reason, errors, probe_in);
-                self.shared.metrics.fail_fast(&ns);
+                let errmsg = fail_fast_message(ns, reason, errors, probe_in);
+                self.bump(ns, |h| &h.fail_fast);
                 tracing::debug!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(request_id, code, name, &errmsg, cw).await
             }
@@ -421,7 +435,7 @@ impl Session {
                 let errmsg = format!(
                     "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
                 );
-                self.shared.metrics.refusal(&ns);
+                self.bump(ns, |h| &h.refusal);
                 tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
                 self.reply_error(request_id, 72, "InvalidOptions", &errmsg, cw)
                     .await
@@ -595,6 +609,16 @@ impl Session {
     ) -> Result<(), SessionError> {
         self.unflushed_forwards += 1;
         self.forward(msg, expects_reply, uw).await
+    }
+
+    /// Increments one of `ns`'s per-request counters, keeping the last namespace's handles.
+    fn bump(&mut self, ns: &str, which: impl Fn(&NsHot) -> &Counter) {
+        if self.hot.as_ref().is_none_or(|h| h.ns != ns) {
+            self.hot = Some(self.shared.metrics.ns_hot(ns));
+        }
+        if let Some(h) = &self.hot {
+            which(h).inc();
+        }
     }
 
     /// Adds this session's batched counts to the shared metrics.
