@@ -20,6 +20,10 @@
 //! runs on), `upstream` (choosing and dialing mongos) with `health` (periodic `hello`),
 //! `metrics` (every metric name) and `admin` (HTTP: `/metrics`, `/status`, the status page,
 //! `/healthz`, `/readyz`).
+//!
+//! `stall` watches write progress (the writes sessions relay, an optional write probe, an
+//! optional `serverStatus` rule per shard primary) and, when configured, holds the breakers
+//! of fallback namespaces open while writes are not completing, before reads fail.
 
 #![forbid(unsafe_code)]
 
@@ -36,6 +40,7 @@ pub mod rewrite;
 pub mod server;
 pub mod session;
 pub mod sim;
+pub mod stall;
 pub mod tls;
 pub mod upstream;
 pub mod wire;
