@@ -264,39 +264,7 @@ pub(super) fn stall(
     let t = table.get_ref();
     let before = ctx.errors.len();
     let mut c = StallConfig::default();
-    if let Some(p) = &t.passive {
-        c.passive = *p.get_ref();
-    }
-    if let Some(v) = &t.stall_after {
-        c.stall_after = duration(ctx, v, "stall_watch.stall_after", NONZERO).unwrap_or_default();
-    }
-    if let Some(v) = &t.min_in_flight {
-        match u32::try_from(*v.get_ref()) {
-            Ok(n) if n >= 1 => c.min_in_flight = n,
-            _ => {
-                let msg = format!("{} is out of range 1..={}", v.get_ref(), u32::MAX);
-                ctx.err(v, "stall_watch.min_in_flight", msg);
-            }
-        }
-    }
-    if !c.passive {
-        for (name, at) in [
-            (
-                "stall_after",
-                t.stall_after.as_ref().map(|s| s.span().start),
-            ),
-            (
-                "min_in_flight",
-                t.min_in_flight.as_ref().map(|s| s.span().start),
-            ),
-        ] {
-            if let Some(offset) = at {
-                let line = ctx.line(offset);
-                let msg = "has no effect: passive = false".to_string();
-                ctx.err_line(line, &format!("stall_watch.{name}"), msg);
-            }
-        }
-    }
+    passive(ctx, t, &mut c);
     if let Some(v) = &t.on_write_stall {
         match v.get_ref().as_str() {
             "observe" => c.on_write_stall = StallAction::Observe,
@@ -312,29 +280,72 @@ pub(super) fn stall(
     c.probe = t.probe.as_ref().and_then(|p| probe(ctx, p));
     c.shards = t.shards.as_ref().and_then(|s| shards(ctx, s));
     if c.on_write_stall == StallAction::OpenFallbackBreakers {
-        let at = t
-            .on_write_stall
-            .as_ref()
-            .map_or(table.span().start, |v| v.span().start);
-        let line = ctx.line(at);
-        let problem = if t.passive.as_ref().is_some_and(|p| !*p.get_ref())
-            && t.probe.is_none()
-            && t.shards.is_none()
-        {
-            Some("has no effect: every signal is off (passive = false, no [stall_watch.probe], no [stall_watch.shards])")
-        } else if !fallback_entries {
-            Some("has no effect: no [[namespaces]] entry has mode fallback")
-        } else {
-            None
-        };
-        if let Some(p) = problem {
-            ctx.err_line(line, "stall_watch.on_write_stall", p.to_string());
-        }
+        action_can_act(ctx, table, fallback_entries);
     }
     if ctx.errors.len() > before {
         return Err(());
     }
     Ok(c)
+}
+
+/// `passive`, `stall_after`, `min_in_flight` (the last two only mean something when passive).
+fn passive(ctx: &mut Ctx, t: &RawStall, c: &mut StallConfig) {
+    if let Some(p) = &t.passive {
+        c.passive = *p.get_ref();
+    }
+    if let Some(v) = &t.stall_after {
+        c.stall_after = duration(ctx, v, "stall_watch.stall_after", NONZERO).unwrap_or_default();
+    }
+    if let Some(v) = &t.min_in_flight {
+        match u32::try_from(*v.get_ref()) {
+            Ok(n) if n >= 1 => c.min_in_flight = n,
+            _ => {
+                let msg = format!("{} is out of range 1..={}", v.get_ref(), u32::MAX);
+                ctx.err(v, "stall_watch.min_in_flight", msg);
+            }
+        }
+    }
+    if c.passive {
+        return;
+    }
+    let set = [
+        (
+            "stall_after",
+            t.stall_after.as_ref().map(|s| s.span().start),
+        ),
+        (
+            "min_in_flight",
+            t.min_in_flight.as_ref().map(|s| s.span().start),
+        ),
+    ];
+    for (name, at) in set {
+        if let Some(offset) = at {
+            let line = ctx.line(offset);
+            let msg = "has no effect: passive = false".to_string();
+            ctx.err_line(line, &format!("stall_watch.{name}"), msg);
+        }
+    }
+}
+
+/// `open_fallback_breakers` needs a signal and a fallback entry to act on.
+fn action_can_act(ctx: &mut Ctx, table: &Spanned<RawStall>, fallback_entries: bool) {
+    let t = table.get_ref();
+    let at = t
+        .on_write_stall
+        .as_ref()
+        .map_or(table.span().start, |v| v.span().start);
+    let line = ctx.line(at);
+    let no_signal = t.passive.as_ref().is_some_and(|p| !*p.get_ref())
+        && t.probe.is_none()
+        && t.shards.is_none();
+    let problem = if no_signal {
+        "has no effect: every signal is off (passive = false, no [stall_watch.probe], no [stall_watch.shards])"
+    } else if !fallback_entries {
+        "has no effect: no [[namespaces]] entry has mode fallback"
+    } else {
+        return;
+    };
+    ctx.err_line(line, "stall_watch.on_write_stall", problem.to_string());
 }
 
 fn probe(ctx: &mut Ctx, table: &Spanned<RawProbe>) -> Option<ProbeConfig> {

@@ -285,12 +285,11 @@ impl Poller {
     }
 
     async fn poll(&mut self, shared: &Shared, c: &ShardsConfig, rule: Rule) {
-        let m = &shared.metrics.stall;
         let Some(client) = &self.client else { return };
         let admin = client.database("admin");
         let asked = admin.run_command(doc! { "serverStatus": 1 });
-        let status = match tokio::time::timeout(c.poll.max(Duration::from_millis(100)), asked).await
-        {
+        let limit = c.poll.max(Duration::from_millis(100));
+        let status = match tokio::time::timeout(limit, asked).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return self.poll_failed(shared, e.to_string()),
             Err(_) => {
@@ -308,29 +307,7 @@ impl Poller {
         let v7 = c
             .server_version_7_plus
             .unwrap_or_else(|| major_version(&version).is_some_and(|v| v >= 7));
-        let counters = Counters {
-            at: now,
-            write_ops: ["insert", "update", "delete"]
-                .iter()
-                .filter_map(|k| int(&status, &format!("opcounters.{k}")))
-                .sum(),
-            latency_micros: int(&status, "opLatencies.writes.latency").unwrap_or(0),
-            latency_ops: int(&status, "opLatencies.writes.ops").unwrap_or(0),
-        };
-        let (rate, latency_ms, dt) = match self.last {
-            // Counters that went back mean a restart: start comparing afresh.
-            Some(l) if counters.write_ops >= l.write_ops && now > l.at => {
-                let dt = now - l.at;
-                let rate = (counters.write_ops - l.write_ops) as f64 / dt.as_secs_f64();
-                let ops = counters.latency_ops - l.latency_ops;
-                let lat = (ops > 0).then(|| {
-                    (counters.latency_micros - l.latency_micros) as f64 / ops as f64 / 1000.0
-                });
-                (Some(rate), lat, dt)
-            }
-            _ => (None, None, Duration::ZERO),
-        };
-        self.last = Some(counters);
+        let (rate, latency_ms, dt) = self.rates(&status, now);
         let reading = ShardReading {
             tickets_available: int(&status, "wiredTiger.concurrentTransactions.write.available"),
             queued_writers: int(&status, "globalLock.currentQueue.writers").unwrap_or(0),
@@ -338,27 +315,7 @@ impl Poller {
             version_7_plus: v7,
         };
         let cond = self.state.step(&rule, &reading, dt, now);
-        let label = ShardLabel {
-            shard: self.set_name.clone().unwrap_or_else(|| self.hosts.clone()),
-        };
-        if let Some(t) = reading.tickets_available {
-            m.tickets_available.get_or_create(&label).set(t);
-        }
-        m.queued_writers
-            .get_or_create(&label)
-            .set(reading.queued_writers);
-        if let Some(r) = rate {
-            m.write_rate.get_or_create(&label).set(r);
-        }
-        if let Some(b) = self.state.baseline {
-            m.write_baseline.get_or_create(&label).set(b);
-        }
-        if let Some(l) = latency_ms {
-            m.write_latency.get_or_create(&label).set(l / 1000.0);
-        }
-        m.composite
-            .get_or_create(&label)
-            .set(i64::from(self.state.raised));
+        self.export(shared, &reading, latency_ms);
         let held = self
             .state
             .holding_since
@@ -371,6 +328,18 @@ impl Poller {
             held,
             &rule,
         );
+        let evidence = Evidence {
+            shard: self.set_name.clone(),
+            server_version: Some(version),
+            tickets_available: reading.tickets_available,
+            queued_writers: Some(reading.queued_writers),
+            write_ops_per_second: rate,
+            baseline_ops_per_second: self.state.baseline,
+            write_latency_ms: latency_ms,
+            conditions: Some(cond),
+            conditions_held_seconds: held.map(|d| d.as_secs_f64()),
+            ..Evidence::default()
+        };
         shared.stall.update(
             &shared.metrics,
             SignalKind::Composite,
@@ -380,20 +349,62 @@ impl Poller {
                 raised: self.state.raised,
                 since: self.state.holding_since.unwrap_or(now),
                 summary,
-                evidence: Evidence {
-                    shard: self.set_name.clone(),
-                    server_version: Some(version),
-                    tickets_available: reading.tickets_available,
-                    queued_writers: Some(reading.queued_writers),
-                    write_ops_per_second: rate,
-                    baseline_ops_per_second: self.state.baseline,
-                    write_latency_ms: latency_ms,
-                    conditions: Some(cond),
-                    conditions_held_seconds: held.map(|d| d.as_secs_f64()),
-                    ..Evidence::default()
-                },
+                evidence,
             },
         );
+    }
+
+    /// Write ops per second and ms per write since the last poll, and the time between.
+    fn rates(&mut self, status: &Document, now: Instant) -> (Option<f64>, Option<f64>, Duration) {
+        let counters = Counters {
+            at: now,
+            write_ops: ["insert", "update", "delete"]
+                .iter()
+                .filter_map(|k| int(status, &format!("opcounters.{k}")))
+                .sum(),
+            latency_micros: int(status, "opLatencies.writes.latency").unwrap_or(0),
+            latency_ops: int(status, "opLatencies.writes.ops").unwrap_or(0),
+        };
+        let last = self.last.replace(counters);
+        match last {
+            // Counters that went back mean a restart: start comparing afresh.
+            Some(l) if counters.write_ops >= l.write_ops && now > l.at => {
+                let dt = now - l.at;
+                let rate = (counters.write_ops - l.write_ops) as f64 / dt.as_secs_f64();
+                let ops = counters.latency_ops - l.latency_ops;
+                let lat = (ops > 0).then(|| {
+                    (counters.latency_micros - l.latency_micros) as f64 / ops as f64 / 1000.0
+                });
+                (Some(rate), lat, dt)
+            }
+            _ => (None, None, Duration::ZERO),
+        }
+    }
+
+    /// Every input of the rule, and its state, as metrics.
+    fn export(&self, shared: &Shared, reading: &ShardReading, latency_ms: Option<f64>) {
+        let m = &shared.metrics.stall;
+        let label = ShardLabel {
+            shard: self.set_name.clone().unwrap_or_else(|| self.hosts.clone()),
+        };
+        if let Some(t) = reading.tickets_available {
+            m.tickets_available.get_or_create(&label).set(t);
+        }
+        m.queued_writers
+            .get_or_create(&label)
+            .set(reading.queued_writers);
+        if let Some(r) = reading.rate {
+            m.write_rate.get_or_create(&label).set(r);
+        }
+        if let Some(b) = self.state.baseline {
+            m.write_baseline.get_or_create(&label).set(b);
+        }
+        if let Some(l) = latency_ms {
+            m.write_latency.get_or_create(&label).set(l / 1000.0);
+        }
+        m.composite
+            .get_or_create(&label)
+            .set(i64::from(self.state.raised));
     }
 
     /// A failed poll changes no condition; it is counted and shown.
