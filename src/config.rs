@@ -241,10 +241,35 @@ impl Pattern {
     }
 }
 
+/// FNV-1a: the policy maps are small, built from the config only, and looked up once per
+/// governed read, where SipHash's flood resistance buys nothing and costs most of `lookup`.
+#[derive(Debug, Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FastMap<V> = HashMap<String, V, std::hash::BuildHasherDefault<Fnv>>;
+
 /// The rules of one database, so that `lookup` hashes `db` once and never allocates.
 #[derive(Debug, Clone, Default)]
 struct DbRules {
-    exact: HashMap<String, usize>,
+    exact: FastMap<usize>,
     /// Longest prefix first (equal lengths cannot both match: they would be duplicates).
     prefixes: Vec<(String, usize)>,
     whole: Option<usize>,
@@ -259,8 +284,10 @@ pub struct PolicyTable {
     patterns: Vec<Pattern>,
     /// Parallel to `entries`: line of `pattern` in the file, 0 when built in code.
     lines: Vec<usize>,
-    dbs: HashMap<String, DbRules>,
+    dbs: FastMap<DbRules>,
     all: Option<usize>,
+    /// No entry is fallback or strict: nothing needs classifying.
+    passthrough_only: bool,
 }
 
 impl PolicyTable {
@@ -298,6 +325,7 @@ impl PolicyTable {
             t.patterns.push(pat);
             t.lines.push(line);
         }
+        t.passthrough_only = t.entries.iter().all(|p| p.mode == Mode::Passthrough);
         for rules in t.dbs.values_mut() {
             rules
                 .prefixes
@@ -335,7 +363,7 @@ impl PolicyTable {
 
     /// True when no entry has mode fallback or strict (then nothing is ever classified).
     pub fn is_passthrough_only(&self) -> bool {
-        self.entries.iter().all(|p| p.mode == Mode::Passthrough)
+        self.passthrough_only
     }
 }
 

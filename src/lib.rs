@@ -24,6 +24,10 @@
 //! `stall` watches write progress (the writes sessions relay, an optional write probe, an
 //! optional `serverStatus` rule per shard primary) and, when configured, holds the breakers
 //! of fallback namespaces open while writes are not completing, before reads fail.
+//!
+//! Beside the proxy: `sim` is a model of a sharded cluster (a mongos front, shards of a
+//! primary and two secondaries, per-node routing tables, stalled primaries, migrations and
+//! orphans) that the tests and `demo` run against; `demo` tells the incident with numbers.
 
 #![forbid(unsafe_code)]
 

@@ -87,7 +87,7 @@ pub fn reload(shared: &Shared, trigger: &str) -> Result<(), Vec<ConfigError>> {
         }
     }
     let entries = new.policy.entries().len();
-    shared.config.store(Arc::new(new));
+    shared.set_config(Arc::new(new));
     shared.metrics.reload(true);
     tracing::info!(trigger, file = %old.source.display(), entries, "config reloaded");
     set_status(shared, status(true, warnings));

@@ -37,6 +37,9 @@ pub struct Shared {
     pub started: SystemTime,
     /// The outcome of the last config load (start or reload).
     pub reload_status: Mutex<ReloadStatus>,
+    /// Bumped after every config swap, so sessions re-read the config only when it changed
+    /// (a relaxed load of a read-mostly word, instead of a shared refcount per request).
+    config_generation: AtomicU64,
     next_conn: AtomicU64,
     next_request_id: AtomicI32,
 }
@@ -52,9 +55,21 @@ impl Shared {
             local_addr: OnceLock::new(),
             started: SystemTime::now(),
             reload_status: Mutex::new(ReloadStatus::started()),
+            config_generation: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             next_request_id: AtomicI32::new(1),
         }
+    }
+
+    /// Swaps in a new config; sessions pick it up from their next request.
+    pub fn set_config(&self, config: Arc<Config>) {
+        self.config.store(config);
+        self.config_generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// Changes whenever the config is swapped.
+    pub fn config_generation(&self) -> u64 {
+        self.config_generation.load(Ordering::Acquire)
     }
 
     /// A requestID for a message the proxy originates (error replies).

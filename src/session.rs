@@ -46,6 +46,17 @@ pub enum SessionError {
     UpstreamIo(std::io::Error),
 }
 
+/// A request some policy governs, with everything decided about it.
+struct Governed<'r, 'a> {
+    msg: &'r Bytes,
+    body: &'r command::RequestBody<'a>,
+    info: &'r CommandInfo<'a>,
+    target: &'r Target<'a>,
+    ns: String,
+    request_id: i32,
+    now: Instant,
+}
+
 /// A read whose reply the session inspects.
 #[derive(Debug)]
 struct Tracked {
@@ -67,6 +78,7 @@ pub struct Session {
     shared: Arc<Shared>,
     /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
+    config_generation: u64,
     peer: SocketAddr,
     id: u64,
     stop: CancellationToken,
@@ -93,10 +105,12 @@ impl Session {
         stop: CancellationToken,
         kill: CancellationToken,
     ) -> Session {
+        let config_generation = shared.config_generation();
         let config = shared.config.load_full();
         Session {
             shared,
             config,
+            config_generation,
             peer,
             id,
             stop,
@@ -171,15 +185,19 @@ impl Session {
         let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
         let mut ur = FramedRead::with_capacity(ur, MessageCodec::new(max), READ_BUFFER);
         let mut draining = false;
-        let kill = self.kill.clone();
-        let stop = self.stop.clone();
+        let (kill, stop) = (self.kill.clone(), self.stop.clone());
+        // Built once: re-creating them per loop turn registers with the tokens' shared Notify
+        // on every message.
+        let killed = kill.cancelled();
+        let stopping = stop.cancelled();
+        tokio::pin!(killed, stopping);
         let end: Result<&str, SessionError> = loop {
             if draining && (self.outstanding == 0 || self.streaming) {
                 break Ok("proxy stopping");
             }
             tokio::select! {
-                _ = kill.cancelled() => break Ok("shutdown deadline passed"),
-                _ = stop.cancelled(), if !draining => draining = true,
+                _ = &mut killed => break Ok("shutdown deadline passed"),
+                _ = &mut stopping, if !draining => draining = true,
                 req = cr.next() => match req {
                     Some(Ok(msg)) => {
                         if let Err(e) = self.on_request(msg, &mut cw, &mut uw).await {
@@ -224,7 +242,11 @@ impl Session {
         cw: &mut C,
         uw: &mut U,
     ) -> Result<(), SessionError> {
-        self.config = self.shared.config.load_full();
+        let generation = self.shared.config_generation();
+        if generation != self.config_generation {
+            self.config = self.shared.config.load_full();
+            self.config_generation = generation;
+        }
         let max = self.config.max_message_size;
         let header = Header::parse(&msg)
             .ok_or(SessionError::ClientProtocol(WireError::Truncated("header")))?;
@@ -296,36 +318,38 @@ impl Session {
         };
         let mut decision = policy::decide(&target, &info, admission);
         if target.policy.dry_run && decision != Decision::Forward {
-            tracing::info!(ns = %ns, command = info.name, decision = decision.name(), dry_run = true, "would act (dry run)");
+            tracing::debug!(ns = %ns, command = info.name, decision = decision.name(), dry_run = true, "would act (dry run)");
             decision = decision.dry();
         }
-        self.apply(
-            decision,
-            &target,
-            &info,
+        let req = Governed {
+            msg: &msg,
+            body: &body,
+            info: &info,
+            target: &target,
             ns,
-            header.request_id,
-            msg.clone(),
+            request_id: header.request_id,
             now,
-            cw,
-            uw,
-        )
-        .await
+        };
+        self.apply(decision, req, cw, uw).await
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn apply<C: AsyncWrite + Unpin, U: AsyncWrite + Unpin>(
         &mut self,
         decision: Decision,
-        target: &Target<'_>,
-        info: &CommandInfo<'_>,
-        ns: String,
-        request_id: i32,
-        msg: Bytes,
-        now: Instant,
+        req: Governed<'_, '_>,
         cw: &mut C,
         uw: &mut U,
     ) -> Result<(), SessionError> {
+        let Governed {
+            msg,
+            body,
+            info,
+            target,
+            ns,
+            request_id,
+            now,
+        } = req;
+        let msg = msg.clone();
         let max = self.config.max_message_size;
         self.shared.metrics.request(info.name, decision.name());
         match decision {
@@ -342,7 +366,7 @@ impl Session {
                             drop_after_cluster_time: false,
                             max_time_ms: Some(ms),
                         };
-                        match rewrite::rewrite_message(&msg, &spec, max) {
+                        match rewrite::rewrite_request(&msg, body, &spec, max) {
                             Ok(b) => {
                                 tracing::debug!(ns = %ns, command = info.name, max_time_ms = ms, "maxTimeMS capped");
                                 b
@@ -382,10 +406,10 @@ impl Session {
                     drop_after_cluster_time,
                     max_time_ms: cap_ms,
                 };
-                match rewrite::rewrite_message(&msg, &spec, max) {
+                match rewrite::rewrite_request(&msg, body, &spec, max) {
                     Ok(out) => {
                         self.shared.metrics.rewrite(&ns, "preemptive");
-                        tracing::info!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
+                        tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
                         self.forward(out, true, uw).await
                     }
                     Err(e) => {
@@ -402,7 +426,7 @@ impl Session {
                 let (code, name) = reason.reply_code();
                 let errmsg = fail_fast_message(&ns, reason, errors, probe_in);
                 self.shared.metrics.fail_fast(&ns);
-                tracing::info!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
+                tracing::debug!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(request_id, code, name, &errmsg, cw).await
             }
             Decision::Refuse => {
@@ -410,7 +434,7 @@ impl Session {
                     "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
                 );
                 self.shared.metrics.refusal(&ns);
-                tracing::info!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
+                tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
                 self.reply_error(request_id, 72, "InvalidOptions", &errmsg, cw)
                     .await
             }

@@ -6,6 +6,10 @@ use tokio_util::codec::Decoder;
 
 use super::{WireError, HEADER_LEN};
 
+/// The least room the decoder leaves for a partial frame (drivers' messages are mostly far
+/// smaller; bigger frames get exactly their size).
+const MIN_ROOM: usize = 8 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct MessageCodec {
     max: usize,
@@ -46,12 +50,14 @@ impl Decoder for MessageCodec {
         }
         let len = declared as usize;
         if src.len() < len {
-            if src.capacity() < len {
-                // Exactly one frame's room: `reserve` may double, which for a frame near the
-                // bound would allocate twice the declared maximum.
-                let mut room = BytesMut::with_capacity(len);
-                room.extend_from_slice(src);
-                *src = room;
+            // Room for the frame, and for small frames some more, so a read that fills the
+            // buffer exactly (and the EAGAIN read after it) is rare. Never `reserve`, which
+            // may double: for a frame near the bound that would be twice the maximum.
+            let room = len.max(MIN_ROOM).min(self.max.max(len));
+            if src.capacity() < room {
+                let mut grown = BytesMut::with_capacity(room);
+                grown.extend_from_slice(src);
+                *src = grown;
             }
             return Ok(None);
         }

@@ -1,0 +1,391 @@
+//! Medians, ratios to the floor, the markdown tables and the PASS/MISS list.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::load::Outcome;
+use crate::memory::MemResult;
+use crate::micro::Micro;
+
+/// One measured window of one target.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub rps: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub cpu_us: Option<f64>,
+    /// Kernel share of the proxy's CPU time.
+    pub sys: Option<f64>,
+    pub unexpected: u64,
+    /// For the rewrite target: (finds that reached mongos with `available`, all finds).
+    pub rewritten: Option<(i64, i64)>,
+}
+
+impl Sample {
+    pub fn of(o: &Outcome) -> Sample {
+        Sample {
+            rps: o.per_sec(),
+            p50: o.quantile_us(0.50),
+            p99: o.quantile_us(0.99),
+            p999: o.quantile_us(0.999),
+            cpu_us: o.cpu_us_per_rt(),
+            sys: o.sys_share(),
+            unexpected: o.unexpected,
+            rewritten: None,
+        }
+    }
+
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "{:>8.0} req/s  p50 {:>7.1} µs  p99 {:>7.1} µs  p99.9 {:>7.1} µs",
+            self.rps, self.p50, self.p99, self.p999
+        );
+        if let (Some(c), Some(k)) = (self.cpu_us, self.sys) {
+            let _ = write!(s, "  cpu {c:>5.1} µs/rt ({:.0}% sys)", k * 100.0);
+        }
+        if self.unexpected > 0 {
+            let _ = write!(s, "  UNEXPECTED REPLIES {}", self.unexpected);
+        }
+        if let Some((a, f)) = self.rewritten {
+            let _ = write!(s, "  rewritten {a}/{f}");
+        }
+        s
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| !x.is_nan());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The medians of one (connections, target) cell.
+#[derive(Debug, Clone, Copy)]
+struct Med {
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    cpu_us: f64,
+    sys: f64,
+}
+
+fn med(samples: &[Sample]) -> Med {
+    let m = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+    Med {
+        rps: m(|s| s.rps),
+        p50: m(|s| s.p50),
+        p99: m(|s| s.p99),
+        p999: m(|s| s.p999),
+        cpu_us: m(|s| s.cpu_us.unwrap_or(f64::NAN)),
+        sys: m(|s| s.sys.unwrap_or(f64::NAN)),
+    }
+}
+
+pub struct Summary {
+    pub rows: BTreeMap<(usize, String), Vec<Sample>>,
+    pub memory: Vec<MemResult>,
+    pub micro: Option<Micro>,
+    pub notes: Vec<String>,
+    judge_conns: usize,
+}
+
+const ORDER: [&str; 5] = [
+    "direct",
+    "floor",
+    "haproxy",
+    "staleguard",
+    "staleguard-rewrite",
+];
+
+fn ratio(a: f64, b: f64) -> String {
+    if a.is_nan() || b.is_nan() || b == 0.0 {
+        "–".into()
+    } else {
+        format!("{:.2}x", a / b)
+    }
+}
+
+fn num(x: f64, prec: usize) -> String {
+    if x.is_nan() {
+        "–".into()
+    } else {
+        format!("{x:.prec$}")
+    }
+}
+
+impl Summary {
+    pub fn new(judge_conns: usize) -> Summary {
+        Summary {
+            rows: BTreeMap::new(),
+            memory: Vec::new(),
+            micro: None,
+            notes: Vec::new(),
+            judge_conns,
+        }
+    }
+
+    fn cell(&self, n: usize, target: &str) -> Option<Med> {
+        self.rows
+            .get(&(n, target.to_string()))
+            .filter(|s| !s.is_empty())
+            .map(|s| med(s))
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if !self.rows.is_empty() {
+            self.render_latency(&mut out);
+        }
+        if !self.memory.is_empty() {
+            self.render_memory(&mut out);
+        }
+        self.render_targets(&mut out);
+        for n in &self.notes {
+            let _ = writeln!(out, "- {n}");
+        }
+        out
+    }
+
+    fn render_latency(&self, out: &mut String) {
+        let rounds = self.rows.values().map(Vec::len).max().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "## Round trips (medians of {rounds} rounds; ratios to the floor at the same connection count)\n"
+        );
+        let _ = writeln!(
+            out,
+            "| target | conns | req/s | p50 µs | p99 µs | p99.9 µs | proxy CPU µs/rt | of it kernel | req/s vs floor | CPU vs floor | p99 vs floor |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        let conns: Vec<usize> = {
+            let mut c: Vec<usize> = self.rows.keys().map(|(n, _)| *n).collect();
+            c.dedup();
+            c
+        };
+        for &n in &conns {
+            let floor = self.cell(n, "floor");
+            for t in ORDER {
+                let Some(m) = self.cell(n, t) else { continue };
+                let (r, c, p) = match floor {
+                    Some(f) if t != "floor" => (
+                        ratio(m.rps, f.rps),
+                        ratio(m.cpu_us, f.cpu_us),
+                        ratio(m.p99, f.p99),
+                    ),
+                    _ => ("".into(), "".into(), "".into()),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {t} | {n} | {} | {} | {} | {} | {} | {} | {r} | {c} | {p} |",
+                    num(m.rps, 0),
+                    num(m.p50, 1),
+                    num(m.p99, 1),
+                    num(m.p999, 1),
+                    num(m.cpu_us, 1),
+                    if m.sys.is_nan() {
+                        "–".into()
+                    } else {
+                        format!("{:.0}%", m.sys * 100.0)
+                    },
+                );
+            }
+        }
+        let bad: u64 = self.rows.values().flatten().map(|s| s.unexpected).sum();
+        if bad > 0 {
+            let _ = writeln!(
+                out,
+                "\n**{bad} replies had an unexpected length** (errors?)"
+            );
+        }
+        let rewritten: Vec<_> = self
+            .rows
+            .values()
+            .flatten()
+            .filter_map(|s| s.rewritten)
+            .collect();
+        if !rewritten.is_empty() {
+            let (a, f) = rewritten
+                .iter()
+                .fold((0, 0), |(a, f), (x, y)| (a + x, f + y));
+            let _ = writeln!(
+                out,
+                "\nRewrite check: {a} of {f} finds on the fallback namespace reached the fake mongos with readConcern level \"available\"{}",
+                if a == f && f > 0 { " (all)." } else { ": **NOT ALL REWRITTEN**." }
+            );
+        }
+        out.push('\n');
+    }
+
+    fn render_memory(&self, out: &mut String) {
+        let _ = writeln!(out, "## Memory (VmRSS)\n");
+        let _ = writeln!(
+            out,
+            "| proxy | idle MiB | with idle pairs MiB | pairs | upstream conns seen | per pair KiB |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+        for m in &self.memory {
+            let _ = writeln!(
+                out,
+                "| {} | {:.1} | {:.1} | {} | {} | {:.1} |",
+                m.name,
+                m.idle as f64 / 1048576.0,
+                m.loaded as f64 / 1048576.0,
+                m.pairs,
+                m.upstream_conns.map_or("–".into(), |c| c.to_string()),
+                m.per_pair_kib()
+            );
+        }
+        out.push('\n');
+    }
+
+    fn render_targets(&self, out: &mut String) {
+        let _ = writeln!(out, "## Targets (one run)\n");
+        let n = self.judge_conns;
+        let mut line = |ok: Option<bool>, what: String| {
+            let tag = match ok {
+                Some(true) => "PASS",
+                Some(false) => "MISS",
+                None => "n/a ",
+            };
+            let _ = writeln!(out, "- {tag} {what}");
+        };
+        let sg = self.cell(n, "staleguard");
+        let rw = self.cell(n, "staleguard-rewrite");
+        let floor = self.cell(n, "floor");
+        let ha = self.cell(n, "haproxy");
+        let cmp = |a: Option<Med>, b: Option<Med>, f: fn(&Med) -> f64| {
+            a.zip(b).map(|(a, b)| (f(&a), f(&b), f(&a) / f(&b)))
+        };
+        let judge = |r: Option<(f64, f64, f64)>, ok: fn(f64) -> bool| r.map(|(_, _, x)| ok(x));
+        let show = |r: Option<(f64, f64, f64)>, unit: &str| match r {
+            Some((a, b, x)) => format!("{a:.1} vs {b:.1} {unit} = {x:.2}x"),
+            None => "not measured".into(),
+        };
+        let r = cmp(sg, floor, |m| m.rps);
+        line(
+            judge(r, |x| x >= 0.95),
+            format!(
+                "staleguard throughput >= 0.95x floor at {n} conns: {}",
+                show(r, "req/s")
+            ),
+        );
+        let r = cmp(sg, ha, |m| m.rps);
+        line(
+            judge(r, |x| x >= 1.0),
+            format!(
+                "staleguard throughput >= haproxy at {n} conns: {}",
+                show(r, "req/s")
+            ),
+        );
+        let r = cmp(sg, floor, |m| m.cpu_us);
+        line(
+            judge(r, |x| x <= 1.1),
+            format!(
+                "staleguard CPU per round trip <= 1.1x floor at {n} conns: {}",
+                show(r, "µs")
+            ),
+        );
+        let r = cmp(sg, floor, |m| m.p99);
+        line(
+            judge(r, |x| x <= 1.1),
+            format!(
+                "staleguard p99 <= 1.1x floor at {n} conns: {}",
+                show(r, "µs")
+            ),
+        );
+        let r = cmp(rw, floor, |m| m.rps);
+        line(
+            judge(r, |x| x >= 0.9),
+            format!(
+                "rewrite-path throughput >= 0.9x floor at {n} conns: {}",
+                show(r, "req/s")
+            ),
+        );
+        match &self.micro {
+            Some(m) => {
+                line(
+                    Some(m.decode_classify_ns <= 200.0),
+                    format!(
+                        "decode + classify of the 300-byte find <= 200 ns: {:.0} ns",
+                        m.decode_classify_ns
+                    ),
+                );
+                line(
+                    Some(m.rewrite_ns <= 1000.0),
+                    format!(
+                        "rewrite to available <= 1 µs: {:.0} ns ({:.0} ns with CRC-32C)",
+                        m.rewrite_ns, m.rewrite_crc_ns
+                    ),
+                );
+            }
+            None => {
+                line(None, "decode + classify <= 200 ns: not measured".into());
+                line(None, "rewrite <= 1 µs: not measured".into());
+            }
+        }
+        match self
+            .memory
+            .iter()
+            .find(|m| m.name.starts_with("staleguard"))
+        {
+            Some(m) => line(
+                Some(m.per_pair_kib() <= 32.0),
+                format!(
+                    "<= 32 KiB per idle connection pair: {:.1} KiB ({} pairs)",
+                    m.per_pair_kib(),
+                    m.pairs
+                ),
+            ),
+            None => line(
+                None,
+                "<= 32 KiB per idle connection pair: not measured".into(),
+            ),
+        }
+        out.push('\n');
+    }
+}
+
+/// nproc, CPU model, kernel and load, for the record.
+pub fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "machine: {cpus} CPUs, {model}, kernel {}, {}",
+        kernel.trim(),
+        load_average("at the start")
+    )
+}
+
+/// The 1/5/15-minute load averages: other work on the machine skews every number.
+pub fn load_average(when: &str) -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    format!(
+        "load average {when}: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
