@@ -40,7 +40,7 @@ impl Rig {
         .await
         .expect("sim starts");
         let text = format!(
-            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[admin]\nenabled = false\n{}",
+            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
             sim.addr(),
             stall_and_namespaces
                 .replace("{a0}", &sim.node_addr("a0").expect("a0").to_string())
@@ -81,6 +81,18 @@ impl Rig {
     fn status_json(&self) -> serde_json::Value {
         let s = staleguard::admin::status::collect(self.proxy.shared(), true);
         serde_json::to_value(&s).expect("status serializes")
+    }
+
+    /// The status page as a browser gets it.
+    async fn page(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.proxy.admin_addr().expect("admin endpoint");
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("admin");
+        let req = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.expect("request");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("page");
+        out
     }
 
     async fn stop(self) {
@@ -232,6 +244,14 @@ async fn passive_signal_rises_within_stall_after_plus_one_second_and_clears_on_r
     assert!(m.contains(&format!(
         "staleguard_oldest_write_seconds{{upstream=\"{up}\"}}"
     )));
+    let page = rig.page().await;
+    assert!(
+        page.contains(&format!(
+            "Write stall suspected: writes are not completing through upstream {up} since"
+        )),
+        "{page}"
+    );
+    assert!(page.contains("id=\"write-stall-signals\""), "{page}");
 
     let before = writer.completed();
     rig.sim.cluster().resume_primary("shardA").expect("resume");
