@@ -18,6 +18,9 @@ use prometheus_client::registry::Registry;
 
 use crate::breaker::State;
 
+pub mod latency;
+pub use latency::{LatencyBatch, LatencyHistogram};
+
 pub const MAX_NS_LABELS: usize = 1000;
 
 /// Commands that get their own `command` label; anything else is `other`.
@@ -90,7 +93,7 @@ pub struct Metrics {
     /// 0 closed, 1 half-open, 2 open.
     pub breaker_state: Family<NsLabel, Gauge>,
     pub upstream_up: Family<UpstreamLabel, Gauge>,
-    pub upstream_latency: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
+    pub upstream_latency: Family<UpstreamLabel, LatencyHistogram>,
     pub upstream_hello: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
     pub reloads: Family<ResultLabel, Counter>,
     /// TLS handshakes that failed, by side (client, upstream).
@@ -135,7 +138,7 @@ impl Metrics {
             refusals: Family::default(),
             breaker_state: Family::default(),
             upstream_up: Family::default(),
-            upstream_latency: Family::new_with_constructor(latency_histogram),
+            upstream_latency: Family::default(),
             upstream_hello: Family::new_with_constructor(latency_histogram),
             reloads: Family::default(),
             tls_failures: Family::default(),
@@ -254,8 +257,10 @@ impl Metrics {
         ns.to_string()
     }
 
-    pub fn forwarded(&self) {
-        self.forwarded.inc();
+    /// Adds requests forwarded without classification (sessions count them locally and add
+    /// them in batches).
+    pub fn forwarded(&self, n: u64) {
+        self.forwarded.inc_by(n);
     }
 
     pub fn request(&self, command: &str, decision: &'static str) {

@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use prometheus_client::metrics::histogram::Histogram;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
@@ -21,6 +20,7 @@ use tracing::Instrument;
 use crate::breaker::{Admission, Reason, Transition};
 use crate::command::{self, CommandInfo};
 use crate::config::{Causal, Config, Mode, NsPolicy};
+use crate::metrics::{LatencyBatch, LatencyHistogram};
 use crate::policy::{self, Decision, Target};
 use crate::rewrite::{self, RewriteSpec};
 use crate::server::Shared;
@@ -29,6 +29,11 @@ use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::opmsg::{self, MORE_TO_COME};
 use crate::wire::{reply, Header, MessageCodec, OpCode, WireError};
+
+/// A session adds its batched metrics after this many round trips, or this long after the
+/// last time, whichever comes first (and when it ends).
+const FLUSH_EVERY: u32 = 64;
+const FLUSH_AFTER: Duration = Duration::from_secs(1);
 
 /// Initial read-buffer size per direction; grows to the message size when needed.
 const READ_BUFFER: usize = 8 * 1024;
@@ -90,7 +95,11 @@ pub struct Session {
     streaming: bool,
     /// When the oldest request still waiting for its first reply was forwarded.
     waiting_since: Option<Instant>,
-    latency: Option<Histogram>,
+    latency: Option<LatencyHistogram>,
+    /// Round-trip latencies and unclassified forwards not yet added to the shared metrics.
+    batch: LatencyBatch,
+    unflushed_forwards: u64,
+    last_flush: Instant,
     /// The upstream this client is paired with (its configured address).
     upstream: String,
     /// Writes sent and not answered yet (write-stall watch).
@@ -120,6 +129,9 @@ impl Session {
             streaming: false,
             waiting_since: None,
             latency: None,
+            batch: LatencyBatch::default(),
+            unflushed_forwards: 0,
+            last_flush: Instant::now(),
             upstream: String::new(),
             writes: WriteTracker::default(),
         }
@@ -232,6 +244,7 @@ impl Session {
             }
             Err(e) => tracing::warn!(error = %e, "closing client because its upstream failed"),
         }
+        self.flush_metrics(Instant::now());
         let _ = cw.shutdown().await;
         let _ = uw.shutdown().await;
     }
@@ -447,8 +460,14 @@ impl Session {
         cw: &mut C,
         uw: &mut U,
     ) -> Result<(), SessionError> {
-        if let (Some(t), Some(h)) = (self.waiting_since.take(), &self.latency) {
-            h.observe(t.elapsed().as_secs_f64());
+        if let Some(t) = self.waiting_since.take() {
+            let now = Instant::now();
+            self.batch.observe(now.saturating_duration_since(t));
+            if self.batch.len() >= FLUSH_EVERY
+                || now.saturating_duration_since(self.last_flush) >= FLUSH_AFTER
+            {
+                self.flush_metrics(now);
+            }
         }
         if self.pending.is_empty() && self.writes.is_empty() {
             return self.send_to_client(msg, cw).await;
@@ -610,8 +629,20 @@ impl Session {
         expects_reply: bool,
         uw: &mut U,
     ) -> Result<(), SessionError> {
-        self.shared.metrics.forwarded();
+        self.unflushed_forwards += 1;
         self.forward(msg, expects_reply, uw).await
+    }
+
+    /// Adds this session's batched counts to the shared metrics.
+    fn flush_metrics(&mut self, now: Instant) {
+        if let Some(h) = &self.latency {
+            h.flush(&mut self.batch);
+        }
+        if self.unflushed_forwards > 0 {
+            self.shared.metrics.forwarded(self.unflushed_forwards);
+            self.unflushed_forwards = 0;
+        }
+        self.last_flush = now;
     }
 
     async fn forward<U: AsyncWrite + Unpin>(
