@@ -1,5 +1,9 @@
 //! Circuit breakers, one per exact namespace (`db.coll`) that has a policy: a sliding window
 //! of trigger errors opens it, it stays open for `cooldown`, then lets one probe through.
+//!
+//! The write-stall watch may also *hold* a breaker open (`hold_open`): it stays open,
+//! without a probe, while the signal lasts; `release_held` then starts an ordinary cooldown,
+//! so the breaker returns through its usual half-open probe.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -17,6 +21,8 @@ pub enum Reason {
     StaleRouting,
     /// A time limit: MaxTimeMSExpired, ExceededTimeLimit, a client that gave up, a slow reply.
     TimeLimit,
+    /// Held open by the write-stall watch before any read failed.
+    WriteStall,
 }
 
 impl Reason {
@@ -31,7 +37,8 @@ impl Reason {
     /// The code a fail-fast reply carries: neither is in the drivers' retryable-reads list.
     pub fn reply_code(self) -> (i32, &'static str) {
         match self {
-            Reason::StaleRouting => (13388, "StaleConfig"),
+            // A secondary read during a write stall fails as stale routing would.
+            Reason::StaleRouting | Reason::WriteStall => (13388, "StaleConfig"),
             Reason::TimeLimit => (50, "MaxTimeMSExpired"),
         }
     }
@@ -42,6 +49,7 @@ impl fmt::Display for Reason {
         f.write_str(match self {
             Reason::StaleRouting => "stale routing metadata",
             Reason::TimeLimit => "time limits",
+            Reason::WriteStall => "write stall suspected",
         })
     }
 }
@@ -98,6 +106,8 @@ struct Breaker {
     probe_since: Option<Instant>,
     last_transition: Instant,
     last_reason: String,
+    /// Held open by the write-stall watch: no probe until released.
+    held: bool,
 }
 
 impl Breaker {
@@ -110,6 +120,7 @@ impl Breaker {
             probe_since: None,
             last_transition: now,
             last_reason: String::from("created"),
+            held: false,
         }
     }
 
@@ -142,6 +153,8 @@ pub struct Snapshot {
     pub reason: Reason,
     pub since: Instant,
     pub last_reason: String,
+    /// Held open by the write-stall watch.
+    pub held: bool,
 }
 
 /// All breakers. Bounded: past `max` namespaces, new ones are not tracked (they behave as
@@ -183,6 +196,15 @@ impl Breakers {
         };
         match b.state {
             State::Closed => (Admission::Closed, None),
+            State::Open if b.held => (
+                Admission::Open {
+                    reason: b.reason,
+                    // Unknown: the cooldown starts when the write stall clears.
+                    probe_in: policy.cooldown,
+                    errors: b.errors.len() as u32,
+                },
+                None,
+            ),
             State::Open => {
                 let reopen = b.opened_at + policy.cooldown;
                 if now >= reopen {
@@ -279,6 +301,52 @@ impl Breakers {
         None
     }
 
+    /// Opens `ns` (creating its breaker, within the bound) and holds it open until
+    /// [`Breakers::release_held`]. Returns the transition when it was not open already;
+    /// nothing when it is held already.
+    pub fn hold_open(&self, ns: &str, why: &str, now: Instant) -> Option<Transition> {
+        if self.map.get(ns).is_some_and(|b| b.held) {
+            return None;
+        }
+        if !self.map.contains_key(ns) && self.map.len() >= self.max {
+            return None;
+        }
+        let mut b = self
+            .map
+            .entry(ns.to_string())
+            .or_insert_with(|| Breaker::new(now));
+        if b.held {
+            return None;
+        }
+        b.held = true;
+        if b.state == State::Open {
+            // Open on its own errors already: it keeps its reason, and now waits for the
+            // stall to clear before probing.
+            return None;
+        }
+        Some(b.open(Reason::WriteStall, why.to_string(), now))
+    }
+
+    /// Ends every hold: each held breaker stays open for one `cooldown` from now, then
+    /// probes as usual. Returns the namespaces released.
+    pub fn release_held(&self, now: Instant) -> Vec<String> {
+        let mut out = Vec::new();
+        for mut e in self.map.iter_mut() {
+            if e.held {
+                e.held = false;
+                e.opened_at = now;
+                e.probe_since = None;
+                out.push(e.key().clone());
+            }
+        }
+        out.sort();
+        out
+    }
+
+    pub fn is_held(&self, ns: &str) -> bool {
+        self.map.get(ns).is_some_and(|b| b.held)
+    }
+
     /// A probe whose outcome will never be known (e.g. a non-read reply); frees the slot.
     pub fn release_probe(&self, ns: &str) {
         if let Some(mut b) = self.map.get_mut(ns) {
@@ -309,6 +377,7 @@ impl Breakers {
                 reason: e.reason,
                 since: e.last_transition,
                 last_reason: e.last_reason.clone(),
+                held: e.held,
             })
             .collect();
         v.sort_by(|a, b| a.ns.cmp(&b.ns));
@@ -432,6 +501,54 @@ mod tests {
         assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
         assert!(b.record_success("demo.inv", false, later).is_none());
         assert_eq!(b.state("demo.inv"), State::HalfOpen);
+    }
+
+    #[test]
+    fn held_breakers_stay_open_until_released_then_probe_after_cooldown() {
+        let b = Breakers::default();
+        let p = policy();
+        let t0 = Instant::now();
+        let t = b.hold_open("demo.inv", "write stall", t0).expect("opens");
+        assert_eq!((t.from, t.to), (State::Closed, State::Open));
+        assert!(b.hold_open("demo.inv", "again", t0).is_none(), "held once");
+        // Long past the cooldown: still open, no probe while held.
+        let later = t0 + Duration::from_secs(300);
+        assert!(matches!(
+            b.admit("demo.inv", &p, later).0,
+            Admission::Open {
+                reason: Reason::WriteStall,
+                ..
+            }
+        ));
+        assert_eq!(b.release_held(later), ["demo.inv"]);
+        assert!(!b.is_held("demo.inv"));
+        // The cooldown starts at the release.
+        assert!(matches!(
+            b.admit("demo.inv", &p, later + Duration::from_secs(29)).0,
+            Admission::Open { .. }
+        ));
+        assert_eq!(
+            b.admit("demo.inv", &p, later + Duration::from_secs(30)).0,
+            Admission::Probe
+        );
+        b.record_success("demo.inv", true, later + Duration::from_secs(30));
+        assert_eq!(b.state("demo.inv"), State::Closed);
+    }
+
+    #[test]
+    fn holding_a_breaker_open_on_its_own_errors_keeps_its_reason() {
+        let b = Breakers::default();
+        let p = policy();
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            fail(&b, &p, t0, false);
+        }
+        assert!(b.hold_open("demo.inv", "write stall", t0).is_none());
+        assert!(b.is_held("demo.inv"));
+        match b.admit("demo.inv", &p, t0 + Duration::from_secs(60)).0 {
+            Admission::Open { reason, .. } => assert_eq!(reason, Reason::StaleRouting),
+            other => panic!("expected open, got {other:?}"),
+        }
     }
 
     #[test]

@@ -14,10 +14,12 @@
 //! - a database name holding a character MongoDB forbids in database names;
 //! - `admin.listen` equal to `listen` (unless both use port 0);
 //! - `health_timeout` longer than `health_interval`;
-//! - `[upstream_tls] ca` together with `insecure_skip_verify = true`.
+//! - `[upstream_tls] ca` together with `insecure_skip_verify = true`;
+//! - `[stall_watch]` settings that cannot act (see `stall`).
 //!
 //! The operations sections (`[admin]`, `[tls]`, `[upstream_tls]`, health checks) live in
 //! `ops`; TLS files are read while validating, so a missing file names its key and line.
+//! The write-stall watch (`[stall_watch]`) lives in `stall`.
 //!
 //! `lookup` runs per request: it hashes `db` once in a per-database map and does not allocate.
 
@@ -35,8 +37,12 @@ use crate::command::ReadPrefMode;
 use crate::tls::{ServerTls, UpstreamTls};
 
 mod ops;
+mod stall;
 
 pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
+pub use stall::{
+    Credentials, ProbeConfig, Secret, ShardsConfig, StallAction, StallConfig, DEFAULT_STALL_AFTER,
+};
 
 /// Default `listen`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:27018";
@@ -406,6 +412,9 @@ pub struct Config {
     /// `[defaults]` and `[[namespaces]]`: per-namespace policies. Default none (every read
     /// passes through). Reloads.
     pub policy: PolicyTable,
+    /// `[stall_watch]`: the write-progress watch and its action. Default in a file: the
+    /// passive watch with `observe`; off in [`Config::for_upstreams`]. Reloads.
+    pub stall: StallConfig,
 }
 
 /// A configuration problem, located.
@@ -439,6 +448,7 @@ impl Config {
             tls: None,
             upstream_tls: None,
             policy: PolicyTable::default(),
+            stall: StallConfig::off(),
         }
     }
 
@@ -507,6 +517,7 @@ struct RawConfig {
     admin: Option<Spanned<ops::RawAdmin>>,
     tls: Option<Spanned<ops::RawTls>>,
     upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
+    stall_watch: Option<Spanned<stall::RawStall>>,
     defaults: Option<Spanned<RawEntry>>,
     #[serde(default)]
     namespaces: Vec<Spanned<RawEntry>>,
@@ -710,6 +721,13 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         .as_ref()
         .map_or_else(Overrides::default, |d| read_defaults(ctx, d));
     let policy = policies(ctx, &raw.namespaces, &defaults);
+    let fallback_entries = raw.namespaces.iter().any(|e| {
+        e.get_ref()
+            .mode
+            .as_ref()
+            .is_some_and(|m| m.get_ref() == Mode::Fallback.as_str())
+    });
+    let stall = stall::stall(ctx, raw.stall_watch.as_ref(), fallback_entries);
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -724,6 +742,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         tls: tls.ok()?,
         upstream_tls: upstream_tls.ok()?,
         policy: policy?,
+        stall: stall.ok()?,
     })
 }
 
@@ -1200,6 +1219,7 @@ pub fn render_table(config: &Config) -> String {
         },
     );
     let _ = writeln!(out, "upstream_tls      {up}");
+    let _ = writeln!(out, "stall_watch       {}", stall::describe(&config.stall));
     out.push('\n');
     let t = &config.policy;
     if t.entries.is_empty() {

@@ -1,7 +1,10 @@
 //! `staleguard demo`: the incident of the source articles, told with numbers. Starts the
 //! simulated cluster and a staleguard proxy in-process, runs an inventory display and a
-//! payment service twice each (straight to mongos, and through staleguard), injects the
-//! incident partway, and prints a timeline and a side-by-side summary.
+//! payment service twice each (straight to mongos, and through staleguard) and an order
+//! service writing through staleguard, injects the incident partway, and prints a timeline
+//! and a side-by-side summary. The proxy watches write progress (the orders it relays, and
+//! each shard primary's serverStatus) and holds the inventory breaker open as soon as writes
+//! stop completing, before any read fails.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -55,6 +58,9 @@ impl Default for DemoOptions {
 pub enum Workload {
     Inventory,
     Payments,
+    /// Inserts into `demo.orders` (unsharded, so on shard A), through staleguard only: the
+    /// traffic the passive write-stall signal watches.
+    Orders,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,6 +79,8 @@ pub struct Tally {
     /// Documents returned more than once by store views (orphans served).
     pub orphans: u64,
     pub error_ms: Vec<f64>,
+    /// When the first error arrived, since the demo started.
+    pub first_error_at: Option<Duration>,
 }
 
 impl Tally {
@@ -106,6 +114,8 @@ impl Tally {
 pub struct Report {
     pub tallies: BTreeMap<(Workload, Path), Tally>,
     pub timeline: Vec<String>,
+    /// When staleguard first said writes are not completing, since the demo started.
+    pub stall_detected_at: Option<Duration>,
 }
 
 /// Requests one workload may have waiting at once before it sheds load.
@@ -131,10 +141,37 @@ impl Timeline {
     }
 }
 
-fn proxy_config(sim: std::net::SocketAddr) -> String {
+/// Write tickets per simulated primary: few, so a stall drains them within a phase.
+const DEMO_WRITE_TICKETS: u32 = 16;
+
+/// How long writes must wait before staleguard suspects a stall: well inside a phase.
+fn stall_after(phase: Duration) -> Duration {
+    let ms = (phase / 3).min(Duration::from_secs(2)).as_millis() as u64;
+    Duration::from_millis(ms / 100 * 100).max(Duration::from_millis(100))
+}
+
+fn proxy_config(cluster: &sim::SimHandle, phase: Duration) -> String {
+    let sim = cluster.addr();
+    let node = |n: &str| {
+        cluster
+            .node_addr(n)
+            .map_or_else(String::new, |a| a.to_string())
+    };
+    let (a0, b0) = (node("a0"), node("b0"));
+    let after = humantime::format_duration(stall_after(phase));
     format!(
         r#"listen = "127.0.0.1:0"
 upstreams = ["{sim}"]
+
+[stall_watch]
+stall_after = "{after}"
+on_write_stall = "open_fallback_breakers"
+
+[stall_watch.shards]
+uris = ["mongodb://{a0}/?directConnection=true", "mongodb://{b0}/?directConnection=true"]
+poll = "250ms"
+for = "{after}"
+baseline = "5s"
 
 [defaults]
 threshold = 3
@@ -158,10 +195,12 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
         listen: "127.0.0.1:0".into(),
         refresh_timeout: opts.refresh_timeout,
         seed: opts.seed,
+        node_ports: true,
+        write_tickets: DEMO_WRITE_TICKETS,
         ..SimConfig::default()
     })
     .await?;
-    let cfg_text = proxy_config(cluster.addr());
+    let cfg_text = proxy_config(&cluster, opts.phase);
     let cfg = Config::parse(&cfg_text, std::path::Path::new("<demo>"))
         .map_err(|e| format!("demo config: {e:?}"))?;
     let proxy = crate::server::start(Arc::new(cfg)).await?;
@@ -186,10 +225,18 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
             "  payment service:   pay.transactions lookups with maxTimeMS {} ms",
             opts.payment_max_time.as_millis()
         );
+        println!("An order service inserts into demo.orders (on shard A) through staleguard, which watches whether writes complete");
+        println!(
+            "  (writes waiting over {} with none completing, and each shard primary's serverStatus) and holds the",
+            humantime::format_duration(stall_after(opts.phase))
+        );
+        println!("  inventory breaker open while they do not (on_write_stall = \"open_fallback_breakers\").");
         println!();
     }
     let direct = client(&cluster.addr().to_string()).await?;
     let guarded = client(&proxy.local_addr().to_string()).await?;
+    // Its own pool: orders waiting on a stalled primary must not starve the reads.
+    let orders = writer_client(&proxy.local_addr().to_string()).await?;
     let admin = client(&cluster.addr().to_string()).await?;
 
     // A chunk migration finished a moment ago; its documents still sit on the donor
@@ -204,27 +251,37 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     let tallies: Tallies = Arc::default();
     let running = Arc::new(AtomicBool::new(true));
     let mut tasks = Vec::new();
-    for (path, c) in [(Path::Direct, &direct), (Path::Staleguard, &guarded)] {
-        for w in [Workload::Inventory, Workload::Payments] {
-            let seed = opts
-                .seed
-                .wrapping_mul(31)
-                .wrapping_add(w as u64 * 7 + path as u64);
-            tasks.push(tokio::spawn(workload(
-                c.clone(),
+    let runs = [
+        (Path::Direct, &direct, Workload::Inventory),
+        (Path::Direct, &direct, Workload::Payments),
+        (Path::Staleguard, &guarded, Workload::Inventory),
+        (Path::Staleguard, &guarded, Workload::Payments),
+        (Path::Staleguard, &orders, Workload::Orders),
+    ];
+    for (path, c, w) in runs {
+        let seed = opts
+            .seed
+            .wrapping_mul(31)
+            .wrapping_add(w as u64 * 7 + path as u64);
+        tasks.push(tokio::spawn(workload(
+            c.clone(),
+            Run {
                 w,
                 path,
                 seed,
-                opts.clone(),
-                tallies.clone(),
-                running.clone(),
-            )));
-        }
+                t0: tl.start,
+            },
+            opts.clone(),
+            tallies.clone(),
+            running.clone(),
+        )));
     }
+    let stall_seen: Arc<Mutex<Option<Duration>>> = Arc::default();
     let watcher = tokio::spawn(watch_breakers(
         proxy_shared(&proxy),
         tl.clone(),
         running.clone(),
+        stall_seen.clone(),
     ));
 
     let phase = opts.phase;
@@ -260,6 +317,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     let report = Report {
         tallies: tallies.lock().map(|t| t.clone()).unwrap_or_default(),
         timeline: tl.lines.lock().map(|l| l.clone()).unwrap_or_default(),
+        stall_detected_at: stall_seen.lock().ok().and_then(|s| *s),
     };
     proxy.shutdown().await;
     cluster.shutdown().await;
@@ -295,6 +353,14 @@ async fn control(admin: &Client, cmd: Document) {
     if let Err(e) = admin.database("admin").run_command(cmd.clone()).await {
         eprintln!("demo: control command {cmd} failed: {e}");
     }
+}
+
+/// The order service's client: a pool large enough for the writes a stall holds.
+async fn writer_client(addr: &str) -> Result<Client, mongodb::error::Error> {
+    let mut o =
+        ClientOptions::parse(format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000")).await?;
+    o.max_pool_size = Some(MAX_IN_FLIGHT as u32);
+    Client::with_options(o)
 }
 
 async fn client(addr: &str) -> Result<Client, mongodb::error::Error> {
@@ -333,9 +399,9 @@ fn classify_error(e: &mongodb::error::Error) -> String {
     "network/other".to_string()
 }
 
-fn record(tallies: &Tallies, key: (Workload, Path), ms: f64, outcome: Result<u64, String>) {
+fn record(tallies: &Tallies, run: &Run, ms: f64, outcome: Result<u64, String>) {
     let Ok(mut t) = tallies.lock() else { return };
-    let t = t.entry(key).or_default();
+    let t = t.entry((run.w, run.path)).or_default();
     t.requests += 1;
     t.latencies_ms.push(ms);
     match outcome {
@@ -346,8 +412,20 @@ fn record(tallies: &Tallies, key: (Workload, Path), ms: f64, outcome: Result<u64
         Err(kind) => {
             *t.errors.entry(kind).or_default() += 1;
             t.error_ms.push(ms);
+            if t.first_error_at.is_none() {
+                t.first_error_at = Some(run.t0.elapsed());
+            }
         }
     }
+}
+
+/// Which workload on which path, seeded, timed from the demo's start.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    w: Workload,
+    path: Path,
+    seed: u64,
+    t0: Instant,
 }
 
 /// One inventory-display request: mostly a single product, every fifth a whole store's
@@ -386,16 +464,16 @@ async fn inventory_request(
 /// other, as independent users would not), until `running` turns false.
 async fn workload(
     c: Client,
-    w: Workload,
-    path: Path,
-    seed: u64,
+    run: Run,
     opts: DemoOptions,
     tallies: Tallies,
     running: Arc<AtomicBool>,
 ) {
+    let w = run.w;
     let inv = c.database("demo").collection::<Document>("store_inventory");
     let pay = c.database("pay").collection::<Document>("transactions");
-    let mut rng = Rng(seed | 1);
+    let orders = c.database("demo").collection::<Document>("orders");
+    let mut rng = Rng(run.seed | 1);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / opts.rate as f64));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -405,7 +483,7 @@ async fn workload(
         let Ok(permit) = in_flight.clone().try_acquire_owned() else {
             record(
                 &tallies,
-                (w, path),
+                &run,
                 0.0,
                 Err("not sent: too many waiting".into()),
             );
@@ -417,6 +495,7 @@ async fn workload(
             rng.next(300) as i32 + 1,
         );
         let (inv, pay, tallies, opts) = (inv.clone(), pay.clone(), tallies.clone(), opts.clone());
+        let orders = orders.clone();
         tasks.spawn(async move {
             let started = Instant::now();
             let outcome = match w {
@@ -445,10 +524,20 @@ async fn workload(
                         Err(_) => Err("app timeout".to_string()),
                     }
                 }
+                Workload::Orders => {
+                    let order = doc! { "store": store, "product": product.unwrap_or(0), "qty": 1 };
+                    // Orders wait as long as a phase: longer than stall_after, so the wait
+                    // itself is what staleguard sees.
+                    match tokio::time::timeout(opts.phase, orders.insert_one(order)).await {
+                        Ok(Ok(_)) => Ok(0),
+                        Ok(Err(e)) => Err(classify_error(&e)),
+                        Err(_) => Err("app timeout".to_string()),
+                    }
+                }
             };
             record(
                 &tallies,
-                (w, path),
+                &run,
                 started.elapsed().as_secs_f64() * 1000.0,
                 outcome,
             );
@@ -459,13 +548,60 @@ async fn workload(
     while tasks.join_next().await.is_some() {}
 }
 
+/// Says when a write-stall signal rises or clears, with its evidence.
+fn watch_stall(
+    shared: &crate::server::Shared,
+    tl: &Timeline,
+    raised: &mut BTreeMap<String, bool>,
+    first: &Mutex<Option<Duration>>,
+) {
+    for s in shared.stall.signals() {
+        let key = format!("{}/{}", s.kind.as_str(), s.target);
+        let before = raised.insert(key, s.raised).unwrap_or(false);
+        if s.raised == before {
+            continue;
+        }
+        let kind = match s.kind {
+            crate::stall::SignalKind::Passive => "writes relayed",
+            crate::stall::SignalKind::Probe => "write probe",
+            crate::stall::SignalKind::Composite => "serverStatus",
+        };
+        let on = if s.kind == crate::stall::SignalKind::Composite {
+            "on"
+        } else {
+            "through"
+        };
+        if s.raised {
+            let since = s
+                .since
+                .map(|t| t.saturating_duration_since(tl.start).as_secs_f64())
+                .unwrap_or_default();
+            if let Ok(mut f) = first.lock() {
+                f.get_or_insert(tl.start.elapsed());
+            }
+            tl.say(&format!(
+                "staleguard: WRITE STALL suspected: writes are not completing {on} {} since {since:.1}s ({kind}: {})",
+                s.place, s.summary
+            ));
+        } else {
+            tl.say(&format!(
+                "staleguard: writes complete again {on} {} ({kind}: {})",
+                s.place, s.summary
+            ));
+        }
+    }
+}
+
 async fn watch_breakers(
     shared: Arc<crate::server::Shared>,
     tl: Arc<Timeline>,
     running: Arc<AtomicBool>,
+    stall_seen: Arc<Mutex<Option<Duration>>>,
 ) {
     let mut last: BTreeMap<String, State> = BTreeMap::new();
+    let mut raised: BTreeMap<String, bool> = BTreeMap::new();
     while running.load(Ordering::Relaxed) {
+        watch_stall(&shared, &tl, &mut raised, &stall_seen);
         for s in shared.breakers.snapshot() {
             let before = last.insert(s.ns.clone(), s.state);
             if before == Some(s.state) || (before.is_none() && s.state == State::Closed) {
@@ -480,10 +616,12 @@ async fn watch_breakers(
                 (State::HalfOpen, _) => "half-open: one probe read goes out unmodified",
                 (State::Closed, _) => "closed: reads go out unmodified again",
             };
-            tl.say(&format!(
-                "staleguard: {} breaker {what} ({})",
-                s.ns, s.last_reason
-            ));
+            let why = if s.held {
+                "held open while writes are not completing, before any read failed".to_string()
+            } else {
+                s.last_reason.clone()
+            };
+            tl.say(&format!("staleguard: {} breaker {what} ({why})", s.ns));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -494,6 +632,7 @@ fn row_name(w: Workload, p: Path) -> (&'static str, &'static str) {
         match w {
             Workload::Inventory => "inventory",
             Workload::Payments => "payments",
+            Workload::Orders => "orders",
         },
         match p {
             Path::Direct => "direct",
@@ -562,6 +701,37 @@ pub fn summary(report: &Report) -> String {
             g.requests - g.ok,
             g.error_p50(),
             g.orphans,
+        );
+    }
+    if let Some(o) = get(Workload::Orders, Path::Staleguard) {
+        let when = report.stall_detected_at.map_or_else(
+            || "staleguard did not see writes stop completing".to_string(),
+            |t| {
+                format!(
+                    "staleguard said writes were not completing at {:.1}s",
+                    t.as_secs_f64()
+                )
+            },
+        );
+        let first_read_error = [Workload::Inventory, Workload::Payments]
+            .iter()
+            .flat_map(|w| [Path::Direct, Path::Staleguard].map(|p| (*w, p)))
+            .filter_map(|k| report.tallies.get(&k).and_then(|t| t.first_error_at))
+            .min();
+        let _ = writeln!(
+            out,
+            "Orders: {} insert(s) through staleguard, {:.1}% completed; while shard A's primary was stalled they waited \
+             (no proxy can make a stalled primary write). {when}{}, and held the inventory breaker open from then on.",
+            o.requests,
+            o.ok_share() * 100.0,
+            match (report.stall_detected_at, first_read_error) {
+                (Some(s), Some(e)) => format!(
+                    ", {} the first read failed ({:.1}s)",
+                    if s < e { "before" } else { "after" },
+                    e.as_secs_f64()
+                ),
+                _ => String::new(),
+            },
         );
     }
     out

@@ -21,6 +21,10 @@
 //! `metrics` (every metric name) and `admin` (HTTP: `/metrics`, `/status`, the status page,
 //! `/healthz`, `/readyz`).
 //!
+//! `stall` watches write progress (the writes sessions relay, an optional write probe, an
+//! optional `serverStatus` rule per shard primary) and, when configured, holds the breakers
+//! of fallback namespaces open while writes are not completing, before reads fail.
+//!
 //! Beside the proxy: `sim` is a model of a sharded cluster (a mongos front, shards of a
 //! primary and two secondaries, per-node routing tables, stalled primaries, migrations and
 //! orphans) that the tests and `demo` run against; `demo` tells the incident with numbers.
@@ -40,6 +44,7 @@ pub mod rewrite;
 pub mod server;
 pub mod session;
 pub mod sim;
+pub mod stall;
 pub mod tls;
 pub mod upstream;
 pub mod wire;

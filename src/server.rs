@@ -1,6 +1,6 @@
 //! The accept loop: one session task per client connection (TLS handshake first when
 //! `[tls]` is set), limits, graceful stop. `start` also starts the admin endpoint, the
-//! upstream health checker and the config file watcher.
+//! upstream health checker, the write-stall watch and the config file watcher.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -17,9 +17,10 @@ use crate::breaker::Breakers;
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::reload::{self, ReloadStatus};
+use crate::stall::StallWatch;
 use crate::tls::Stream;
 use crate::upstream::Upstreams;
-use crate::{admin, health, session};
+use crate::{admin, health, session, stall};
 
 /// State every session shares: the live config, the breakers and the upstreams.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub struct Shared {
     pub breakers: Breakers,
     pub upstreams: Upstreams,
     pub metrics: Metrics,
+    /// The write-progress watch: its signals, and whether fallback breakers are held.
+    pub stall: StallWatch,
     /// The address clients connect to, once bound.
     pub local_addr: OnceLock<SocketAddr>,
     /// When this proxy started (wall clock, for `/status`).
@@ -48,6 +51,7 @@ impl Shared {
             config: ArcSwap::new(config),
             breakers: Breakers::default(),
             metrics: Metrics::new(),
+            stall: StallWatch::new(),
             local_addr: OnceLock::new(),
             started: SystemTime::now(),
             reload_status: Mutex::new(ReloadStatus::started()),
@@ -173,6 +177,7 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
     let stop = CancellationToken::new();
     tracing::info!(listen = %addr, tls = shared.config.load().tls.is_some(), upstreams = ?shared.upstreams.addrs(), "staleguard listening");
     tokio::spawn(health::run(shared.clone(), stop.clone()));
+    stall::start(shared.clone(), stop.clone());
     if from_file {
         if let Err(e) = reload::watch(shared.clone(), stop.clone()) {
             tracing::warn!(error = %e, "config file changes will not be noticed; SIGHUP still reloads");

@@ -1,8 +1,9 @@
 //! One client connection: its own upstream connection, and the relay between the two.
 //!
 //! Requests are classified and decided on as they arrive; replies are looked at only when
-//! they answer a tracked read. A message that is not rewritten leaves as the very `Bytes`
-//! that arrived.
+//! they answer a tracked read or write. A message that is not rewritten leaves as the very
+//! `Bytes` that arrived. Writes (for the write-stall watch) cost a command-name read and a
+//! small per-session list; other commands pay nothing more.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,11 +19,12 @@ use tracing::Instrument;
 
 use crate::breaker::{Admission, Reason, Transition};
 use crate::command::{self, CommandInfo};
-use crate::config::{Causal, Config, NsPolicy};
+use crate::config::{Causal, Config, Mode, NsPolicy};
 use crate::metrics::{LatencyBatch, LatencyHistogram, NsHot};
 use crate::policy::{self, Decision, Target};
 use crate::rewrite::{self, RewriteSpec};
 use crate::server::Shared;
+use crate::stall::{self, WriteTracker};
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::opmsg::{self, MORE_TO_COME};
@@ -103,6 +105,10 @@ pub struct Session {
     hot: Option<Arc<NsHot>>,
     /// Reused for the "db.coll" key of governed reads.
     ns_buf: String,
+    /// The upstream this client is paired with (its configured address).
+    upstream: String,
+    /// Writes sent and not answered yet (write-stall watch).
+    writes: WriteTracker,
 }
 
 impl Session {
@@ -133,6 +139,8 @@ impl Session {
             last_flush: Instant::now(),
             hot: None,
             ns_buf: String::new(),
+            upstream: String::new(),
+            writes: WriteTracker::default(),
         }
     }
 
@@ -167,6 +175,7 @@ impl Session {
         let shared = self.shared.clone();
         let mut this = self;
         this.latency = Some(latency);
+        this.upstream = upstream_addr;
         match (client, upstream) {
             // Plain TCP keeps its lock-free owned halves.
             (Stream::Plain(c), Stream::Plain(u)) => {
@@ -231,6 +240,10 @@ impl Session {
                 },
             }
         };
+        if !self.writes.is_empty() {
+            // Not progress: the watch notes it, nothing clears on it.
+            self.writes.abandon();
+        }
         match end {
             Ok(why) => tracing::debug!(reason = why, "session closed"),
             Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
@@ -258,7 +271,9 @@ impl Session {
         let header = Header::parse(&msg)
             .ok_or(SessionError::ClientProtocol(WireError::Truncated("header")))?;
         let op = header.op();
-        if op == OpCode::Msg && !self.policy_active() {
+        let policy_active = self.policy_active();
+        let watch_writes = self.config.stall.passive;
+        if op == OpCode::Msg && !policy_active && !watch_writes {
             // Validate only: the structure must hold even when no policy needs the body.
             let view = opmsg::OpMsg::parse(&msg[crate::wire::HEADER_LEN..])
                 .map_err(SessionError::ClientProtocol)?;
@@ -268,7 +283,7 @@ impl Session {
             let expects_reply = !view.more_to_come();
             return self.pass(msg, expects_reply, uw).await;
         }
-        if !matches!(op, OpCode::Msg | OpCode::Compressed) || !self.policy_active() {
+        if !matches!(op, OpCode::Msg | OpCode::Compressed) || !(policy_active || watch_writes) {
             return self.pass(msg, true, uw).await;
         }
         let body = command::request_body(&msg, max).map_err(SessionError::ClientProtocol)?;
@@ -279,7 +294,14 @@ impl Session {
             return self.pass(msg.clone(), false, uw).await;
         }
         match command::command_name(doc) {
-            Ok(Some(name)) if command::is_read_command(name) || name == "explain" => {}
+            Ok(Some(name)) if watch_writes && stall::is_write_command(name) => {
+                let now = Instant::now();
+                let (watch, upstream) = (&self.shared.stall, &self.upstream);
+                self.writes.sent(watch, upstream, header.request_id, now);
+                return self.pass(msg.clone(), true, uw).await;
+            }
+            Ok(Some(name))
+                if policy_active && (command::is_read_command(name) || name == "explain") => {}
             Ok(_) => return self.pass(msg.clone(), true, uw).await,
             Err(command::ClassifyError::Malformed(what)) => {
                 return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
@@ -308,6 +330,9 @@ impl Session {
         ns.push_str(target.ns.coll);
         let now = Instant::now();
         let admission = if target.kind == policy::ReadKind::Eligible {
+            if target.policy.mode == Mode::Fallback && self.shared.stall.holding() {
+                stall::hold_on_read(&self.shared, &ns, now);
+            }
             let (a, t) = self.shared.breakers.admit(&ns, &target.policy, now);
             if let Some(t) = t {
                 self.log_transition(&ns, &t);
@@ -458,8 +483,19 @@ impl Session {
                 self.flush_metrics(now);
             }
         }
+        if self.pending.is_empty() && self.writes.is_empty() {
+            return self.send_to_client(msg, cw).await;
+        }
+        let response_to = Header::parse(&msg).map_or(0, |h| h.response_to);
+        if !self.writes.is_empty() {
+            let max = self.config.max_message_size;
+            let ok = || command::inspect_reply(&msg, max).is_ok_and(|s| s.ok);
+            let (watch, now) = (&self.shared.stall, Instant::now());
+            if self.writes.answered(watch, response_to, ok, now) {
+                return self.send_to_client(msg, cw).await;
+            }
+        }
         if !self.pending.is_empty() {
-            let response_to = Header::parse(&msg).map_or(0, |h| h.response_to);
             if let Some(i) = self
                 .pending
                 .iter()

@@ -1,5 +1,6 @@
 //! `staleguard demo` tells the articles' story: with short phases, the numbers must show
-//! the difference staleguard makes on each path.
+//! the difference staleguard makes on each path, and staleguard must say that writes are not
+//! completing before the first read fails.
 
 use std::time::Duration;
 
@@ -50,17 +51,52 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
         pay_guard_error_p50(&pay_direct) >= 400.0,
         "direct errors hang"
     );
-    // The timeline names the phases and the breaker transitions.
+    // The timeline names the phases, the write stall and the breaker transitions.
     let text = report.timeline.join("\n");
     for needle in [
         "stalls",
+        "writes are not completing through upstream",
+        "writes are not completing on shard A",
         "a1 is restarted",
         "demo.store_inventory breaker OPEN",
         "pay.transactions breaker OPEN",
         "resumes",
+        "writes complete again",
     ] {
         assert!(text.contains(needle), "timeline lacks {needle:?}:\n{text}");
     }
+    // staleguard says writes are not completing before the first read fails ...
+    let line = |needle: &str| {
+        report
+            .timeline
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{text}"))
+    };
+    let stall = line("WRITE STALL suspected");
+    assert!(
+        line("phase 2:") < stall && stall < line("phase 3:"),
+        "{text}"
+    );
+    let detected = report.stall_detected_at.expect("stall detected");
+    let first_error = [inv_direct.first_error_at, pay_direct.first_error_at]
+        .into_iter()
+        .flatten()
+        .min()
+        .expect("direct reads failed");
+    assert!(
+        detected < first_error,
+        "stall seen at {detected:?}, first read error at {first_error:?}"
+    );
+    // ... and acts on it: the inventory breaker is held open before a1 restarts.
+    assert!(
+        report.timeline[stall..line("phase 3:")]
+            .iter()
+            .any(|l| l.contains("demo.store_inventory breaker OPEN") && l.contains("held open")),
+        "{text}"
+    );
+    let orders = t(Workload::Orders, Path::Staleguard);
+    assert!(orders.ok > 0 && orders.requests > orders.ok, "{orders:?}");
 }
 
 fn pay_guard_error_p50(t: &demo::Tally) -> f64 {

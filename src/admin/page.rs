@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::status::{short_duration, NsStatus, Status, UpstreamStatus};
+use super::status::{short_duration, NsStatus, Status, UpstreamStatus, WriteStallStatus};
 
 /// `&`, `<`, `>`, `"` and `'` escaped for text and attribute values.
 pub fn esc(s: &str) -> String {
@@ -37,6 +37,8 @@ tr.open td{background:#fde2e1}
 tr.open td.state b{color:#b3001b;text-transform:uppercase}
 tr.half-open td{background:#fff3d6}
 tr.half-open td.state b{color:#8a5a00}
+tr.raised td{background:#fde2e1}
+tr.raised td.state b{color:#b3001b;text-transform:uppercase}
 .banner{padding:10px 14px;margin:12px 0;border-radius:4px;font-weight:600}
 .banner.bad{background:#b3001b;color:#fff}
 .banner.warn{background:#ffe8a3}
@@ -83,6 +85,8 @@ pub fn render(s: &Status) -> String {
     banners(&mut out, s);
     out.push_str("<h2>Namespaces</h2>");
     namespaces(&mut out, &s.namespaces);
+    out.push_str("<h2>Write-stall watch</h2>");
+    write_stall(&mut out, &s.write_stall);
     out.push_str("<h2>Upstreams</h2>");
     upstreams(&mut out, s);
     out.push_str("<h2>Configuration</h2>");
@@ -132,6 +136,26 @@ fn banners(out: &mut String, s: &Status) {
             open.len(),
             if open.len() == 1 { "" } else { "s" },
             names.join(", ")
+        );
+    }
+    let w = &s.write_stall;
+    if w.state == "suspected" {
+        let acting = if w.held_breakers.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " Holding open: {} (their reads go out with readConcern available).",
+                w.held_breakers
+                    .iter()
+                    .map(|n| esc(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let _ = write!(
+            out,
+            "<div class=\"banner bad\" id=\"write-stall\">Write stall suspected: {}.{acting}</div>",
+            esc(w.headline.as_deref().unwrap_or("writes are not completing"))
         );
     }
     if !s.ready {
@@ -194,6 +218,51 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
             mode = r.mode,
             action = esc(&r.action),
             reason = esc(r.reason.as_deref().unwrap_or("")),
+        );
+    }
+    out.push_str("</table>");
+}
+
+fn write_stall(out: &mut String, w: &WriteStallStatus) {
+    if w.state == "off" {
+        out.push_str("<p class=\"muted\">Off: no [stall_watch] signal is configured.</p>");
+        return;
+    }
+    let _ = write!(
+        out,
+        "<p class=\"muted\">Watching: {} &middot; on a stall: {}</p>",
+        esc(&w.watching.join(", ")),
+        if w.action == "open_fallback_breakers" {
+            "hold the breakers of fallback namespaces open"
+        } else {
+            "observe only"
+        }
+    );
+    if w.signals.is_empty() {
+        out.push_str("<p class=\"muted\">No reading yet.</p>");
+        return;
+    }
+    out.push_str(
+        "<table id=\"write-stall-signals\"><tr><th>signal</th><th>where</th><th>state</th>\
+         <th>since</th><th>evidence</th></tr>",
+    );
+    for sig in &w.signals {
+        let since = match (&sig.since, sig.since_seconds_ago) {
+            (Some(t), Some(ago)) => format!(
+                "{} ago<br><span class=\"muted\">{}</span>",
+                short_duration(Duration::from_secs(ago)),
+                esc(t)
+            ),
+            _ => "<span class=\"muted\">-</span>".to_string(),
+        };
+        let _ = write!(
+            out,
+            "<tr class=\"{state}\"><td>{signal}</td><td>{place}</td><td class=\"state\"><b>{state}</b></td>\
+             <td>{since}</td><td>{summary}</td></tr>",
+            state = sig.state,
+            signal = sig.signal,
+            place = esc(&sig.place),
+            summary = esc(&sig.summary),
         );
     }
     out.push_str("</table>");

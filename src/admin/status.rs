@@ -1,5 +1,5 @@
 //! The status model behind `/status` (JSON) and `/` (HTML): one snapshot of the live
-//! config, breakers, upstreams and counters.
+//! config, breakers, upstreams, the write-stall watch and counters.
 
 use std::time::{Duration, SystemTime};
 
@@ -10,6 +10,7 @@ use crate::breaker::State;
 use crate::config::{Mode, NsPolicy};
 use crate::health;
 use crate::server::Shared;
+use crate::stall::Evidence;
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -26,6 +27,7 @@ pub struct Status {
     /// `"off"` or the interval, e.g. `"5s"`.
     pub health_checks: String,
     pub upstreams: Vec<UpstreamStatus>,
+    pub write_stall: WriteStallStatus,
     /// Open breakers first, then half-open, then the rest; by namespace within each.
     pub namespaces: Vec<NsStatus>,
 }
@@ -58,6 +60,43 @@ pub struct UpstreamStatus {
     pub last_error: Option<String>,
 }
 
+/// The write-progress watch: is a write stall suspected, on what evidence, since when.
+#[derive(Debug, Serialize)]
+pub struct WriteStallStatus {
+    /// `off` (nothing watched), `clear` or `suspected`.
+    pub state: &'static str,
+    /// The signals configured: `passive`, `probe`, `composite`.
+    pub watching: Vec<&'static str>,
+    /// `on_write_stall`: `observe` or `open_fallback_breakers`.
+    pub action: &'static str,
+    /// While suspected: the earliest raised signal's start.
+    pub since: Option<String>,
+    pub since_seconds_ago: Option<u64>,
+    /// `writes are not completing on <where> since <time>`.
+    pub headline: Option<String>,
+    /// Breakers held open by the action.
+    pub held_breakers: Vec<String>,
+    /// Raised first.
+    pub signals: Vec<SignalStatus>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SignalStatus {
+    /// `passive`, `probe` or `composite`.
+    pub signal: &'static str,
+    pub target: String,
+    /// Where, in words (`upstream ...`, `shard A (shardA at host:port)`).
+    pub place: String,
+    /// `raised` or `clear`.
+    pub state: &'static str,
+    pub since: Option<String>,
+    pub since_seconds_ago: Option<u64>,
+    pub headline: Option<String>,
+    /// The evidence in one line.
+    pub summary: String,
+    pub evidence: Evidence,
+}
+
 #[derive(Debug, Serialize)]
 pub struct NsStatus {
     /// A configured pattern, or an exact namespace that has a breaker.
@@ -81,8 +120,10 @@ pub struct NsStatus {
     pub last_transition_seconds_ago: Option<u64>,
     /// Why the last transition happened.
     pub reason: Option<String>,
-    /// While open: seconds until the next probe.
+    /// While open: seconds until the next probe (none while held by the write-stall watch).
     pub next_probe_seconds: Option<u64>,
+    /// Held open by the write-stall watch (`on_write_stall = "open_fallback_breakers"`).
+    pub held_by_write_stall: bool,
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
@@ -139,7 +180,62 @@ pub fn collect(shared: &Shared, listening: bool) -> Status {
             |d| humantime::format_duration(d).to_string(),
         ),
         upstreams,
+        write_stall: write_stall(shared, &config),
         namespaces: namespaces(shared, &config.policy),
+    }
+}
+
+fn write_stall(shared: &Shared, config: &crate::config::Config) -> WriteStallStatus {
+    let now = Instant::now();
+    let ago = |since: Option<Instant>| since.map(|s| now.saturating_duration_since(s).as_secs());
+    let c = &config.stall;
+    let mut watching = Vec::new();
+    if c.passive {
+        watching.push("passive");
+    }
+    if c.probe.is_some() {
+        watching.push("probe");
+    }
+    if c.shards.is_some() {
+        watching.push("composite");
+    }
+    let signals: Vec<SignalStatus> = shared
+        .stall
+        .signals()
+        .into_iter()
+        .map(|s| SignalStatus {
+            signal: s.kind.as_str(),
+            target: s.target.clone(),
+            place: s.place.clone(),
+            state: if s.raised { "raised" } else { "clear" },
+            since: s.since_wall.map(rfc3339),
+            since_seconds_ago: ago(s.since),
+            headline: s.headline(),
+            summary: s.summary.clone(),
+            evidence: s.evidence.clone(),
+        })
+        .collect();
+    let first = shared.stall.first_raised();
+    let held_breakers = shared
+        .breakers
+        .snapshot()
+        .into_iter()
+        .filter(|b| b.held)
+        .map(|b| b.ns)
+        .collect();
+    WriteStallStatus {
+        state: match (&first, c.enabled()) {
+            (Some(_), _) => "suspected",
+            (None, true) => "clear",
+            (None, false) => "off",
+        },
+        watching,
+        action: c.on_write_stall.as_str(),
+        since: first.as_ref().and_then(|s| s.since_wall).map(rfc3339),
+        since_seconds_ago: first.as_ref().and_then(|s| ago(s.since)),
+        headline: first.as_ref().and_then(|s| s.headline()),
+        held_breakers,
+        signals,
     }
 }
 
@@ -154,6 +250,7 @@ fn namespaces(shared: &Shared, table: &crate::config::PolicyTable) -> Vec<NsStat
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
         let next_probe = match (snap.state, policy) {
+            (State::Open, _) if snap.held => None,
             (State::Open, Some(p)) => {
                 Some((snap.since + p.cooldown).saturating_duration_since(now))
             }
@@ -166,7 +263,11 @@ fn namespaces(shared: &Shared, table: &crate::config::PolicyTable) -> Vec<NsStat
             mode: policy.map_or("unlisted", |p| p.mode.as_str()),
             dry_run: policy.is_some_and(|p| p.dry_run),
             breaker: Some(snap.state.as_str()),
-            action: action(policy.map(|p| &**p), snap.state, snap.reason.reply_code().1),
+            action: if snap.held {
+                "rewritten to readConcern available before sending; held open while writes are not completing (write-stall watch), then one cooldown and a probe".to_string()
+            } else {
+                action(policy.map(|p| &**p), snap.state, snap.reason.reply_code().1)
+            },
             errors_in_window: Some(snap.errors_in_window),
             threshold: policy.map(|p| p.threshold),
             trigger_errors_total: Some(shared.metrics.trigger_errors_total(&snap.ns)),
@@ -174,6 +275,7 @@ fn namespaces(shared: &Shared, table: &crate::config::PolicyTable) -> Vec<NsStat
             last_transition_seconds_ago: Some(ago.as_secs()),
             reason: Some(snap.last_reason.clone()),
             next_probe_seconds: next_probe.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+            held_by_write_stall: snap.held,
         });
     }
     for p in table.entries() {
@@ -196,6 +298,7 @@ fn namespaces(shared: &Shared, table: &crate::config::PolicyTable) -> Vec<NsStat
             last_transition_seconds_ago: None,
             reason: None,
             next_probe_seconds: None,
+            held_by_write_stall: false,
         });
     }
     rows.sort_by(|a, b| {
