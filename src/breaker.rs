@@ -189,8 +189,35 @@ impl Breakers {
         policy: &NsPolicy,
         now: Instant,
     ) -> (Admission, Option<Transition>) {
-        // Fast path: a namespace with no breaker yet is closed; nothing to create until an
-        // error arrives.
+        // Fast path under a read lock: no breaker yet, closed, or open with nothing to
+        // change (the common cases, every request while a breaker is open included).
+        {
+            let Some(b) = self.map.get(ns) else {
+                return (Admission::Closed, None);
+            };
+            let open = |probe_in| Admission::Open {
+                reason: b.reason,
+                probe_in,
+                errors: b.errors.len() as u32,
+            };
+            match b.state {
+                State::Closed => return (Admission::Closed, None),
+                // Unknown while held: the cooldown starts when the write stall clears.
+                State::Open if b.held => return (open(policy.cooldown), None),
+                State::Open if now < b.opened_at + policy.cooldown => {
+                    return (open(b.opened_at + policy.cooldown - now), None)
+                }
+                State::HalfOpen => match b.probe_since {
+                    Some(since) if now < since + policy.cooldown => {
+                        return (open(since + policy.cooldown - now), None)
+                    }
+                    _ => {}
+                },
+                State::Open => {}
+            }
+        }
+        // Something changes: take the write lock and decide again (another session may have
+        // moved the breaker in between).
         let Some(mut b) = self.map.get_mut(ns) else {
             return (Admission::Closed, None);
         };

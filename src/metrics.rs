@@ -81,6 +81,9 @@ pub struct SideLabel {
     pub side: &'static str,
 }
 
+/// Sizes of the (command, decision) table, for sessions that count locally.
+pub const REQUEST_SLOTS: (usize, usize) = (COMMANDS.len(), DECISIONS.len());
+
 /// Decisions that get their own `decision` label (see `policy::Decision::name`).
 const DECISIONS: [&str; 6] = [
     "forward",
@@ -287,13 +290,23 @@ impl Metrics {
     }
 
     pub fn request(&self, command: &str, decision: &'static str) {
+        if let Some((c, d)) = Metrics::request_slot(command, decision) {
+            self.add_requests(c, d, 1);
+        }
+    }
+
+    /// Where a (command, decision) pair is counted, for sessions that count locally.
+    pub fn request_slot(command: &str, decision: &str) -> Option<(usize, usize)> {
         let c = COMMANDS
             .iter()
             .position(|c| *c == command)
             .unwrap_or(COMMANDS.len() - 1);
-        let Some(d) = DECISIONS.iter().position(|d| *d == decision) else {
-            return;
-        };
+        let d = DECISIONS.iter().position(|d| *d == decision)?;
+        Some((c, d))
+    }
+
+    /// Adds `n` requests to a slot from `request_slot`.
+    pub fn add_requests(&self, c: usize, d: usize, n: u64) {
         // Each (command, decision) counter is looked up in the family once, then kept.
         self.request_counters[c][d]
             .get_or_init(|| {
@@ -304,7 +317,7 @@ impl Metrics {
                     })
                     .clone()
             })
-            .inc();
+            .inc_by(n);
     }
 
     /// The per-namespace counters a governed read may bump, made once per namespace; a

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::breaker::{Admission, Reason, Transition};
 use crate::command::{self, CommandInfo};
 use crate::config::{Causal, Config, Mode, NsPolicy};
-use crate::metrics::{LatencyBatch, LatencyHistogram, NsHot};
+use crate::metrics::{LatencyBatch, LatencyHistogram, Metrics, NsHot, REQUEST_SLOTS};
 use crate::policy::{self, Decision, Target};
 use crate::rewrite::{self, RewriteSpec};
 use crate::server::Shared;
@@ -29,7 +29,6 @@ use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::opmsg::{self, MORE_TO_COME};
 use crate::wire::{reply, Header, MessageCodec, OpCode, WireError};
-use prometheus_client::metrics::counter::Counter;
 
 /// A session adds its batched metrics after this many round trips, or this long after the
 /// last time, whichever comes first (and when it ends).
@@ -100,11 +99,16 @@ pub struct Session {
     /// Round-trip latencies and unclassified forwards not yet added to the shared metrics.
     batch: LatencyBatch,
     unflushed_forwards: u64,
-    last_flush: Instant,
     /// Counters of the last governed namespace this session bumped.
     hot: Option<Arc<NsHot>>,
     /// Reused for the "db.coll" key of governed reads.
     ns_buf: String,
+    /// Not yet added to the shared metrics: outcomes on `hot`'s namespace, and requests by
+    /// (command, decision).
+    hot_counts: [u32; 3],
+    /// Something above is not flushed yet.
+    dirty: bool,
+    request_counts: [[u32; REQUEST_SLOTS.1]; REQUEST_SLOTS.0],
     /// The upstream this client is paired with (its configured address).
     upstream: String,
     /// Writes sent and not answered yet (write-stall watch).
@@ -136,9 +140,11 @@ impl Session {
             latency: None,
             batch: LatencyBatch::default(),
             unflushed_forwards: 0,
-            last_flush: Instant::now(),
             hot: None,
             ns_buf: String::new(),
+            hot_counts: [0; 3],
+            dirty: false,
+            request_counts: [[0; REQUEST_SLOTS.1]; REQUEST_SLOTS.0],
             upstream: String::new(),
             writes: WriteTracker::default(),
         }
@@ -209,13 +215,25 @@ impl Session {
         // on every message.
         let killed = kill.cancelled();
         let stopping = stop.cancelled();
-        tokio::pin!(killed, stopping);
+        // Batched metrics reach the shared counters within FLUSH_AFTER even when the
+        // session goes quiet: armed once per batch, not per message.
+        let flush_timer = tokio::time::sleep(FLUSH_AFTER);
+        tokio::pin!(killed, stopping, flush_timer);
+        let mut flush_armed = true;
         let end: Result<&str, SessionError> = loop {
             if draining && (self.outstanding == 0 || self.streaming) {
                 break Ok("proxy stopping");
             }
+            if self.dirty && !flush_armed {
+                flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
+                flush_armed = true;
+            }
             tokio::select! {
                 _ = &mut killed => break Ok("shutdown deadline passed"),
+                _ = &mut flush_timer, if flush_armed => {
+                    flush_armed = false;
+                    self.flush_metrics();
+                }
                 _ = &mut stopping, if !draining => draining = true,
                 req = cr.next() => match req {
                     Some(Ok(msg)) => {
@@ -251,7 +269,7 @@ impl Session {
             }
             Err(e) => tracing::warn!(error = %e, "closing client because its upstream failed"),
         }
-        self.flush_metrics(Instant::now());
+        self.flush_metrics();
         let _ = cw.shutdown().await;
         let _ = uw.shutdown().await;
     }
@@ -378,7 +396,10 @@ impl Session {
         } = req;
         let msg = msg.clone();
         let max = self.config.max_message_size;
-        self.shared.metrics.request(info.name, decision.name());
+        if let Some((c, d)) = Metrics::request_slot(info.name, decision.name()) {
+            self.request_counts[c][d] += 1;
+            self.dirty = true;
+        }
         match decision {
             Decision::Forward => self.forward(msg, true, uw).await,
             Decision::Track {
@@ -435,7 +456,7 @@ impl Session {
                 };
                 match rewrite::rewrite_request(&msg, body, &spec, max) {
                     Ok(out) => {
-                        self.bump(ns, |h| &h.preemptive);
+                        self.bump(ns, 0);
                         tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
                         self.forward(out, true, uw).await
                     }
@@ -452,7 +473,7 @@ impl Session {
             } => {
                 let (code, name) = reason.reply_code();
                 let errmsg = fail_fast_message(ns, reason, errors, probe_in);
-                self.bump(ns, |h| &h.fail_fast);
+                self.bump(ns, 1);
                 tracing::debug!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(request_id, code, name, &errmsg, cw).await
             }
@@ -460,7 +481,7 @@ impl Session {
                 let errmsg = format!(
                     "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
                 );
-                self.bump(ns, |h| &h.refusal);
+                self.bump(ns, 2);
                 tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
                 self.reply_error(request_id, 72, "InvalidOptions", &errmsg, cw)
                     .await
@@ -475,13 +496,8 @@ impl Session {
         uw: &mut U,
     ) -> Result<(), SessionError> {
         if let Some(t) = self.waiting_since.take() {
-            let now = Instant::now();
-            self.batch.observe(now.saturating_duration_since(t));
-            if self.batch.len() >= FLUSH_EVERY
-                || now.saturating_duration_since(self.last_flush) >= FLUSH_AFTER
-            {
-                self.flush_metrics(now);
-            }
+            self.batch.observe(t.elapsed());
+            self.maybe_flush();
         }
         if self.pending.is_empty() && self.writes.is_empty() {
             return self.send_to_client(msg, cw).await;
@@ -644,21 +660,55 @@ impl Session {
         uw: &mut U,
     ) -> Result<(), SessionError> {
         self.unflushed_forwards += 1;
+        self.dirty = true;
         self.forward(msg, expects_reply, uw).await
     }
 
-    /// Increments one of `ns`'s per-request counters, keeping the last namespace's handles.
-    fn bump(&mut self, ns: &str, which: impl Fn(&NsHot) -> &Counter) {
+    /// Counts one of `ns`'s per-request outcomes (0 preemptive rewrite, 1 fail-fast,
+    /// 2 refusal) locally; they reach the shared counters with the other batched metrics.
+    fn bump(&mut self, ns: &str, which: usize) {
         if self.hot.as_ref().is_none_or(|h| h.ns != ns) {
+            self.flush_hot();
             self.hot = Some(self.shared.metrics.ns_hot(ns));
         }
+        self.hot_counts[which] += 1;
+        self.dirty = true;
+    }
+
+    fn flush_hot(&mut self) {
         if let Some(h) = &self.hot {
-            which(h).inc();
+            for (n, c) in self
+                .hot_counts
+                .iter_mut()
+                .zip([&h.preemptive, &h.fail_fast, &h.refusal])
+            {
+                if *n > 0 {
+                    c.inc_by(*n as u64);
+                    *n = 0;
+                }
+            }
+        }
+    }
+
+    fn maybe_flush(&mut self) {
+        self.dirty = true;
+        if self.batch.len() >= FLUSH_EVERY {
+            self.flush_metrics();
         }
     }
 
     /// Adds this session's batched counts to the shared metrics.
-    fn flush_metrics(&mut self, now: Instant) {
+    fn flush_metrics(&mut self) {
+        self.dirty = false;
+        self.flush_hot();
+        for (c, row) in self.request_counts.iter_mut().enumerate() {
+            for (d, n) in row.iter_mut().enumerate() {
+                if *n > 0 {
+                    self.shared.metrics.add_requests(c, d, *n as u64);
+                    *n = 0;
+                }
+            }
+        }
         if let Some(h) = &self.latency {
             h.flush(&mut self.batch);
         }
@@ -666,7 +716,6 @@ impl Session {
             self.shared.metrics.forwarded(self.unflushed_forwards);
             self.unflushed_forwards = 0;
         }
-        self.last_flush = now;
     }
 
     async fn forward<U: AsyncWrite + Unpin>(

@@ -59,7 +59,16 @@ async fn health_ready_metrics_and_status() {
     // Health checks are off in this config: a configured upstream is enough.
     assert_eq!(get(admin, "/readyz", &[]).await.status, 200);
 
-    let m = get(admin, "/metrics", &[]).await;
+    // Sessions add their counts in batches, at the latest a second after the last one.
+    let wanted = "staleguard_requests_total{command=\"find\",decision=\"fail_fast\"} 1";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let m = loop {
+        let m = get(admin, "/metrics", &[]).await;
+        if m.body.lines().any(|l| l == wanted) || std::time::Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
     assert_eq!(m.status, 200);
     assert_eq!(
         m.header("content-type"),
