@@ -14,9 +14,8 @@
 mod policy_support;
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, rawdoc, Bson, Document, RawDocumentBuf};
@@ -33,6 +32,7 @@ use policy_support::{
     available, body, command_error, command_name, level, max_time_ms, read_concern, select,
     try_body,
 };
+use support::py::run_check;
 use support::tap::Tap;
 use support::within;
 
@@ -816,91 +816,6 @@ async fn causal_session_reads_are_rewritten_without_after_cluster_time() {
 // ---------------------------------------------------------------------------------------
 // 6. pymongo against the sim through staleguard
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => manifest_dir().join(dir),
-        None => manifest_dir().join("target"),
-    }
-}
-
-/// The venv's python, made on first use by `tests/py/ensure_venv.py` (shared with
-/// `tests/policy_pymongo.rs`; a file lock serialises its creation). No silent skip.
-fn venv_python() -> PathBuf {
-    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let made = VENV.get_or_init(|| {
-        let venv = target_dir().join("pyvenv");
-        let script = manifest_dir().join("tests/py/ensure_venv.py");
-        let out = Command::new("python3")
-            .arg(&script)
-            .arg(&venv)
-            .output()
-            .map_err(|e| format!("cannot run python3: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} failed ({}):\n{}{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(venv.join("bin/python"))
-    });
-    match made {
-        Ok(p) => p.clone(),
-        Err(e) => panic!("pymongo venv unavailable, cannot run the pymongo tests: {e}"),
-    }
-}
-
-/// Runs `policy_sim_check.py MODE GUARDED_URI DIRECT_URI`; returns its stdout, failing the
-/// test on a non-zero exit or after 60 s.
-async fn run_script(mode: &str, guarded: String, direct: String) -> String {
-    const DEADLINE: Duration = Duration::from_secs(60);
-    let mode = mode.to_string();
-    let job = tokio::task::spawn_blocking(move || {
-        let python = venv_python();
-        let script = manifest_dir().join("tests/py/policy_sim_check.py");
-        let mut child = Command::new(&python)
-            .arg(&script)
-            .arg(&mode)
-            .arg(&guarded)
-            .arg(&direct)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", python.display()));
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            match child.try_wait().expect("wait for the script") {
-                Some(_) => break,
-                None if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("{mode}: script ran past {DEADLINE:?}");
-                }
-                None => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-        let out = child.wait_with_output().expect("script output");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        println!("{mode}: {}\n{stdout}{stderr}", out.status);
-        assert!(
-            out.status.success(),
-            "{mode}: pymongo script failed ({})\n{stdout}{stderr}",
-            out.status
-        );
-        assert!(stdout.contains(&format!("OK {mode}")), "{mode}: {stdout}");
-        stdout
-    });
-    job.await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pymongo_fallback_answers_and_strict_fails_fast_on_the_sim() {
     let env = SimEnv::start(&namespaces(3, "30s")).await;
@@ -908,7 +823,12 @@ async fn pymongo_fallback_answers_and_strict_fails_fast_on_the_sim() {
     env.incident(&["a1"]);
     let (guarded, direct) = env.uris();
 
-    run_script("fallback", guarded.clone(), direct.clone()).await;
+    run_check(
+        "policy_sim_check.py",
+        "fallback",
+        vec![guarded.clone(), direct.clone()],
+    )
+    .await;
     assert_eq!(env.state(INVENTORY), State::Open);
     let up = env.upstream("find", INVENTORY);
     assert_eq!(
@@ -930,7 +850,7 @@ async fn pymongo_fallback_answers_and_strict_fails_fast_on_the_sim() {
     }
     assert_eq!(env.table("a1", INVENTORY).state, TableState::Unknown);
 
-    let out = run_script("strict", guarded, direct).await;
+    let out = run_check("policy_sim_check.py", "strict", vec![guarded, direct]).await;
     assert!(out.contains("staleguard:"), "{out}");
     assert_eq!(env.state(PAYMENTS), State::Open);
     assert_eq!(

@@ -7,10 +7,10 @@ mod ops_support;
 mod support;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
@@ -312,46 +312,6 @@ async fn upstream_tls_with_the_wrong_ca_fails_on_the_upstream_side() {
 
 // ------------------------------------------------------------------------------ pymongo
 
-fn manifest_dir() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => manifest_dir().join(dir),
-        None => manifest_dir().join("target"),
-    }
-}
-
-/// `<target>/pyvenv` with pymongo, made once by `tests/py/ensure_venv.py` under a file lock
-/// (the pymongo policy tests share it). Fails, never skips.
-fn venv_python() -> PathBuf {
-    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let made = VENV.get_or_init(|| {
-        let venv = target_dir().join("pyvenv");
-        let script = manifest_dir().join("tests/py/ensure_venv.py");
-        let out = Command::new("python3")
-            .arg(&script)
-            .arg(&venv)
-            .output()
-            .map_err(|e| format!("cannot run python3: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} failed ({}): {}{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(venv.join("bin/python"))
-    });
-    match made {
-        Ok(p) => p.clone(),
-        Err(e) => panic!("pymongo venv unavailable: {e}"),
-    }
-}
-
 const PYMONGO_SCRIPT: &str = r#"
 import sys, pymongo
 uri, ca, cert = sys.argv[1:4]
@@ -366,7 +326,7 @@ c.close()
 
 /// Runs the script; returns stdout (fails the test on a non-zero exit or after 60 s).
 fn run_pymongo(uri: &str, ca: &Path, cert: &Path) -> String {
-    let python = venv_python();
+    let python = support::py::venv_python();
     let mut child = Command::new(&python)
         .args(["-c", PYMONGO_SCRIPT, uri])
         .arg(ca)

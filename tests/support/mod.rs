@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod mongos;
+pub mod py;
 pub mod raw;
 pub mod tap;
 
