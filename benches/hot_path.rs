@@ -10,11 +10,12 @@ use std::time::Duration;
 use bson::RawDocument;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use staleguard::breaker::{Admission, Reason};
-use staleguard::command::{classify, inspect_reply, request_body};
+use staleguard::command::classify;
 use staleguard::config::{Mode, NsPolicy, PolicyTable};
 use staleguard::policy::{decide, resolve};
 use staleguard::rewrite::{rewrite_message, RewriteSpec};
 use staleguard::wire::reply;
+use staleguard::wire::{inspect_reply, request_body};
 
 #[path = "common/msgs.rs"]
 mod msgs;

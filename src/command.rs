@@ -1,23 +1,15 @@
-//! Classification: one pass over a command body (`RawDocument`) into a `CommandInfo`; the
-//! request body of a whole message (OP_MSG in place, OP_COMPRESSED decompressed); the
-//! ok/code of a whole reply.
+//! Classification: one pass over a command body (`RawDocument`) into a `CommandInfo`.
 //!
-//! Bodies are read with a small hand-written element scanner ([`scan`]) rather than
+//! Bodies are read with the wire crate's element scanner ([`crate::wire::scan`]) rather than
 //! `RawDocument::iter_elements`: it is about twice as fast, it yields the byte range of every
 //! element (which `rewrite` splices), and it checks every declared length against the
 //! enclosing one, so malformed input is an error, never a panic.
 
 use std::fmt;
-use std::ops::Range;
 
 use bson::RawDocument;
 
-use crate::wire::compressed::Compressed;
-use crate::wire::legacy::OpReply;
-use crate::wire::opmsg::{self, OpMsg};
-use crate::wire::{Header, OpCode, WireError, HEADER_LEN};
-
-use self::scan::{Elem, Elements, Malformed};
+use crate::wire::scan::{self, Elem, Elements, Malformed};
 
 /// `$readPreference.mode`; a missing `$readPreference` means `Primary` (drivers never send
 /// mode primary to mongos).
@@ -187,7 +179,7 @@ pub fn classify(body: &RawDocument) -> Result<CommandInfo<'_>, ClassifyError> {
             b"readConcern" => info.read_concern = read_concern(&e)?,
             b"autocommit" | b"startTransaction" => info.in_transaction = true,
             b"txnNumber" => info.txn_number = true,
-            b"maxTimeMS" => info.max_time_ms = int_value(&e),
+            b"maxTimeMS" => info.max_time_ms = scan::int_value(&e),
             b"pipeline" if is_aggregate => pipeline = Some(e),
             _ => {}
         }
@@ -222,7 +214,7 @@ fn classify_explained<'a>(
         match e.key {
             // Read before the outer fields, which overwrite these when present.
             b"readConcern" => info.read_concern = read_concern(&e)?,
-            b"maxTimeMS" => info.max_time_ms = int_value(&e),
+            b"maxTimeMS" => info.max_time_ms = scan::int_value(&e),
             b"pipeline" if is_aggregate => pipeline = Some(e),
             _ => {}
         }
@@ -277,21 +269,6 @@ fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
         return Ok(None);
     }
     Ok(Some(scan::str_value(e.value)?))
-}
-
-/// An int32, int64 or whole double as i64; `None` for anything else.
-fn int_value(e: &Elem<'_>) -> Option<i64> {
-    match e.tag {
-        scan::INT32 => Some(i32::from_le_bytes(e.value.try_into().ok()?) as i64),
-        scan::INT64 => Some(i64::from_le_bytes(e.value.try_into().ok()?)),
-        scan::DOUBLE => {
-            let d = f64::from_le_bytes(e.value.try_into().ok()?);
-            // The range check also rejects NaN; `as` would saturate silently.
-            let whole = d.fract() == 0.0 && d >= i64::MIN as f64 && d < i64::MAX as f64;
-            whole.then_some(d as i64)
-        }
-        _ => None,
-    }
 }
 
 /// A recursive walk of one aggregation pipeline and its sub-pipelines.
@@ -477,404 +454,6 @@ pub fn is_eligible_shape(info: &CommandInfo<'_>) -> bool {
         && !info.has_change_stream
 }
 
-// ---------------------------------------------------------------------------------------
-// Whole messages → body
-
-/// The command body of a whole request message.
-#[derive(Debug, Clone)]
-pub enum RequestBody<'a> {
-    /// A plain OP_MSG, viewed in place (no copy).
-    Msg(OpMsg<'a>),
-    /// OP_COMPRESSED wrapping OP_MSG: the decompressed OP_MSG payload (the bytes after the
-    /// wrapped message's header), already validated.
-    Decompressed {
-        payload: Vec<u8>,
-        compressor: u8,
-        flags: u32,
-        /// Where the body document sits in `payload`.
-        body_range: Range<usize>,
-        /// Where the sections end in `payload` (the checksum, if any, follows).
-        sections_end: usize,
-    },
-    /// Anything else (OP_QUERY handshakes, legacy opcodes, OP_COMPRESSED wrapping those):
-    /// relayed as is.
-    NotCommand,
-}
-
-impl RequestBody<'_> {
-    /// The kind-0 body, `None` for [`RequestBody::NotCommand`].
-    pub fn body(&self) -> Option<&RawDocument> {
-        match self {
-            RequestBody::Msg(m) => Some(m.body),
-            RequestBody::Decompressed {
-                payload,
-                body_range,
-                ..
-            } => RawDocument::from_bytes(payload.get(body_range.clone())?).ok(),
-            RequestBody::NotCommand => None,
-        }
-    }
-
-    /// The OP_MSG flag bits (0 for `NotCommand`).
-    pub fn flags(&self) -> u32 {
-        match self {
-            RequestBody::Msg(m) => m.flags,
-            RequestBody::Decompressed { flags, .. } => *flags,
-            RequestBody::NotCommand => 0,
-        }
-    }
-}
-
-/// Reads the header of a whole message and checks `16 <= messageLength <= max` and that it
-/// matches the bytes we have.
-pub(crate) fn checked_header(msg: &[u8], max: usize) -> Result<Header, WireError> {
-    let h = Header::parse(msg).ok_or(WireError::Truncated("message header"))?;
-    if h.length < HEADER_LEN as i32 || h.length as i64 > max as i64 {
-        return Err(WireError::BadLength {
-            len: h.length as i64,
-            max,
-        });
-    }
-    if h.length as usize != msg.len() {
-        return Err(WireError::Overrun {
-            what: "message",
-            len: h.length as i64,
-            room: msg.len(),
-        });
-    }
-    Ok(h)
-}
-
-/// The CRC-32C of an OP_MSG given as a header (possibly reconstructed, for a decompressed
-/// message) and the payload up to the checksum.
-pub(crate) fn op_msg_crc(header: &Header, payload_before_crc: &[u8]) -> u32 {
-    let mut head = [0u8; HEADER_LEN];
-    let mut w = &mut head[..];
-    header.put(&mut w);
-    crc32c::crc32c_append(crc32c::crc32c(&head), payload_before_crc)
-}
-
-/// The command body of a whole request message (header included). OP_MSG is viewed in place
-/// and its checksum verified; OP_COMPRESSED wrapping OP_MSG is decompressed (size bounded by
-/// `max_message_size`) and checked the same way; anything else is `NotCommand`.
-pub fn request_body(msg: &[u8], max_message_size: usize) -> Result<RequestBody<'_>, WireError> {
-    let header = checked_header(msg, max_message_size)?;
-    let payload = &msg[HEADER_LEN..];
-    match header.op_code {
-        OpCode::MSG => {
-            let m = OpMsg::parse(payload)?;
-            if m.checksum_present() {
-                opmsg::verify_checksum(msg)?;
-            }
-            Ok(RequestBody::Msg(m))
-        }
-        OpCode::COMPRESSED => {
-            let c = Compressed::parse(payload)?;
-            if c.original_opcode != OpCode::MSG {
-                return Ok(RequestBody::NotCommand);
-            }
-            let inner = decompress_op_msg(&header, &c, max_message_size)?;
-            let m = OpMsg::parse(&inner)?;
-            let (flags, body_range, sections_end) = (m.flags, m.body_range.clone(), m.sections_end);
-            Ok(RequestBody::Decompressed {
-                payload: inner,
-                compressor: c.compressor,
-                flags,
-                body_range,
-                sections_end,
-            })
-        }
-        _ => Ok(RequestBody::NotCommand),
-    }
-}
-
-/// Decompresses an OP_COMPRESSED that wraps an OP_MSG and verifies the inner checksum, if
-/// any, over the reconstructed header (as the server does).
-pub(crate) fn decompress_op_msg(
-    header: &Header,
-    c: &Compressed<'_>,
-    max_message_size: usize,
-) -> Result<Vec<u8>, WireError> {
-    let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
-    let flags = inner
-        .get(..4)
-        .map_or(0, |f| u32::from_le_bytes([f[0], f[1], f[2], f[3]]));
-    if flags & opmsg::CHECKSUM_PRESENT != 0 {
-        let split = inner
-            .len()
-            .checked_sub(4)
-            .ok_or(WireError::Truncated("op_msg checksum"))?;
-        let stated = u32::from_le_bytes([
-            inner[split],
-            inner[split + 1],
-            inner[split + 2],
-            inner[split + 3],
-        ]);
-        let computed = op_msg_crc(&inner_header(header, inner.len()), &inner[..split]);
-        if stated != computed {
-            return Err(WireError::ChecksumMismatch { stated, computed });
-        }
-    }
-    Ok(inner)
-}
-
-/// The header of the message an OP_COMPRESSED wraps, as the server reconstructs it.
-pub(crate) fn inner_header(outer: &Header, payload_len: usize) -> Header {
-    Header {
-        length: (HEADER_LEN + payload_len) as i32,
-        request_id: outer.request_id,
-        response_to: outer.response_to,
-        op_code: OpCode::MSG,
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Replies
-
-/// What a reply says about the command's outcome.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplyStatus {
-    /// Top-level `ok` is 1 (double, int32, int64 or bool); false when absent.
-    pub ok: bool,
-    /// Top-level `code` (int32, int64 or whole double that fits an i32).
-    pub code: Option<i32>,
-    /// Top-level `codeName`; allocated only when present (error replies).
-    pub code_name: Option<String>,
-}
-
-/// Reads `ok`, `code` and `codeName` of a whole reply message: OP_MSG, OP_COMPRESSED wrapping
-/// OP_MSG or OP_REPLY, or OP_REPLY (its first document). Only top-level elements are visited;
-/// a large `cursor` is skipped by its length. The checksum is not verified (the client does).
-pub fn inspect_reply(msg: &[u8], max_message_size: usize) -> Result<ReplyStatus, WireError> {
-    let header = checked_header(msg, max_message_size)?;
-    let payload = &msg[HEADER_LEN..];
-    match header.op_code {
-        OpCode::MSG => reply_status(OpMsg::parse(payload)?.body.as_bytes()),
-        OpCode::REPLY => reply_status(op_reply_doc(payload)?),
-        OpCode::COMPRESSED => {
-            let c = Compressed::parse(payload)?;
-            let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
-            match c.original_opcode {
-                OpCode::MSG => reply_status(OpMsg::parse(&inner)?.body.as_bytes()),
-                OpCode::REPLY => reply_status(op_reply_doc(&inner)?),
-                other => Err(WireError::BadInnerOpcode(other)),
-            }
-        }
-        other => Err(WireError::BadInnerOpcode(other)),
-    }
-}
-
-fn op_reply_doc(payload: &[u8]) -> Result<&[u8], WireError> {
-    let reply = OpReply::parse(payload)?;
-    let first = reply
-        .first
-        .ok_or(WireError::Truncated("op_reply document"))?;
-    Ok(first.as_bytes())
-}
-
-fn reply_status(body: &[u8]) -> Result<ReplyStatus, WireError> {
-    let bad = |_| WireError::BadBson("reply body");
-    let mut status = ReplyStatus::default();
-    let mut elems = Elements::new(body).map_err(bad)?;
-    while let Some(e) = elems.next_elem().map_err(bad)? {
-        match e.key {
-            b"ok" => {
-                status.ok = match e.tag {
-                    scan::BOOLEAN => e.value.first() == Some(&1),
-                    _ => int_value(&e) == Some(1),
-                }
-            }
-            b"code" => status.code = int_value(&e).and_then(|c| i32::try_from(c).ok()),
-            b"codeName" if e.tag == scan::STRING => {
-                status.code_name = Some(scan::str_value(e.value).map_err(bad)?.to_owned())
-            }
-            _ => {}
-        }
-    }
-    Ok(status)
-}
-
-// ---------------------------------------------------------------------------------------
-
-/// A BSON element scanner over borrowed bytes: every declared length is checked against the
-/// enclosing document before use; values are not decoded until asked for.
-pub(crate) mod scan {
-    pub const DOUBLE: u8 = 0x01;
-    pub const STRING: u8 = 0x02;
-    pub const DOCUMENT: u8 = 0x03;
-    pub const ARRAY: u8 = 0x04;
-    pub const BOOLEAN: u8 = 0x08;
-    pub const INT32: u8 = 0x10;
-    pub const INT64: u8 = 0x12;
-
-    /// The first malformation found.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub struct Malformed(pub &'static str);
-
-    /// One element of a document.
-    #[derive(Debug, Clone, Copy)]
-    pub struct Elem<'a> {
-        pub tag: u8,
-        pub key: &'a [u8],
-        /// The value's bytes (for a document or array: the whole embedded document).
-        pub value: &'a [u8],
-        /// The whole element (type byte, key, value) as a range of the scanned document.
-        pub start: usize,
-        pub end: usize,
-    }
-
-    /// The elements of one document, in order.
-    pub struct Elements<'a> {
-        doc: &'a [u8],
-        at: usize,
-        /// Index of the document's terminating NUL.
-        end: usize,
-    }
-
-    impl<'a> Elements<'a> {
-        /// `doc` must be exactly one document: length prefix equal to `doc.len()`, trailing NUL.
-        pub fn new(doc: &'a [u8]) -> Result<Elements<'a>, Malformed> {
-            let len = read_i32(doc).ok_or(Malformed("document shorter than 5 bytes"))?;
-            if len < 5 || len as usize != doc.len() || doc[doc.len() - 1] != 0 {
-                return Err(Malformed("document length or terminator"));
-            }
-            Ok(Elements {
-                doc,
-                at: 4,
-                end: doc.len() - 1,
-            })
-        }
-
-        /// The next element, `None` at the end; after an error the scan stays at the error.
-        #[inline(always)]
-        pub fn next_elem(&mut self) -> Result<Option<Elem<'a>>, Malformed> {
-            if self.at >= self.end {
-                return Ok(None);
-            }
-            let start = self.at;
-            let tag = self.doc[start];
-            let rest = &self.doc[start + 1..self.end];
-            let nul = find_nul(rest).ok_or(Malformed("element key without terminator"))?;
-            let vstart = start + 1 + nul + 1;
-            let room = &self.doc[vstart..self.end];
-            let size = value_size(tag, room)?;
-            let vend = vstart + size;
-            self.at = vend;
-            Ok(Some(Elem {
-                tag,
-                key: &rest[..nul],
-                value: &room[..size],
-                start,
-                end: vend,
-            }))
-        }
-    }
-
-    /// The index of the first NUL byte, eight bytes at a time (keys are short, but a byte
-    /// loop was the largest cost of a scan).
-    #[inline]
-    pub(crate) fn find_nul(b: &[u8]) -> Option<usize> {
-        const ONES: u64 = 0x0101_0101_0101_0101;
-        const HIGHS: u64 = 0x8080_8080_8080_8080;
-        let mut chunks = b.chunks_exact(8);
-        let mut at = 0;
-        for chunk in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(chunk);
-            let w = u64::from_le_bytes(w);
-            // The lowest set bit marks the first zero byte (borrows only cause false
-            // positives above a real zero byte).
-            let zero = w.wrapping_sub(ONES) & !w & HIGHS;
-            if zero != 0 {
-                return Some(at + (zero.trailing_zeros() / 8) as usize);
-            }
-            at += 8;
-        }
-        chunks
-            .remainder()
-            .iter()
-            .position(|&c| c == 0)
-            .map(|p| at + p)
-    }
-
-    #[inline]
-    fn read_i32(b: &[u8]) -> Option<i32> {
-        Some(i32::from_le_bytes(b.get(..4)?.try_into().ok()?))
-    }
-
-    /// A length-prefixed string (string, code, symbol): int32 n >= 1, then n bytes ending in NUL.
-    fn string_size(room: &[u8]) -> Result<usize, Malformed> {
-        let n = read_i32(room).ok_or(Malformed("string length"))?;
-        if n < 1 || n as usize > room.len() - 4 || room[4 + n as usize - 1] != 0 {
-            return Err(Malformed("string length or terminator"));
-        }
-        Ok(4 + n as usize)
-    }
-
-    fn cstring_size(room: &[u8]) -> Result<usize, Malformed> {
-        find_nul(room)
-            .map(|n| n + 1)
-            .ok_or(Malformed("cstring without terminator"))
-    }
-
-    /// The size of a value of type `tag` at the front of `room`, checked to fit in `room`.
-    #[inline(always)]
-    fn value_size(tag: u8, room: &[u8]) -> Result<usize, Malformed> {
-        let size = match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x08 => 1,
-            0x07 => 12,
-            0x13 => 16,
-            0x06 | 0x0A | 0x7F | 0xFF => 0,
-            0x02 | 0x0D | 0x0E => string_size(room)?,
-            0x03 | 0x04 => {
-                let n = read_i32(room).ok_or(Malformed("embedded document length"))?;
-                if n < 5 || n as usize > room.len() || room[n as usize - 1] != 0 {
-                    return Err(Malformed("embedded document length or terminator"));
-                }
-                n as usize
-            }
-            0x05 => {
-                let n = read_i32(room).ok_or(Malformed("binary length"))?;
-                if n < 0 {
-                    return Err(Malformed("negative binary length"));
-                }
-                5 + n as usize
-            }
-            0x0B => {
-                let pattern = cstring_size(room)?;
-                pattern + cstring_size(&room[pattern..])?
-            }
-            0x0C => string_size(room)? + 12,
-            0x0F => {
-                let n = read_i32(room).ok_or(Malformed("code with scope length"))?;
-                if n < 14 {
-                    return Err(Malformed("code with scope length"));
-                }
-                n as usize
-            }
-            _ => return Err(Malformed("unknown element type")),
-        };
-        if size > room.len() {
-            return Err(Malformed("element overruns its document"));
-        }
-        Ok(size)
-    }
-
-    /// The text of a string value (`value` as yielded for a string element).
-    pub fn str_value(value: &[u8]) -> Result<&str, Malformed> {
-        let text = value
-            .get(4..value.len().saturating_sub(1))
-            .ok_or(Malformed("string value"))?;
-        std::str::from_utf8(text).map_err(|_| Malformed("string is not utf-8"))
-    }
-
-    pub fn key_str(key: &[u8]) -> Result<&str, Malformed> {
-        std::str::from_utf8(key).map_err(|_| Malformed("key is not utf-8"))
-    }
-}
-
 /// The command name (first key) alone, without looking at the rest of the body: lets the
 /// session skip classification of commands no policy acts on.
 pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
@@ -882,23 +461,5 @@ pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
     match elems.next_elem()? {
         Some(first) => Ok(Some(scan::key_str(first.key)?)),
         None => Ok(None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The word-at-a-time NUL search agrees with a byte loop on every input.
-        #[test]
-        fn find_nul_matches_position(
-            b in proptest::collection::vec(
-                prop_oneof![Just(0u8), Just(1u8), Just(0x80u8), Just(0xffu8), any::<u8>()],
-                0..40,
-            )
-        ) {
-            prop_assert_eq!(super::scan::find_nul(&b), b.iter().position(|&c| c == 0));
-        }
     }
 }

@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::command;
 use crate::config::Config;
 use crate::server::Shared;
 use crate::upstream::{self, Health, Upstream};
@@ -134,7 +133,7 @@ async fn hello(u: &Upstream, config: &Config, request_id: i32) -> Result<Duratio
         }
     };
     let latency = sent.elapsed();
-    match command::inspect_reply(&reply, config.max_message_size) {
+    match crate::wire::inspect_reply(&reply, config.max_message_size) {
         Ok(s) if s.ok => Ok(latency),
         Ok(s) => Err(format!(
             "hello answered ok: 0 (code {}, {})",

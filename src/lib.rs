@@ -25,9 +25,13 @@
 //! optional `serverStatus` rule per shard primary) and, when configured, holds the breakers
 //! of fallback namespaces open while writes are not completing, before reads fail.
 //!
-//! Beside the proxy: `sim` is a model of a sharded cluster (a mongos front, shards of a
-//! primary and two secondaries, per-node routing tables, stalled primaries, migrations and
-//! orphans) that the tests and `demo` run against; `demo` tells the incident with numbers.
+//! Below everything: `wire` (crate `staleguard-wire`): framing, message views and builders,
+//! the BSON element scanner, request bodies and reply status.
+//!
+//! Beside the proxy, with the `sim` feature (on by default): `sim` (crate `staleguard-sim`) is
+//! a model of a sharded cluster (a mongos front, shards of a primary and two secondaries,
+//! per-node routing tables, stalled primaries, migrations and orphans) that the tests and
+//! `demo` run against; `demo` tells the incident with numbers.
 
 #![forbid(unsafe_code)]
 
@@ -35,6 +39,7 @@ pub mod admin;
 pub mod breaker;
 pub mod command;
 pub mod config;
+#[cfg(feature = "sim")]
 pub mod demo;
 pub mod health;
 pub mod metrics;
@@ -43,8 +48,12 @@ pub mod reload;
 pub mod rewrite;
 pub mod server;
 pub mod session;
-pub mod sim;
+/// The simulated sharded cluster (crate `staleguard-sim`, `crates/sim`), with the `sim` feature.
+#[cfg(feature = "sim")]
+pub use staleguard_sim as sim;
 pub mod stall;
 pub mod tls;
 pub mod upstream;
-pub mod wire;
+/// The wire protocol (crate `staleguard-wire`, `crates/wire`): framing, message views and
+/// builders, the BSON element scanner, request bodies and reply status.
+pub use staleguard_wire as wire;

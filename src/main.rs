@@ -40,6 +40,7 @@ enum Command {
         #[arg(long, default_value = "config/staleguard.toml")]
         config: PathBuf,
     },
+    #[cfg(feature = "sim")]
     /// Run the simulated sharded cluster (a mongos front on ADDR) until interrupted.
     Sim {
         /// Address of the simulated mongos.
@@ -52,6 +53,7 @@ enum Command {
         #[arg(long)]
         node_ports: bool,
     },
+    #[cfg(feature = "sim")]
     /// Tell the story: the incident against the simulated cluster, with and without staleguard.
     Demo {
         /// Length of each of the five phases.
@@ -72,6 +74,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
+        #[cfg(feature = "sim")]
         Command::Demo { .. } => "error",
         _ => "info",
     };
@@ -82,11 +85,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config } => run(config),
         Command::CheckConfig { file, explain } => check_config(file, explain),
+        #[cfg(feature = "sim")]
         Command::Sim {
             listen,
             refresh_timeout,
             node_ports,
         } => sim(listen, refresh_timeout, node_ports),
+        #[cfg(feature = "sim")]
         Command::Demo { phase } => demo(phase),
     }
 }
@@ -185,6 +190,7 @@ async fn reload_on_hangup(shared: Arc<staleguard::server::Shared>) {
     }
 }
 
+#[cfg(feature = "sim")]
 fn runtime() -> Option<tokio::runtime::Runtime> {
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -198,6 +204,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
+#[cfg(feature = "sim")]
 fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: bool) -> ExitCode {
     let Some(rt) = runtime() else {
         return ExitCode::FAILURE;
@@ -229,6 +236,7 @@ fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: bool) -
     })
 }
 
+#[cfg(feature = "sim")]
 fn demo(phase: std::time::Duration) -> ExitCode {
     let Some(rt) = runtime() else {
         return ExitCode::FAILURE;

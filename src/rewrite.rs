@@ -4,9 +4,9 @@
 use bson::RawDocument;
 use bytes::Bytes;
 
-use crate::command::scan::{self, Elem, Elements, Malformed};
-use crate::command::{self, checked_header, inner_header, op_msg_crc, RequestBody};
+use crate::wire::body::{self, checked_header, inner_header, op_msg_crc, RequestBody};
 use crate::wire::compressed::compress;
+use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::{Header, OpCode, WireError, HEADER_LEN};
 
 /// What to change in a read command. Everything else is copied byte for byte.
@@ -40,7 +40,7 @@ pub fn rewrite_message(
     spec: &RewriteSpec,
     max_message_size: usize,
 ) -> Result<Bytes, WireError> {
-    let req = command::request_body(msg, max_message_size)?;
+    let req = body::request_body(msg, max_message_size)?;
     rewrite_request(msg, &req, spec, max_message_size)
 }
 

@@ -54,7 +54,7 @@ pub enum SessionError {
 /// A request some policy governs, with everything decided about it.
 struct Governed<'r, 'a> {
     msg: &'r Bytes,
-    body: &'r command::RequestBody<'a>,
+    body: &'r crate::wire::RequestBody<'a>,
     info: &'r CommandInfo<'a>,
     target: &'r Target<'a>,
     ns: &'r str,
@@ -304,7 +304,7 @@ impl Session {
         if !matches!(op, OpCode::Msg | OpCode::Compressed) || !(policy_active || watch_writes) {
             return self.pass(msg, true, uw).await;
         }
-        let body = command::request_body(&msg, max).map_err(SessionError::ClientProtocol)?;
+        let body = crate::wire::request_body(&msg, max).map_err(SessionError::ClientProtocol)?;
         let Some(doc) = body.body() else {
             return self.pass(msg.clone(), true, uw).await;
         };
@@ -505,7 +505,7 @@ impl Session {
         let response_to = Header::parse(&msg).map_or(0, |h| h.response_to);
         if !self.writes.is_empty() {
             let max = self.config.max_message_size;
-            let ok = || command::inspect_reply(&msg, max).is_ok_and(|s| s.ok);
+            let ok = || crate::wire::inspect_reply(&msg, max).is_ok_and(|s| s.ok);
             let (watch, now) = (&self.shared.stall, Instant::now());
             if self.writes.answered(watch, response_to, ok, now) {
                 return self.send_to_client(msg, cw).await;
@@ -536,7 +536,7 @@ impl Session {
     ) -> Result<bool, SessionError> {
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(t.started);
-        let status = match command::inspect_reply(msg, self.config.max_message_size) {
+        let status = match crate::wire::inspect_reply(msg, self.config.max_message_size) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(ns = %t.ns, error = %e, "cannot read reply to a tracked read");

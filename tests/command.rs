@@ -4,12 +4,13 @@
 use bson::{rawdoc, RawDocument, RawDocumentBuf, Timestamp};
 use proptest::prelude::*;
 use staleguard::command::{
-    classify, inspect_reply, is_eligible_shape, request_body, ClassifyError, CommandInfo, Ns,
-    ReadConcernInfo, ReadPrefMode, RequestBody, MAX_PIPELINE_DEPTH,
+    classify, is_eligible_shape, ClassifyError, CommandInfo, Ns, ReadConcernInfo, ReadPrefMode,
+    MAX_PIPELINE_DEPTH,
 };
 use staleguard::wire::compressed::{self, compress};
 use staleguard::wire::opmsg::CHECKSUM_PRESENT;
 use staleguard::wire::reply::op_msg;
+use staleguard::wire::{inspect_reply, request_body, RequestBody};
 use staleguard::wire::{WireError, DEFAULT_MAX_MESSAGE_SIZE};
 
 const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;

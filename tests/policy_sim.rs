@@ -1,4 +1,4 @@
-//! The read policy against the simulated sharded cluster (`src/sim/`) instead of the scripted
+//! The read policy against the simulated sharded cluster (`crates/sim`) instead of the scripted
 //! fake: the errors come from the incident's own model (shard A's primary stalls, secondary
 //! a1 restarts and cannot reload its routing table, mongos retries StaleConfig, `available`
 //! skips the version check and the orphan filter).

@@ -2,11 +2,12 @@
 
 use bson::spec::BinarySubtype;
 use bson::{rawdoc, Binary, Document, RawBsonRef, RawDocument, RawDocumentBuf, Timestamp};
-use staleguard::command::{classify, inspect_reply, request_body, ReplyStatus, RequestBody};
+use staleguard::command::classify;
 use staleguard::rewrite::{rewrite_body, rewrite_message, rewrite_request, RewriteSpec};
 use staleguard::wire::compressed::{self, compress, Compressed};
 use staleguard::wire::opmsg::{verify_checksum, OpMsg, CHECKSUM_PRESENT};
 use staleguard::wire::reply::{error_reply, op_msg, op_reply};
+use staleguard::wire::{inspect_reply, request_body, ReplyStatus, RequestBody};
 use staleguard::wire::{Header, WireError, DEFAULT_MAX_MESSAGE_SIZE};
 
 const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;

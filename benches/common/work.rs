@@ -7,7 +7,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use staleguard::command::{classify, request_body};
+use staleguard::command::classify;
+use staleguard::wire::request_body;
 use staleguard::wire::{MessageCodec, DEFAULT_MAX_MESSAGE_SIZE};
 use tokio_util::codec::Decoder;
 

@@ -3,9 +3,9 @@
 
 use bson::{Bson, Document, RawDocument};
 
-use crate::command::{request_body, RequestBody};
-use crate::wire::legacy::OpQuery;
-use crate::wire::{Header, OpCode, HEADER_LEN};
+use staleguard_wire::legacy::OpQuery;
+use staleguard_wire::{request_body, RequestBody};
+use staleguard_wire::{Header, OpCode, HEADER_LEN};
 
 use super::SimError;
 

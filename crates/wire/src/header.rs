@@ -63,6 +63,7 @@ impl Header {
         })
     }
 
+    #[inline]
     pub fn op(&self) -> OpCode {
         OpCode::from_i32(self.op_code)
     }

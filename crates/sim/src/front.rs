@@ -17,10 +17,10 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::wire::compressed::compress;
-use crate::wire::opmsg::{CHECKSUM_PRESENT, EXHAUST_ALLOWED, MORE_TO_COME};
-use crate::wire::reply::{op_msg, op_reply};
-use crate::wire::{Header, MessageCodec, OpCode, DEFAULT_MAX_MESSAGE_SIZE, HEADER_LEN};
+use staleguard_wire::compressed::compress;
+use staleguard_wire::opmsg::{CHECKSUM_PRESENT, EXHAUST_ALLOWED, MORE_TO_COME};
+use staleguard_wire::reply::{op_msg, op_reply};
+use staleguard_wire::{Header, MessageCodec, OpCode, DEFAULT_MAX_MESSAGE_SIZE, HEADER_LEN};
 
 use super::model::{lock, NodeId};
 use super::request::Request;

@@ -82,10 +82,12 @@ impl<'a> OpMsg<'a> {
         }
     }
 
+    #[inline]
     pub fn more_to_come(&self) -> bool {
         self.flags & MORE_TO_COME != 0
     }
 
+    #[inline]
     pub fn checksum_present(&self) -> bool {
         self.flags & CHECKSUM_PRESENT != 0
     }

@@ -1,18 +1,27 @@
-//! The MongoDB wire protocol: framing, message views and message builders.
+//! The MongoDB wire protocol: framing, message views, message builders, and the BSON element
+//! scanner the views and the proxy's classification share.
+//!
+//! A crate of its own so that the proxy and the simulated cluster (`staleguard-sim`) share it
+//! without the simulator being part of the proxy.
 //!
 //! Everything here works on borrowed bytes of a whole received message (header included).
 //! Views check every declared length against the enclosing one and never copy; only
 //! decompression and the builders allocate.
 
+pub mod body;
 pub mod codec;
 pub mod compressed;
 pub mod header;
 pub mod legacy;
 pub mod opmsg;
 pub mod reply;
+pub mod scan;
+pub mod status;
 
+pub use body::{request_body, RequestBody};
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};
+pub use status::{inspect_reply, ReplyStatus};
 
 /// Default for `max_message_size`: mongos's `maxMessageSizeBytes`.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;
@@ -54,22 +63,19 @@ pub enum WireError {
 
 /// Reads a little-endian i32 at `at`, if the slice is long enough.
 #[inline]
-pub(crate) fn read_i32(b: &[u8], at: usize) -> Option<i32> {
+pub fn read_i32(b: &[u8], at: usize) -> Option<i32> {
     let s = b.get(at..at.checked_add(4)?)?;
     Some(i32::from_le_bytes([s[0], s[1], s[2], s[3]]))
 }
 
 /// Reads a little-endian u32 at `at`, if the slice is long enough.
 #[inline]
-pub(crate) fn read_u32(b: &[u8], at: usize) -> Option<u32> {
+pub fn read_u32(b: &[u8], at: usize) -> Option<u32> {
     read_i32(b, at).map(|v| v as u32)
 }
 
 /// Splits a NUL-terminated UTF-8 string off the front of `b`; returns it and the bytes consumed.
-pub(crate) fn read_cstr<'a>(
-    b: &'a [u8],
-    what: &'static str,
-) -> Result<(&'a str, usize), WireError> {
+pub fn read_cstr<'a>(b: &'a [u8], what: &'static str) -> Result<(&'a str, usize), WireError> {
     let nul = b
         .iter()
         .position(|&c| c == 0)
@@ -79,10 +85,7 @@ pub(crate) fn read_cstr<'a>(
 }
 
 /// Checks a BSON document's declared length at the front of `b` and returns the document.
-pub(crate) fn read_doc<'a>(
-    b: &'a [u8],
-    what: &'static str,
-) -> Result<&'a bson::RawDocument, WireError> {
+pub fn read_doc<'a>(b: &'a [u8], what: &'static str) -> Result<&'a bson::RawDocument, WireError> {
     let len = read_i32(b, 0).ok_or(WireError::Truncated(what))?;
     if len < 5 || len as usize > b.len() {
         return Err(WireError::Overrun {

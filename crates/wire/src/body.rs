@@ -1,0 +1,158 @@
+//! The command body of a whole request message: OP_MSG viewed in place, OP_COMPRESSED
+//! wrapping OP_MSG decompressed (bounded) and checked, anything else opaque.
+
+use std::ops::Range;
+
+use bson::RawDocument;
+
+use crate::compressed::Compressed;
+use crate::opmsg::{self, OpMsg};
+use crate::{Header, OpCode, WireError, HEADER_LEN};
+
+/// The command body of a whole request message.
+#[derive(Debug, Clone)]
+pub enum RequestBody<'a> {
+    /// A plain OP_MSG, viewed in place (no copy).
+    Msg(OpMsg<'a>),
+    /// OP_COMPRESSED wrapping OP_MSG: the decompressed OP_MSG payload (the bytes after the
+    /// wrapped message's header), already validated.
+    Decompressed {
+        payload: Vec<u8>,
+        compressor: u8,
+        flags: u32,
+        /// Where the body document sits in `payload`.
+        body_range: Range<usize>,
+        /// Where the sections end in `payload` (the checksum, if any, follows).
+        sections_end: usize,
+    },
+    /// Anything else (OP_QUERY handshakes, legacy opcodes, OP_COMPRESSED wrapping those):
+    /// relayed as is.
+    NotCommand,
+}
+
+impl RequestBody<'_> {
+    /// The kind-0 body, `None` for [`RequestBody::NotCommand`].
+    pub fn body(&self) -> Option<&RawDocument> {
+        match self {
+            RequestBody::Msg(m) => Some(m.body),
+            RequestBody::Decompressed {
+                payload,
+                body_range,
+                ..
+            } => RawDocument::from_bytes(payload.get(body_range.clone())?).ok(),
+            RequestBody::NotCommand => None,
+        }
+    }
+
+    /// The OP_MSG flag bits (0 for `NotCommand`).
+    pub fn flags(&self) -> u32 {
+        match self {
+            RequestBody::Msg(m) => m.flags,
+            RequestBody::Decompressed { flags, .. } => *flags,
+            RequestBody::NotCommand => 0,
+        }
+    }
+}
+
+/// Reads the header of a whole message and checks `16 <= messageLength <= max` and that it
+/// matches the bytes we have.
+pub fn checked_header(msg: &[u8], max: usize) -> Result<Header, WireError> {
+    let h = Header::parse(msg).ok_or(WireError::Truncated("message header"))?;
+    if h.length < HEADER_LEN as i32 || h.length as i64 > max as i64 {
+        return Err(WireError::BadLength {
+            len: h.length as i64,
+            max,
+        });
+    }
+    if h.length as usize != msg.len() {
+        return Err(WireError::Overrun {
+            what: "message",
+            len: h.length as i64,
+            room: msg.len(),
+        });
+    }
+    Ok(h)
+}
+
+/// The CRC-32C of an OP_MSG given as a header (possibly reconstructed, for a decompressed
+/// message) and the payload up to the checksum.
+pub fn op_msg_crc(header: &Header, payload_before_crc: &[u8]) -> u32 {
+    let mut head = [0u8; HEADER_LEN];
+    let mut w = &mut head[..];
+    header.put(&mut w);
+    crc32c::crc32c_append(crc32c::crc32c(&head), payload_before_crc)
+}
+
+/// The command body of a whole request message (header included). OP_MSG is viewed in place
+/// and its checksum verified; OP_COMPRESSED wrapping OP_MSG is decompressed (size bounded by
+/// `max_message_size`) and checked the same way; anything else is `NotCommand`.
+pub fn request_body(msg: &[u8], max_message_size: usize) -> Result<RequestBody<'_>, WireError> {
+    let header = checked_header(msg, max_message_size)?;
+    let payload = &msg[HEADER_LEN..];
+    match header.op_code {
+        OpCode::MSG => {
+            let m = OpMsg::parse(payload)?;
+            if m.checksum_present() {
+                opmsg::verify_checksum(msg)?;
+            }
+            Ok(RequestBody::Msg(m))
+        }
+        OpCode::COMPRESSED => {
+            let c = Compressed::parse(payload)?;
+            if c.original_opcode != OpCode::MSG {
+                return Ok(RequestBody::NotCommand);
+            }
+            let inner = decompress_op_msg(&header, &c, max_message_size)?;
+            let m = OpMsg::parse(&inner)?;
+            let (flags, body_range, sections_end) = (m.flags, m.body_range.clone(), m.sections_end);
+            Ok(RequestBody::Decompressed {
+                payload: inner,
+                compressor: c.compressor,
+                flags,
+                body_range,
+                sections_end,
+            })
+        }
+        _ => Ok(RequestBody::NotCommand),
+    }
+}
+
+/// Decompresses an OP_COMPRESSED that wraps an OP_MSG and verifies the inner checksum, if
+/// any, over the reconstructed header (as the server does).
+pub fn decompress_op_msg(
+    header: &Header,
+    c: &Compressed<'_>,
+    max_message_size: usize,
+) -> Result<Vec<u8>, WireError> {
+    let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
+    let flags = inner
+        .get(..4)
+        .map_or(0, |f| u32::from_le_bytes([f[0], f[1], f[2], f[3]]));
+    if flags & opmsg::CHECKSUM_PRESENT != 0 {
+        let split = inner
+            .len()
+            .checked_sub(4)
+            .ok_or(WireError::Truncated("op_msg checksum"))?;
+        let stated = u32::from_le_bytes([
+            inner[split],
+            inner[split + 1],
+            inner[split + 2],
+            inner[split + 3],
+        ]);
+        let computed = op_msg_crc(&inner_header(header, inner.len()), &inner[..split]);
+        if stated != computed {
+            return Err(WireError::ChecksumMismatch { stated, computed });
+        }
+    }
+    Ok(inner)
+}
+
+/// The header of the message an OP_COMPRESSED wraps, as the server reconstructs it.
+pub fn inner_header(outer: &Header, payload_len: usize) -> Header {
+    Header {
+        length: (HEADER_LEN + payload_len) as i32,
+        request_id: outer.request_id,
+        response_to: outer.response_to,
+        op_code: OpCode::MSG,
+    }
+}
