@@ -50,10 +50,13 @@ impl Decoder for MessageCodec {
         }
         let len = declared as usize;
         if src.len() < len {
-            // Room for the frame, and for small frames some more, so a read that fills the
-            // buffer exactly (and the EAGAIN read after it) is rare. Never `reserve`, which
-            // may double: for a frame near the bound that would be twice the maximum.
-            let room = len.max(MIN_ROOM).min(self.max.max(len));
+            // Grow with what the peer has actually sent, never with what it declares: a
+            // header alone must not make us hold the declared size (an untrusted port can
+            // open many connections that each declare the maximum and then trickle). The
+            // room at most doubles what has arrived (at least MIN_ROOM, so small frames
+            // need one allocation and no EAGAIN read), and never exceeds the frame. Never
+            // `BytesMut::reserve`, whose own doubling is not bounded by the frame.
+            let room = len.min(MIN_ROOM.max(src.len().saturating_mul(2)));
             if src.capacity() < room {
                 let mut grown = BytesMut::with_capacity(room);
                 grown.extend_from_slice(src);
