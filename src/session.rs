@@ -208,7 +208,7 @@ impl Session {
     {
         let max = self.config.max_message_size;
         let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
-        let mut ur = FramedRead::with_capacity(ur, MessageCodec::new(max), READ_BUFFER);
+        let mut ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
         let mut draining = false;
         let (kill, stop) = (self.kill.clone(), self.stop.clone());
         // Built once: re-creating them per loop turn registers with the tokens' shared Notify

@@ -192,6 +192,19 @@ fn declared_length_alone_reserves_only_what_arrived() {
     }
 }
 
+/// The upstream's codec trusts mongos's declared length: one allocation for a large reply.
+#[test]
+fn trusting_codec_makes_room_for_the_declared_frame() {
+    let declared = 2_000_000;
+    let mut buf = BytesMut::with_capacity(16);
+    buf.put_i32_le(declared);
+    buf.put_slice(&[0u8; 12]);
+    let mut codec = MessageCodec::trusting(48_000_000);
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    assert!(buf.capacity() >= declared as usize);
+    assert!(buf.capacity() <= declared as usize + SLACK);
+}
+
 /// `BytesMut::reserve` may double a buffer (3072 → 6144 for a 4096-byte frame); the decoder
 /// must size its room from the frame, never past it.
 #[test]
