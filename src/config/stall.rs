@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{duration, Ctx, DB_FORBIDDEN};
+use super::parse::duration;
+use super::spans::Ctx;
+use crate::policy::DB_FORBIDDEN;
 
 /// Default `stall_after`.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(5);
