@@ -1,11 +1,18 @@
 //! Circuit breakers, one per exact namespace (`db.coll`) that has a policy: a sliding window
-//! of trigger errors opens it, it stays open for `cooldown`, then lets one probe through.
+//! of trigger errors opens it, it stays open for a cooldown, then lets one probe through.
+//!
+//! The cooldown starts short (`min_cooldown`) and doubles with each failed probe, up to
+//! `cooldown`; a probe that succeeds closes the breaker and starts the next opening short
+//! again. When the write-stall signal clears, [`Breakers::probe_early`] lets every open
+//! breaker probe at once: a healed cluster is noticed at the next read, not a cooldown later.
 //!
 //! The write-stall watch may also *hold* a breaker open (`hold_open`): it stays open,
-//! without a probe, while the signal lasts; `release_held` then starts an ordinary cooldown,
-//! so the breaker returns through its usual half-open probe.
+//! without a probe, while the signal lasts; `release_held` then lets its next read probe,
+//! so the breaker returns through its usual half-open probe as soon as writes complete.
 
 use std::collections::VecDeque;
+
+use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::time::Instant;
@@ -52,6 +59,10 @@ struct Breaker {
     last_reason: String,
     /// Held open by the write-stall watch: no probe until released.
     held: bool,
+    /// Failed probes since the breaker opened: the cooldown is `min_cooldown * 2^step`.
+    step: u32,
+    /// The next read may probe without waiting out the cooldown (the stall cleared).
+    early: bool,
 }
 
 impl Breaker {
@@ -65,7 +76,18 @@ impl Breaker {
             last_transition: now,
             last_reason: String::from("created"),
             held: false,
+            step: 0,
+            early: false,
         }
+    }
+
+    /// How long this opening lasts: zero after an early-probe signal, else
+    /// `min_cooldown * 2^step`, at most `cooldown`.
+    fn cooldown(&self, policy: &NsPolicy) -> Duration {
+        if self.early {
+            return Duration::ZERO;
+        }
+        backoff(policy, self.step)
     }
 
     fn move_to(&mut self, to: State, reason: String, now: Instant) -> Transition {
@@ -82,10 +104,21 @@ impl Breaker {
 
     fn open(&mut self, reason: Reason, why: String, now: Instant) -> Transition {
         self.opened_at = now;
+        self.early = false;
         self.reason = reason;
         self.probe_since = None;
         self.move_to(State::Open, why, now)
     }
+}
+
+/// The cooldown after `step` failed probes: `min_cooldown` doubled `step` times, at most
+/// `cooldown` (and never below it when `min_cooldown` is larger).
+pub fn backoff(policy: &NsPolicy, step: u32) -> Duration {
+    let factor = 1u32.checked_shl(step).unwrap_or(u32::MAX);
+    policy
+        .min_cooldown
+        .checked_mul(factor)
+        .map_or(policy.cooldown, |d| d.min(policy.cooldown))
 }
 
 /// A snapshot of one breaker, for status pages and tests.
@@ -99,6 +132,24 @@ pub struct Snapshot {
     pub last_reason: String,
     /// Held open by the write-stall watch.
     pub held: bool,
+    /// When it opened (or was released by the write-stall watch).
+    pub opened_at: Instant,
+    /// Failed probes since it opened.
+    pub step: u32,
+    /// Its next read probes at once (the write stall cleared).
+    pub early: bool,
+}
+
+impl Snapshot {
+    /// When an open breaker lets its next probe through under `policy` (`None` while held,
+    /// or when not open).
+    pub fn next_probe(&self, policy: &NsPolicy) -> Option<Instant> {
+        match self.state {
+            State::Open if !self.held && self.early => Some(self.opened_at),
+            State::Open if !self.held => Some(self.opened_at + backoff(policy, self.step)),
+            _ => None,
+        }
+    }
 }
 
 /// All breakers. Bounded: past `max` namespaces, new ones are not tracked (they behave as
@@ -148,8 +199,8 @@ impl Breakers {
                 State::Closed => return (Admission::Closed, None),
                 // Unknown while held: the cooldown starts when the write stall clears.
                 State::Open if b.held => return (open(policy.cooldown), None),
-                State::Open if now < b.opened_at + policy.cooldown => {
-                    return (open(b.opened_at + policy.cooldown - now), None)
+                State::Open if now < b.opened_at + b.cooldown(policy) => {
+                    return (open(b.opened_at + b.cooldown(policy) - now), None)
                 }
                 State::HalfOpen => match b.probe_since {
                     Some(since) if now < since + policy.cooldown => {
@@ -177,9 +228,15 @@ impl Breakers {
                 None,
             ),
             State::Open => {
-                let reopen = b.opened_at + policy.cooldown;
+                let reopen = b.opened_at + b.cooldown(policy);
                 if now >= reopen {
-                    let t = b.move_to(State::HalfOpen, "cooldown elapsed".into(), now);
+                    let why = if b.early {
+                        "write stall cleared: early probe"
+                    } else {
+                        "cooldown elapsed"
+                    };
+                    b.early = false;
+                    let t = b.move_to(State::HalfOpen, why.into(), now);
                     b.probe_since = Some(now);
                     (Admission::Probe, Some(t))
                 } else {
@@ -249,6 +306,7 @@ impl Breakers {
         }
         match b.state {
             State::Closed if b.errors.len() >= policy.threshold as usize => {
+                b.step = 0;
                 let why = format!(
                     "{} trigger errors within {:?} (last: {what})",
                     b.errors.len(),
@@ -256,7 +314,15 @@ impl Breakers {
                 );
                 Some(b.open(reason, why, now))
             }
-            State::HalfOpen if probe => Some(b.open(reason, format!("probe failed: {what}"), now)),
+            State::HalfOpen if probe => {
+                b.step = b.step.saturating_add(1);
+                let next = backoff(policy, b.step);
+                let why = format!(
+                    "probe failed: {what}; next probe in {}",
+                    humantime::format_duration(next)
+                );
+                Some(b.open(reason, why, now))
+            }
             _ => None,
         }
     }
@@ -267,6 +333,7 @@ impl Breakers {
         if probe && b.state == State::HalfOpen {
             b.errors.clear();
             b.probe_since = None;
+            b.step = 0;
             return Some(b.move_to(State::Closed, "probe succeeded".into(), now));
         }
         None
@@ -290,6 +357,7 @@ impl Breakers {
             return None;
         }
         b.held = true;
+        b.step = 0;
         if b.state == State::Open {
             // Open on its own errors already: it keeps its reason, and now waits for the
             // stall to clear before probing.
@@ -298,8 +366,9 @@ impl Breakers {
         Some(b.open(Reason::WriteStall, why.to_string(), now))
     }
 
-    /// Ends every hold: each held breaker stays open for one `cooldown` from now, then
-    /// probes as usual. Returns the namespaces released.
+    /// Ends every hold: the stall is over, so each held breaker probes at its next read
+    /// (and, if that probe fails, backs off from `min_cooldown`). Returns the namespaces
+    /// released.
     pub fn release_held(&self, now: Instant) -> Vec<String> {
         let mut out = Vec::new();
         for mut e in self.map.iter_mut() {
@@ -307,6 +376,23 @@ impl Breakers {
                 e.held = false;
                 e.opened_at = now;
                 e.probe_since = None;
+                e.step = 0;
+                e.early = true;
+                out.push(e.key().clone());
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The write-stall signal cleared: every open breaker (held or not) lets its next read
+    /// through as a probe instead of waiting out its cooldown. Returns the namespaces
+    /// concerned; holds are left to [`Breakers::release_held`].
+    pub fn probe_early(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for mut e in self.map.iter_mut() {
+            if e.state == State::Open && !e.held && !e.early {
+                e.early = true;
                 out.push(e.key().clone());
             }
         }
@@ -349,6 +435,9 @@ impl Breakers {
                 since: e.last_transition,
                 last_reason: e.last_reason.clone(),
                 held: e.held,
+                opened_at: e.opened_at,
+                step: e.step,
+                early: e.early,
             })
             .collect();
         v.sort_by(|a, b| a.ns.cmp(&b.ns));
@@ -365,7 +454,6 @@ impl Breakers {
 mod tests {
     use super::*;
     use crate::policy::{Causal, Mode};
-    use std::time::Duration;
 
     fn policy() -> NsPolicy {
         NsPolicy {
@@ -380,6 +468,11 @@ mod tests {
             dry_run: false,
             causal: Causal::Drop,
             slow_read: None,
+            // The classic fixed cooldown unless a test asks for a short first one.
+            min_cooldown: Duration::from_secs(30),
+            attempt_share: 0.5,
+            attempt_limit: Duration::from_millis(500),
+            primary_rung: false,
         }
     }
 
@@ -476,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn held_breakers_stay_open_until_released_then_probe_after_cooldown() {
+    fn held_breakers_stay_open_until_released_then_probe_at_once() {
         let b = Breakers::default();
         let p = policy();
         let t0 = Instant::now();
@@ -494,17 +587,99 @@ mod tests {
         ));
         assert_eq!(b.release_held(later), ["demo.inv"]);
         assert!(!b.is_held("demo.inv"));
-        // The cooldown starts at the release.
-        assert!(matches!(
-            b.admit("demo.inv", &p, later + Duration::from_secs(29)).0,
-            Admission::Open { .. }
-        ));
+        // The stall is over: the next read probes, no cooldown first.
+        let (a, t) = b.admit("demo.inv", &p, later);
+        assert_eq!(a, Admission::Probe);
         assert_eq!(
-            b.admit("demo.inv", &p, later + Duration::from_secs(30)).0,
-            Admission::Probe
+            t.expect("half-open").reason,
+            "write stall cleared: early probe"
         );
-        b.record_success("demo.inv", true, later + Duration::from_secs(30));
+        b.record_success("demo.inv", true, later);
         assert_eq!(b.state("demo.inv"), State::Closed);
+    }
+
+    fn short(p: &mut NsPolicy) {
+        p.min_cooldown = Duration::from_secs(1);
+        p.cooldown = Duration::from_secs(10);
+    }
+
+    fn probe_in(b: &Breakers, p: &NsPolicy, now: Instant) -> Option<Duration> {
+        match b.admit("demo.inv", p, now).0 {
+            Admission::Open { probe_in, .. } => Some(probe_in),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn cooldown_starts_short_and_doubles_on_each_failed_probe_up_to_cooldown() {
+        let b = Breakers::default();
+        let mut p = policy();
+        short(&mut p);
+        let mut now = Instant::now();
+        for _ in 0..3 {
+            fail(&b, &p, now, false);
+        }
+        // 1 s, then 2, 4, 8, and 10 (the cap) for good.
+        for expected in [1, 2, 4, 8, 10, 10] {
+            let wait = Duration::from_secs(expected);
+            assert_eq!(probe_in(&b, &p, now), Some(wait), "step {expected}");
+            assert!(probe_in(&b, &p, now + wait - Duration::from_millis(1)).is_some());
+            now += wait;
+            assert_eq!(b.admit("demo.inv", &p, now).0, Admission::Probe);
+            let t = fail(&b, &p, now, true).expect("reopens");
+            assert_eq!(t.to, State::Open);
+        }
+        // A probe that succeeds closes it and resets the backoff: the next opening is short.
+        now += Duration::from_secs(10);
+        assert_eq!(b.admit("demo.inv", &p, now).0, Admission::Probe);
+        b.record_success("demo.inv", true, now);
+        for _ in 0..3 {
+            fail(&b, &p, now, false);
+        }
+        assert_eq!(probe_in(&b, &p, now), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_cleared_write_stall_lets_open_breakers_probe_at_once() {
+        let b = Breakers::default();
+        let mut p = policy();
+        short(&mut p);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            fail(&b, &p, t0, false);
+        }
+        // Backed off to 8 s.
+        let mut now = t0;
+        for wait in [1, 2, 4] {
+            now += Duration::from_secs(wait);
+            assert_eq!(b.admit("demo.inv", &p, now).0, Admission::Probe);
+            fail(&b, &p, now, true);
+        }
+        assert_eq!(probe_in(&b, &p, now), Some(Duration::from_secs(8)));
+        assert_eq!(b.probe_early(), ["demo.inv"]);
+        assert!(b.probe_early().is_empty(), "once");
+        let snap = &b.snapshot()[0];
+        assert_eq!(snap.next_probe(&p), Some(now));
+        let (a, t) = b.admit("demo.inv", &p, now + Duration::from_millis(1));
+        assert_eq!(a, Admission::Probe);
+        assert_eq!(t.expect("half-open").to, State::HalfOpen);
+        // A closed or half-open breaker is left alone.
+        assert!(b.probe_early().is_empty());
+        // If that probe fails, the backoff goes on from where it was.
+        fail(&b, &p, now, true);
+        assert_eq!(probe_in(&b, &p, now), Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn backoff_never_overflows_and_respects_the_cap() {
+        let mut p = policy();
+        short(&mut p);
+        assert_eq!(backoff(&p, 0), Duration::from_secs(1));
+        assert_eq!(backoff(&p, 3), Duration::from_secs(8));
+        assert_eq!(backoff(&p, 40), Duration::from_secs(10));
+        assert_eq!(backoff(&p, u32::MAX), Duration::from_secs(10));
+        p.min_cooldown = p.cooldown;
+        assert_eq!(backoff(&p, 0), p.cooldown);
     }
 
     #[test]
