@@ -58,11 +58,13 @@ fn bench_rewrite(c: &mut Criterion) {
         available: true,
         drop_after_cluster_time: true,
         max_time_ms: None,
+        primary: false,
     };
     let capped = RewriteSpec {
         available: false,
         drop_after_cluster_time: false,
         max_time_ms: Some(500),
+        primary: false,
     };
     let plain = msgs::find_msg(false);
     let crc = msgs::find_msg(true);

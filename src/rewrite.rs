@@ -1,5 +1,6 @@
-//! Rewrites of a read command: `readConcern: {level: "available"}` and `maxTimeMS`, spliced
-//! into the original bytes; message length and checksum fixed; compression redone.
+//! Rewrites of a read command: `readConcern: {level: "available"}`, `maxTimeMS` and
+//! `$readPreference: {mode: "primary"}`, spliced into the original bytes; message length and
+//! checksum fixed; compression redone.
 
 use bson::RawDocument;
 use bytes::Bytes;
@@ -21,6 +22,10 @@ pub struct RewriteSpec {
     /// cap, or the remaining retry budget). Values below 1 are written as 1: `maxTimeMS: 0`
     /// would mean "no limit".
     pub max_time_ms: Option<i64>,
+    /// Replace `$readPreference` with `{mode: "primary"}` (tags, `maxStalenessSeconds` and
+    /// `hedge` go with it; read concern untouched). A body without `$readPreference` is
+    /// already a primary read and keeps none.
+    pub primary: bool,
 }
 
 /// Returns `body` with the edits of `spec`: `readConcern` and `maxTimeMS` replaced where they
@@ -187,6 +192,15 @@ impl<'b> Layout<'b> {
 const RC_KEY: &[u8] = b"readConcern\0";
 const LEVEL_AVAILABLE: &[u8] = b"\x02level\0\x0a\0\0\0available\0";
 const MT_KEY: &[u8] = b"maxTimeMS\0";
+/// The whole `$readPreference: {mode: "primary"}` element.
+const RP_PRIMARY: &[u8] = b"\x03$readPreference\0\x17\0\0\0\x02mode\0\x08\0\0\0primary\0\0";
+
+#[derive(Debug, Clone, Copy)]
+enum Edit {
+    ReadConcern,
+    MaxTime,
+    ReadPref,
+}
 
 struct Splice<'b> {
     body: &'b [u8],
@@ -197,6 +211,8 @@ struct Splice<'b> {
     rc_fields_len: usize,
     /// The `maxTimeMS` element to replace (only when `spec.max_time_ms` is set).
     mt: Option<Elem<'b>>,
+    /// The `$readPreference` element to replace (only when `spec.primary`).
+    rp: Option<Elem<'b>>,
     /// The length of the new body.
     len: usize,
 }
@@ -207,13 +223,15 @@ impl<'b> Splice<'b> {
     }
 
     fn plan_inner(body: &'b [u8], spec: &RewriteSpec) -> Result<Splice<'b>, Malformed> {
-        let (mut rc, mut mt) = (None, None);
+        let (mut rc, mut mt, mut rp) = (None, None, None);
         let mut elems = Elements::new(body)?;
         while let Some(e) = elems.next_elem()? {
             if spec.available && rc.is_none() && e.key == b"readConcern" {
                 rc = Some(e);
             } else if spec.max_time_ms.is_some() && mt.is_none() && e.key == b"maxTimeMS" {
                 mt = Some(e);
+            } else if spec.primary && rp.is_none() && e.key == b"$readPreference" {
+                rp = Some(e);
             }
         }
         let mut len = body.len();
@@ -229,12 +247,16 @@ impl<'b> Splice<'b> {
             len += 1 + MT_KEY.len() + max_time_ms(mt.map(|e| e.tag), n).1.len;
             len -= mt.map_or(0, |e| e.end - e.start);
         }
+        if let Some(e) = rp {
+            len = len + RP_PRIMARY.len() - (e.end - e.start);
+        }
         Ok(Splice {
             body,
             spec: *spec,
             rc,
             rc_fields_len,
             mt,
+            rp,
             len,
         })
     }
@@ -249,22 +271,20 @@ impl<'b> Splice<'b> {
         let body = self.body;
         out.extend_from_slice(&(self.len as i32).to_le_bytes());
         let mut edits = [
-            self.rc.map(|e| (e.start, e.end, true)),
-            self.mt.map(|e| (e.start, e.end, false)),
+            self.rc.map(|e| (e.start, e.end, Edit::ReadConcern)),
+            self.mt.map(|e| (e.start, e.end, Edit::MaxTime)),
+            self.rp.map(|e| (e.start, e.end, Edit::ReadPref)),
         ];
-        if let [Some(a), Some(b)] = edits {
-            if b.0 < a.0 {
-                edits.swap(0, 1);
-            }
-        }
+        // In body order (absent edits last).
+        edits.sort_by_key(|e| e.map_or(usize::MAX, |(start, _, _)| start));
         let mut copied = 4;
-        for (start, end, is_rc) in edits.into_iter().flatten() {
+        for (start, end, edit) in edits.into_iter().flatten() {
             out.extend_from_slice(&body[copied..start]);
             copied = end;
-            if is_rc {
-                self.put_read_concern(out)?;
-            } else {
-                self.put_max_time_ms(out);
+            match edit {
+                Edit::ReadConcern => self.put_read_concern(out)?,
+                Edit::MaxTime => self.put_max_time_ms(out),
+                Edit::ReadPref => out.extend_from_slice(RP_PRIMARY),
             }
         }
         out.extend_from_slice(&body[copied..body.len() - 1]);

@@ -407,8 +407,10 @@ impl Session {
             Decision::Forward => self.forward(msg, true, uw).await,
             Decision::Track {
                 cap_ms,
+                budget_ms,
                 probe,
                 retry,
+                ..
             } => {
                 let out = match spec {
                     Some(spec) => match rewrite::rewrite_request(&msg, body, &spec, max) {
@@ -433,8 +435,8 @@ impl Session {
                     policy: target.policy.clone(),
                     original: msg,
                     started: now,
-                    // maxTimeMS 0 means "no limit": no budget to spend.
-                    max_time_ms: cap_ms.or(info.max_time_ms.filter(|&m| m > 0)),
+                    // The whole budget: the retry spends what the first attempt left.
+                    max_time_ms: budget_ms.or(cap_ms),
                     probe,
                     retry,
                     retried: false,
@@ -458,7 +460,21 @@ impl Session {
                     }
                 }
             }
-            Decision::FailFast {
+            // The primary rung is not wired into the relay yet: what it falls back to.
+            Decision::Primary {
+                then: policy::AfterPrimary::Available { .. },
+                ..
+            } => self.forward(msg, true, uw).await,
+            Decision::Primary {
+                then:
+                    policy::AfterPrimary::FailFast {
+                        reason,
+                        probe_in,
+                        errors,
+                    },
+                ..
+            }
+            | Decision::FailFast {
                 reason,
                 probe_in,
                 errors,
@@ -569,6 +585,7 @@ impl Session {
                     available: true,
                     drop_after_cluster_time: t.policy.causal == Causal::Drop,
                     max_time_ms: remaining,
+                    primary: false,
                 };
                 match rewrite::rewrite_message(&t.original, &spec, self.config.max_message_size) {
                     Ok(out) => {

@@ -16,6 +16,7 @@ const AVAILABLE: RewriteSpec = RewriteSpec {
     available: true,
     drop_after_cluster_time: true,
     max_time_ms: None,
+    primary: false,
 };
 
 fn ts() -> Timestamp {
@@ -185,6 +186,7 @@ fn max_time_ms_keeps_the_clients_type() {
         available: false,
         drop_after_cluster_time: false,
         max_time_ms: Some(n),
+        primary: false,
     };
     let cases: Vec<(RawDocumentBuf, i64, RawBsonRef<'static>)> = vec![
         (
@@ -248,6 +250,7 @@ fn both_edits_and_no_edit() {
         available: true,
         drop_after_cluster_time: true,
         max_time_ms: Some(1200),
+        primary: false,
     };
     let out = valid(rewrite_body(&body, &spec).unwrap());
     assert_eq!(
@@ -408,6 +411,7 @@ const BOTH: RewriteSpec = RewriteSpec {
     available: true,
     drop_after_cluster_time: true,
     max_time_ms: Some(700),
+    primary: false,
 };
 
 #[test]
@@ -686,6 +690,7 @@ fn timing_classify_and_rewrite() {
         available: true,
         drop_after_cluster_time: true,
         max_time_ms: Some(1200),
+        primary: false,
     };
     // The best of 40 batches: other processes on the machine only ever add time.
     let n: u32 = std::env::var("TIMING_ITERS")

@@ -40,6 +40,7 @@ pub fn run() -> Micro {
         available: true,
         drop_after_cluster_time: true,
         max_time_ms: None,
+        primary: false,
     };
     Micro {
         decode_classify_ns: median_ns(21, 20_000, |n| time_decode_classify(&find, n)),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::budget::attempt_budget;
 use super::reason::{Admission, Reason};
 use super::table::{Causal, Mode, NsPolicy, PolicyTable};
 use crate::command::{is_eligible_shape, is_read_command, CommandInfo, Ns, ReadPrefMode};
@@ -35,20 +36,35 @@ pub enum ReadKind {
 pub enum Decision {
     /// Send the original bytes; do not look at the reply.
     Forward,
-    /// Send (the original bytes, or with `maxTimeMS` capped) and inspect the reply: count
-    /// trigger errors; when `retry`, a trigger error is answered by resending with
-    /// `available` instead of being shown to the client.
+    /// Send (the original bytes, or with `maxTimeMS` lowered) and inspect the reply: count
+    /// trigger errors; a trigger error climbs the ladder (`primary`, then `retry`) instead
+    /// of reaching the client.
     Track {
-        /// `maxTimeMS` to set before sending (the cap was lower than the client's value).
+        /// `maxTimeMS` to set before sending: the cap, or the first attempt's share of the
+        /// budget when a rung follows.
         cap_ms: Option<i64>,
+        /// The read's whole budget (client `maxTimeMS`, capped by `max_time`): the next rung
+        /// spends what the first attempt left. `None`: no limit.
+        budget_ms: Option<i64>,
         /// The half-open probe.
         probe: bool,
+        /// On a trigger error, resend with `available` (fallback).
         retry: bool,
+        /// On a trigger error, resend once to the primary first (`ladder`).
+        primary: bool,
     },
     /// Rewrite to `available` before sending (fallback, breaker open).
     Rewrite {
         drop_after_cluster_time: bool,
         cap_ms: Option<i64>,
+    },
+    /// Send to the primary before anything else (breaker open, `ladder` has `primary`);
+    /// when the primary rung is refused (guard) or fails, `then`.
+    Primary {
+        /// `maxTimeMS` to set on the primary read.
+        cap_ms: Option<i64>,
+        budget_ms: Option<i64>,
+        then: AfterPrimary,
     },
     /// Reply an error at once, send nothing (strict, breaker open).
     FailFast {
@@ -58,6 +74,19 @@ pub enum Decision {
     },
     /// Reply an error at once, send nothing (strict namespace asked for `available`).
     Refuse,
+}
+
+/// What a read whose breaker is open does when its primary rung cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterPrimary {
+    /// Strict: the fail-fast error.
+    FailFast {
+        reason: Reason,
+        probe_in: Duration,
+        errors: u32,
+    },
+    /// Fallback: `available`.
+    Available { drop_after_cluster_time: bool },
 }
 
 fn strictness(mode: Mode) -> u8 {
@@ -138,43 +167,72 @@ pub fn decide(target: &Target<'_>, info: &CommandInfo<'_>, admission: Admission)
     }
     let cap_ms = capped_max_time(info.max_time_ms, p.max_time);
     let causal_skip = info.read_concern.after_cluster_time && p.causal == Causal::Skip;
-    match (target.mode, admission) {
-        (Mode::Fallback, _) if causal_skip => Decision::Forward,
-        (Mode::Fallback, Admission::Closed) => Decision::Track {
-            cap_ms,
-            probe: false,
-            retry: true,
-        },
-        (Mode::Fallback, Admission::Probe) => Decision::Track {
-            cap_ms,
-            probe: true,
-            retry: true,
-        },
-        (Mode::Fallback, Admission::Open { .. }) => Decision::Rewrite {
-            drop_after_cluster_time: true,
-            cap_ms,
-        },
-        (_, Admission::Closed) => Decision::Track {
-            cap_ms,
-            probe: false,
-            retry: false,
-        },
-        (_, Admission::Probe) => Decision::Track {
-            cap_ms,
-            probe: true,
-            retry: false,
-        },
-        (
-            _,
-            Admission::Open {
+    if target.mode == Mode::Fallback && causal_skip {
+        return Decision::Forward;
+    }
+    let fallback = target.mode == Mode::Fallback;
+    // A rung follows the first attempt: it gets a share of the budget, the rung the rest.
+    let climbs = fallback || p.primary_rung;
+    let split = attempt_budget(
+        info.max_time_ms,
+        p.max_time,
+        p.attempt_share,
+        p.attempt_limit,
+    );
+    let track = |probe| {
+        if climbs {
+            Decision::Track {
+                cap_ms: split.first_ms,
+                budget_ms: split.total_ms,
+                probe,
+                retry: fallback,
+                primary: p.primary_rung,
+            }
+        } else {
+            Decision::Track {
+                cap_ms,
+                budget_ms: split.total_ms,
+                probe,
+                retry: false,
+                primary: false,
+            }
+        }
+    };
+    match admission {
+        Admission::Closed => track(false),
+        Admission::Probe => track(true),
+        Admission::Open {
+            reason,
+            probe_in,
+            errors,
+        } => match (fallback, p.primary_rung) {
+            (true, false) => Decision::Rewrite {
+                drop_after_cluster_time: true,
+                cap_ms,
+            },
+            // Primary first, with room left for `available` after it.
+            (true, true) => Decision::Primary {
+                cap_ms: split.first_ms,
+                budget_ms: split.total_ms,
+                then: AfterPrimary::Available {
+                    drop_after_cluster_time: true,
+                },
+            },
+            // The primary is the last rung: the whole budget.
+            (false, true) => Decision::Primary {
+                cap_ms,
+                budget_ms: split.total_ms,
+                then: AfterPrimary::FailFast {
+                    reason,
+                    probe_in,
+                    errors,
+                },
+            },
+            (false, false) => Decision::FailFast {
                 reason,
                 probe_in,
                 errors,
             },
-        ) => Decision::FailFast {
-            reason,
-            probe_in,
-            errors,
         },
     }
 }
@@ -186,6 +244,7 @@ impl Decision {
             Decision::Track { retry: true, .. } => "track_retry",
             Decision::Track { .. } => "track",
             Decision::Rewrite { .. } => "rewrite",
+            Decision::Primary { .. } => "primary",
             Decision::FailFast { .. } => "fail_fast",
             Decision::Refuse => "refuse",
         }
@@ -238,13 +297,16 @@ mod tests {
             rawdoc! {"find": "store_inventory", "$db": "demo", "$readPreference": secondary()};
         let (ns, d) = run(&find, Admission::Closed).expect("governed");
         assert_eq!(ns, "demo.store_inventory");
-        // No client maxTimeMS: the 500 ms cap is imposed.
+        // No client maxTimeMS: the 500 ms cap is the budget; the first attempt gets half,
+        // the `available` retry the rest.
         assert_eq!(
             d,
             Decision::Track {
-                cap_ms: Some(500),
+                cap_ms: Some(250),
+                budget_ms: Some(500),
                 probe: false,
-                retry: true
+                retry: true,
+                primary: false,
             }
         );
         let (_, d) = run(&find, open()).expect("governed");
@@ -259,11 +321,105 @@ mod tests {
         assert_eq!(
             d,
             Decision::Track {
-                cap_ms: Some(500),
+                cap_ms: Some(250),
+                budget_ms: Some(500),
                 probe: true,
-                retry: true
+                retry: true,
+                primary: false,
             }
         );
+    }
+
+    #[test]
+    fn fallback_without_any_budget_gets_the_attempt_limit() {
+        let mut p = NsPolicy::with_defaults("demo.plain", Mode::Fallback);
+        p.attempt_limit = Duration::from_millis(700);
+        let t = PolicyTable::from_policies(vec![p]).expect("valid");
+        let find = rawdoc! {"find": "plain", "$db": "demo", "$readPreference": secondary()};
+        let info = classify(&find).expect("classifies");
+        let target = resolve(&info, &t).expect("governed");
+        assert_eq!(
+            decide(&target, &info, Admission::Closed),
+            Decision::Track {
+                cap_ms: Some(700),
+                budget_ms: None,
+                probe: false,
+                retry: true,
+                primary: false,
+            }
+        );
+        // With the client's own 1 s: half of it.
+        let find = rawdoc! {"find": "plain", "$db": "demo", "maxTimeMS": 1000, "$readPreference": secondary()};
+        let info = classify(&find).expect("classifies");
+        assert_eq!(
+            decide(&target, &info, Admission::Closed),
+            Decision::Track {
+                cap_ms: Some(500),
+                budget_ms: Some(1000),
+                probe: false,
+                retry: true,
+                primary: false,
+            }
+        );
+    }
+
+    #[test]
+    fn ladder_rungs() {
+        let mut strict = NsPolicy::with_defaults("pay.ladder", Mode::Strict);
+        strict.primary_rung = true;
+        let mut fb = NsPolicy::with_defaults("demo.ladder", Mode::Fallback);
+        fb.primary_rung = true;
+        let t = PolicyTable::from_policies(vec![strict, fb]).expect("valid");
+        let decide_on = |body: &bson::RawDocument, a| {
+            let info = classify(body).expect("classifies");
+            let target = resolve(&info, &t).expect("governed");
+            decide(&target, &info, a)
+        };
+        let pay = rawdoc! {"find": "ladder", "$db": "pay", "maxTimeMS": 1000, "$readPreference": secondary()};
+        // Closed: the first attempt keeps room for the primary rung.
+        assert_eq!(
+            decide_on(&pay, Admission::Closed),
+            Decision::Track {
+                cap_ms: Some(500),
+                budget_ms: Some(1000),
+                probe: false,
+                retry: false,
+                primary: true,
+            }
+        );
+        // Open: straight to the primary with the whole budget, then the fail-fast error.
+        assert_eq!(
+            decide_on(&pay, open()),
+            Decision::Primary {
+                cap_ms: None,
+                budget_ms: Some(1000),
+                then: AfterPrimary::FailFast {
+                    reason: Reason::StaleRouting,
+                    probe_in: Duration::from_secs(5),
+                    errors: 3
+                },
+            }
+        );
+        // Fallback with the primary rung: primary first (half), then available.
+        let inv = rawdoc! {"find": "ladder", "$db": "demo", "maxTimeMS": 1000, "$readPreference": secondary()};
+        assert_eq!(
+            decide_on(&inv, open()),
+            Decision::Primary {
+                cap_ms: Some(500),
+                budget_ms: Some(1000),
+                then: AfterPrimary::Available {
+                    drop_after_cluster_time: true
+                },
+            }
+        );
+        assert!(matches!(
+            decide_on(&inv, Admission::Closed),
+            Decision::Track {
+                retry: true,
+                primary: true,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -271,12 +427,15 @@ mod tests {
         let find = rawdoc! {"find": "transactions", "$db": "pay", "maxTimeMS": 100, "$readPreference": secondary()};
         let (ns, d) = run(&find, Admission::Closed).expect("governed");
         assert_eq!(ns, "pay.transactions");
+        // No ladder: no share taken, the client's own limit stands.
         assert_eq!(
             d,
             Decision::Track {
                 cap_ms: None,
+                budget_ms: Some(100),
                 probe: false,
-                retry: false
+                retry: false,
+                primary: false,
             }
         );
         match run(&find, open()).expect("governed").1 {

@@ -5,6 +5,7 @@
 //! table     Mode, Causal, NsPolicy; patterns and "most specific wins" lookup
 //! reason    Reason, Admission: the breaker's state as decide's input
 //! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
+//! budget    a read's time budget split between its first attempt and the next rung
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
 //! ```
 //!
@@ -12,14 +13,19 @@
 //! in. `config` builds the table from the file; `breaker` keeps the state behind `Admission`;
 //! the session applies what these functions return.
 
+mod budget;
 mod decide;
 mod outcome;
 mod reason;
 mod table;
 
-pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Target};
+pub use budget::{attempt_budget, next_rung_ms, AttemptBudget};
+pub use decide::{capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Target};
 pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
 pub use reason::{Admission, Reason};
-pub use table::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
+pub use table::{
+    Causal, Mode, NsPolicy, PolicyTable, DEFAULT_ATTEMPT_LIMIT, DEFAULT_ATTEMPT_SHARE,
+    DEFAULT_MIN_COOLDOWN, DEFAULT_TRIGGER_CODES,
+};
 
 pub(crate) use table::{Pattern, DB_FORBIDDEN};

@@ -24,15 +24,21 @@ impl Decision {
     pub fn dry(&self) -> Decision {
         match self {
             Decision::Forward => Decision::Forward,
-            Decision::Track { probe, .. } => Decision::Track {
+            Decision::Track {
+                probe, budget_ms, ..
+            } => Decision::Track {
                 cap_ms: None,
+                budget_ms: *budget_ms,
                 probe: *probe,
                 retry: false,
+                primary: false,
             },
             _ => Decision::Track {
                 cap_ms: None,
+                budget_ms: None,
                 probe: false,
                 retry: false,
+                primary: false,
             },
         }
     }
@@ -58,9 +64,8 @@ pub fn rewrite_spec(decision: &Decision) -> Option<RewriteSpec> {
         Decision::Track {
             cap_ms: Some(ms), ..
         } => Some(RewriteSpec {
-            available: false,
-            drop_after_cluster_time: false,
             max_time_ms: Some(ms),
+            ..RewriteSpec::default()
         }),
         Decision::Rewrite {
             drop_after_cluster_time,
@@ -69,6 +74,13 @@ pub fn rewrite_spec(decision: &Decision) -> Option<RewriteSpec> {
             available: true,
             drop_after_cluster_time,
             max_time_ms: cap_ms,
+            primary: false,
+        }),
+        // Read concern untouched: only the node changes.
+        Decision::Primary { cap_ms, .. } => Some(RewriteSpec {
+            primary: true,
+            max_time_ms: cap_ms,
+            ..RewriteSpec::default()
         }),
         Decision::Track { cap_ms: None, .. }
         | Decision::Forward
@@ -154,14 +166,24 @@ mod tests {
             Decision::Refuse,
             Decision::Track {
                 cap_ms: Some(5),
+                budget_ms: Some(10),
                 probe: true,
                 retry: true,
+                primary: true,
+            },
+            Decision::Primary {
+                cap_ms: Some(5),
+                budget_ms: None,
+                then: crate::policy::AfterPrimary::Available {
+                    drop_after_cluster_time: true,
+                },
             },
         ] {
             match d.dry() {
                 Decision::Track {
                     cap_ms: None,
                     retry: false,
+                    primary: false,
                     ..
                 } => {}
                 other => panic!("{d:?} dry gave {other:?}"),
@@ -189,17 +211,18 @@ mod tests {
     fn rewrite_spec_per_decision() {
         let track = |cap_ms| Decision::Track {
             cap_ms,
+            budget_ms: Some(1000),
             probe: false,
             retry: true,
+            primary: false,
         };
         assert_eq!(rewrite_spec(&Decision::Forward), None);
         assert_eq!(rewrite_spec(&track(None)), None);
         assert_eq!(
             rewrite_spec(&track(Some(500))),
             Some(RewriteSpec {
-                available: false,
-                drop_after_cluster_time: false,
                 max_time_ms: Some(500),
+                ..RewriteSpec::default()
             })
         );
         let rewrite = Decision::Rewrite {
@@ -212,9 +235,27 @@ mod tests {
                 available: true,
                 drop_after_cluster_time: true,
                 max_time_ms: None,
+                primary: false,
             })
         );
         assert_eq!(rewrite_spec(&Decision::Refuse), None);
+        let primary = Decision::Primary {
+            cap_ms: Some(300),
+            budget_ms: Some(600),
+            then: crate::policy::AfterPrimary::FailFast {
+                reason: Reason::TimeLimit,
+                probe_in: Duration::ZERO,
+                errors: 3,
+            },
+        };
+        assert_eq!(
+            rewrite_spec(&primary),
+            Some(RewriteSpec {
+                primary: true,
+                max_time_ms: Some(300),
+                ..RewriteSpec::default()
+            })
+        );
     }
 
     #[test]

@@ -14,6 +14,16 @@ use crate::command::ReadPrefMode;
 /// Default `trigger_codes`: the stale-routing and time-limit errors of the design.
 pub const DEFAULT_TRIGGER_CODES: [i32; 9] = [13388, 63, 150, 249, 50, 262, 89, 133, 202];
 
+/// Default `min_cooldown`: the first cooldown of a breaker that opened.
+pub const DEFAULT_MIN_COOLDOWN: Duration = Duration::from_secs(1);
+/// Default `attempt_share`: the first attempt gets half the read's budget, the next rung the
+/// rest.
+pub const DEFAULT_ATTEMPT_SHARE: f64 = 0.5;
+/// Default `attempt_limit`: a secondary that can refresh answers in milliseconds, one that
+/// cannot waits up to 30 s; 500 ms leaves the next rung room inside even a 1 s socket
+/// timeout.
+pub const DEFAULT_ATTEMPT_LIMIT: Duration = Duration::from_millis(500);
+
 /// Characters MongoDB forbids in database names: a pattern using one never matches.
 pub(crate) const DB_FORBIDDEN: &[char] = &['/', '\\', ' ', '"', '$', '\0'];
 
@@ -94,6 +104,18 @@ pub struct NsPolicy {
     pub causal: Causal,
     /// A reply slower than this counts as a trigger error. Default none; below `max_time`.
     pub slow_read: Option<Duration>,
+    /// The first cooldown after the breaker opens; each failed probe doubles it, up to
+    /// `cooldown`. Default 1s; not zero, at most `cooldown`.
+    pub min_cooldown: Duration,
+    /// Share of a read's time budget (client `maxTimeMS`, capped by `max_time`) its first
+    /// attempt may spend, leaving the rest to the next rung. Default 0.5; in (0, 1].
+    pub attempt_share: f64,
+    /// Longest first attempt (the whole first attempt when the read has no budget).
+    /// Default 500ms; 1ms..=2147483647ms.
+    pub attempt_limit: Duration,
+    /// `ladder` includes `primary`: a read that fails (or meets an open breaker) is sent
+    /// once more with `$readPreference: {mode: "primary"}`. Default false (opt in).
+    pub primary_rung: bool,
 }
 
 impl NsPolicy {
@@ -113,11 +135,26 @@ impl NsPolicy {
             dry_run: false,
             causal: Causal::Drop,
             slow_read: None,
+            min_cooldown: DEFAULT_MIN_COOLDOWN,
+            attempt_share: DEFAULT_ATTEMPT_SHARE,
+            attempt_limit: DEFAULT_ATTEMPT_LIMIT,
+            primary_rung: false,
         }
     }
 
     pub fn is_trigger(&self, code: i32) -> bool {
         self.trigger_codes.contains(&code)
+    }
+
+    /// The rungs a failing read climbs, in order, as written in `ladder`: `primary` when
+    /// opted in, then `available` for fallback entries.
+    pub fn ladder(&self) -> &'static [&'static str] {
+        match (self.mode, self.primary_rung) {
+            (Mode::Fallback, true) => &["primary", "available"],
+            (Mode::Fallback, false) => &["available"],
+            (Mode::Strict, true) => &["primary"],
+            _ => &[],
+        }
     }
 
     /// `mode` is one of the `read_preferences`.

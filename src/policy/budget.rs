@@ -1,0 +1,174 @@
+//! A read's time budget split between its rungs: the first attempt gets a share of it (at
+//! most `attempt_limit`), so that a time limit on a stuck secondary arrives while there is
+//! still time for the next rung (`available`, or the primary) inside the client's own
+//! `maxTimeMS` and the namespace's `max_time`.
+//!
+//! Pure functions over numbers; `decide` calls [`attempt_budget`], the reply side
+//! [`next_rung_ms`].
+
+use std::time::Duration;
+
+/// The time limits of one read's attempts, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptBudget {
+    /// `maxTimeMS` to write on the first attempt; `None` leaves the read as the client sent
+    /// it (no rewrite needed).
+    pub first_ms: Option<i64>,
+    /// The read's whole budget: the smaller of the client's `maxTimeMS` (when above 0) and
+    /// `max_time`. `None`: no limit at all.
+    pub total_ms: Option<i64>,
+}
+
+fn ms(d: Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
+/// Splits a read's budget. `client_ms` is the client's `maxTimeMS` (0 or absent: none);
+/// `max_time` the namespace's cap; `share` in (0, 1]; `limit` the longest first attempt.
+///
+/// - with a budget `t`: the first attempt gets `min(t * share, limit)` (at least 1 ms, at
+///   most `t`);
+/// - without one: the first attempt gets `limit`, and the next rung has no limit.
+pub fn attempt_budget(
+    client_ms: Option<i64>,
+    max_time: Option<Duration>,
+    share: f64,
+    limit: Duration,
+) -> AttemptBudget {
+    let client = client_ms.filter(|&c| c > 0);
+    let cap = max_time.map(ms);
+    let total = match (client, cap) {
+        (Some(c), Some(m)) => Some(c.min(m)),
+        (c, m) => c.or(m),
+    };
+    let limit = ms(limit).max(1);
+    let first = match total {
+        // `as` saturates; the product is finite for a share in (0, 1].
+        Some(t) => ((t as f64 * share).floor() as i64).clamp(1, t).min(limit),
+        None => limit,
+    };
+    AttemptBudget {
+        first_ms: (client != Some(first)).then_some(first),
+        total_ms: total,
+    }
+}
+
+/// What the next rung of a read may spend after `elapsed`: `Ok(None)` no limit,
+/// `Ok(Some(ms))` the rest of the budget, `Err(())` nothing left (the client's own time
+/// limit has passed: answering it now would be too late).
+#[allow(clippy::result_unit_err)]
+pub fn next_rung_ms(total_ms: Option<i64>, elapsed: Duration) -> Result<Option<i64>, ()> {
+    match total_ms {
+        None => Ok(None),
+        Some(t) => {
+            let left = t.saturating_sub(ms(elapsed));
+            if left > 0 {
+                Ok(Some(left))
+            } else {
+                Err(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HALF: f64 = 0.5;
+    const LIMIT: Duration = Duration::from_millis(500);
+
+    fn b(client: Option<i64>, cap: Option<u64>) -> AttemptBudget {
+        attempt_budget(client, cap.map(Duration::from_millis), HALF, LIMIT)
+    }
+
+    #[test]
+    fn a_client_budget_is_shared() {
+        // 600 ms: the first attempt gets half, the next rung what is left of 600.
+        assert_eq!(
+            b(Some(600), None),
+            AttemptBudget {
+                first_ms: Some(300),
+                total_ms: Some(600)
+            }
+        );
+        // A large budget: the first attempt stops at attempt_limit.
+        assert_eq!(
+            b(Some(30_000), None),
+            AttemptBudget {
+                first_ms: Some(500),
+                total_ms: Some(30_000)
+            }
+        );
+    }
+
+    #[test]
+    fn max_time_caps_the_budget() {
+        // The cap is the whole budget when below the client's, and when the client has none.
+        assert_eq!(
+            b(Some(10_000), Some(400)),
+            AttemptBudget {
+                first_ms: Some(200),
+                total_ms: Some(400)
+            }
+        );
+        assert_eq!(
+            b(None, Some(400)),
+            AttemptBudget {
+                first_ms: Some(200),
+                total_ms: Some(400)
+            }
+        );
+        // The client's smaller value wins over the cap.
+        assert_eq!(b(Some(100), Some(400)).total_ms, Some(100));
+    }
+
+    #[test]
+    fn no_budget_gets_the_attempt_limit() {
+        assert_eq!(
+            b(None, None),
+            AttemptBudget {
+                first_ms: Some(500),
+                total_ms: None
+            }
+        );
+        // maxTimeMS 0 means "no limit".
+        assert_eq!(b(Some(0), None), b(None, None));
+        assert_eq!(b(Some(-5), None), b(None, None));
+    }
+
+    #[test]
+    fn nothing_to_write_when_the_first_attempt_is_the_clients_own() {
+        // share 1 and a limit above the budget: the client's value stands, no rewrite.
+        let whole = attempt_budget(Some(300), None, 1.0, Duration::from_secs(1));
+        assert_eq!(
+            whole,
+            AttemptBudget {
+                first_ms: None,
+                total_ms: Some(300)
+            }
+        );
+        // A tiny budget never becomes 0 (which would mean "no limit").
+        assert_eq!(b(Some(1), None).first_ms, None);
+        assert_eq!(b(None, Some(1)).first_ms, Some(1));
+        assert_eq!(
+            attempt_budget(Some(3), None, 0.1, LIMIT).first_ms,
+            Some(1),
+            "floor(0.3) is raised to 1 ms"
+        );
+    }
+
+    #[test]
+    fn next_rung_spends_what_is_left() {
+        assert_eq!(next_rung_ms(None, Duration::from_secs(99)), Ok(None));
+        assert_eq!(
+            next_rung_ms(Some(1000), Duration::from_millis(501)),
+            Ok(Some(499))
+        );
+        assert_eq!(
+            next_rung_ms(Some(1000), Duration::from_millis(1000)),
+            Err(())
+        );
+        assert_eq!(next_rung_ms(Some(1000), Duration::from_secs(5)), Err(()));
+    }
+}
