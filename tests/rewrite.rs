@@ -740,3 +740,95 @@ fn timing_classify_and_rewrite() {
         t.elapsed().as_nanos() as f64 / m as f64
     );
 }
+
+const PRIMARY: RewriteSpec = RewriteSpec {
+    available: false,
+    drop_after_cluster_time: false,
+    max_time_ms: None,
+    primary: true,
+};
+
+#[test]
+fn primary_rung_replaces_only_the_read_preference() {
+    let body = rawdoc! {
+        "find": "transactions",
+        "filter": { "_id": 7 },
+        "readConcern": { "level": "majority", "afterClusterTime": ts() },
+        "$readPreference": {
+            "mode": "secondary",
+            "tags": [ { "node": "a1" }, {} ],
+            "maxStalenessSeconds": 120,
+            "hedge": { "enabled": true },
+        },
+        "maxTimeMS": 800,
+        "$db": "pay",
+    };
+    let out = valid(rewrite_body(&body, &PRIMARY).unwrap());
+    // Same keys in the same places; every element but $readPreference byte for byte.
+    assert_eq!(keys(&out), keys(&body));
+    untouched_identical(&body, &out, &["$readPreference"]);
+    let rp = out.get_document("$readPreference").unwrap();
+    assert_eq!(keys(rp), ["mode"]);
+    assert_eq!(rp.get_str("mode").unwrap(), "primary");
+    // Read concern untouched (never `available`), afterClusterTime kept.
+    let rc = out.get_document("readConcern").unwrap();
+    assert_eq!(rc.get_str("level").unwrap(), "majority");
+    assert!(rc.get_timestamp("afterClusterTime").is_ok());
+}
+
+#[test]
+fn primary_rung_with_max_time_and_no_read_preference() {
+    // Both edits, in either order of the elements in the body.
+    let before = rawdoc! {"find": "t", "maxTimeMS": 1000_i64, "$db": "pay", "$readPreference": {"mode": "nearest"}};
+    let after = rawdoc! {"find": "t", "$readPreference": {"mode": "nearest"}, "$db": "pay", "maxTimeMS": 1000};
+    let spec = RewriteSpec {
+        max_time_ms: Some(400),
+        ..PRIMARY
+    };
+    for body in [&before, &after] {
+        let out = valid(rewrite_body(body, &spec).unwrap());
+        assert_eq!(keys(&out), keys(body));
+        untouched_identical(body, &out, &["$readPreference", "maxTimeMS"]);
+        assert_eq!(
+            out.get_document("$readPreference")
+                .unwrap()
+                .get_str("mode")
+                .unwrap(),
+            "primary"
+        );
+        assert_eq!(max_time(&out).as_i64().or(max_time(&out).as_i32().map(i64::from)), Some(400));
+    }
+    // No $readPreference: the read already goes to the primary; nothing is added.
+    let plain = rawdoc! {"find": "t", "$db": "pay"};
+    let out = rewrite_body(&plain, &PRIMARY).unwrap();
+    assert_eq!(out, plain.as_bytes());
+}
+
+#[test]
+fn primary_rung_whole_message_with_checksum_and_compression() {
+    let body = find_body();
+    let msg = op_msg(9, 0, CHECKSUM_PRESENT, &body);
+    let out = rewrite_message(&msg, &PRIMARY, MAX).unwrap();
+    verify_checksum(&out).unwrap();
+    let m = OpMsg::parse(&out[16..]).unwrap();
+    untouched_identical(&body, m.body, &["$readPreference"]);
+    let h = Header::parse(&out).unwrap();
+    assert_eq!((h.length as usize, h.request_id), (out.len(), 9));
+    for compressor in [1u8, 2, 3] {
+        let c = compressed(&op_msg(9, 0, 0, &body), compressor);
+        let out = rewrite_message(&c, &PRIMARY, MAX).unwrap();
+        let RequestBody::Decompressed { .. } = request_body(&out, MAX).unwrap() else {
+            panic!("still compressed");
+        };
+        let rb = request_body(&out, MAX).unwrap();
+        let doc = rb.body().unwrap();
+        untouched_identical(&body, doc, &["$readPreference"]);
+        assert_eq!(
+            doc.get_document("$readPreference")
+                .unwrap()
+                .get_str("mode")
+                .unwrap(),
+            "primary"
+        );
+    }
+}
