@@ -732,6 +732,10 @@ mode = "passthrough"
         "slow_read",
         "dry_run",
         "causal",
+        "min_cooldown",
+        "ladder",
+        "attempt_share",
+        "attempt_limit",
     ] {
         assert!(
             lines[header].contains(col),
@@ -756,6 +760,10 @@ mode = "passthrough"
             "750ms",
             "false",
             "drop",
+            "1s",
+            "[available]",
+            "0.5",
+            "500ms",
         ]
     );
     assert_eq!(
@@ -783,6 +791,10 @@ mode = "passthrough"
             "15",
             "pay.rates",
             "passthrough",
+            "-",
+            "-",
+            "-",
+            "-",
             "-",
             "-",
             "-",
@@ -942,5 +954,186 @@ fn operations_errors_name_line_and_key() {
     assert_eq!(
         errs("[upstream_tls]\nsni = \"x\"\n"),
         [k(2, "upstream_tls.sni")]
+    );
+}
+
+// ------------------------------------------------------------- issue 12: ladder and budget
+
+/// (line, key) of every error; empty when the text is valid.
+fn problems(text: &str) -> Vec<(usize, String)> {
+    parse(text)
+        .err()
+        .map(|errs| errs.into_iter().map(|e| (e.line, e.key)).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn ladder_budget_and_backoff_defaults() {
+    let c = ok("[[namespaces]]\npattern = \"a.b\"\nmode = \"fallback\"\n[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\n");
+    let fb = c.policy.lookup("a", "b").expect("fallback");
+    assert_eq!(fb.min_cooldown, Duration::from_secs(1));
+    assert_eq!(fb.attempt_share, 0.5);
+    assert_eq!(fb.attempt_limit, Duration::from_millis(500));
+    assert!(!fb.primary_rung);
+    assert_eq!(fb.ladder(), ["available"]);
+    let strict = c.policy.lookup("p", "x").expect("strict");
+    assert!(
+        !strict.primary_rung,
+        "strict stays fail-fast unless it opts in"
+    );
+    assert!(strict.ladder().is_empty());
+    assert_eq!(c.ladder_guard.max_in_flight, 16);
+    assert_eq!(c.ladder_guard.max_per_second, 100);
+}
+
+#[test]
+fn ladder_keys_set_and_inherited() {
+    let c = ok(r#"[defaults]
+min_cooldown = "2s"
+attempt_share = 0.25
+[ladder_guard]
+max_in_flight = 4
+max_per_second = 20
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+ladder = ["primary"]
+attempt_limit = "300ms"
+[[namespaces]]
+pattern = "demo.inv"
+mode = "fallback"
+ladder = ["primary", "available"]
+"#);
+    let pay = c.policy.lookup("pay", "t").expect("strict");
+    assert!(pay.primary_rung);
+    assert_eq!(pay.ladder(), ["primary"]);
+    assert_eq!(pay.attempt_share, 0.25);
+    assert_eq!(pay.attempt_limit, Duration::from_millis(300));
+    assert_eq!(pay.min_cooldown, Duration::from_secs(2));
+    let inv = c.policy.lookup("demo", "inv").expect("fallback");
+    assert_eq!(inv.ladder(), ["primary", "available"]);
+    assert_eq!(
+        (c.ladder_guard.max_in_flight, c.ladder_guard.max_per_second),
+        (4, 20)
+    );
+}
+
+#[test]
+fn ladder_errors_name_line_and_key() {
+    let strict = |ladder: &str| {
+        problems(&format!(
+            "[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\nladder = {ladder}\n"
+        ))
+    };
+    // Strict is never relaxed.
+    assert_eq!(
+        strict("[\"primary\", \"available\"]"),
+        [k(4, "namespaces[0].ladder")]
+    );
+    assert_eq!(strict("[\"available\"]"), [k(4, "namespaces[0].ladder")]);
+    assert_eq!(strict("[\"secondary\"]"), [k(4, "namespaces[0].ladder[0]")]);
+    assert_eq!(
+        strict("[\"primary\", \"primary\"]"),
+        [k(4, "namespaces[0].ladder[1]")]
+    );
+    assert!(strict("[]").is_empty() && strict("[\"primary\"]").is_empty());
+    let fallback = |ladder: &str| {
+        problems(&format!(
+            "[[namespaces]]\npattern = \"d.c\"\nmode = \"fallback\"\nladder = {ladder}\n"
+        ))
+    };
+    // A fallback ladder ends with available.
+    for bad in ["[]", "[\"primary\"]", "[\"available\", \"primary\"]"] {
+        assert_eq!(fallback(bad), [k(4, "namespaces[0].ladder")], "{bad}");
+    }
+    // Inherited from [defaults]: the error names where it was written.
+    assert_eq!(
+        problems("[defaults]\nladder = [\"primary\", \"available\"]\n[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\n"),
+        [k(2, "defaults.ladder")]
+    );
+    // Passthrough never climbs.
+    assert_eq!(
+        problems(
+            "[[namespaces]]\npattern = \"p.*\"\nmode = \"passthrough\"\nladder = [\"primary\"]\n"
+        ),
+        [k(4, "namespaces[0].ladder")]
+    );
+}
+
+#[test]
+fn budget_and_cooldown_errors() {
+    let e = |body: &str| {
+        problems(&format!(
+            "[[namespaces]]\npattern = \"d.c\"\nmode = \"fallback\"\n{body}\n"
+        ))
+    };
+    for share in ["0.0", "1.5", "-0.5", "nan"] {
+        assert_eq!(
+            e(&format!("attempt_share = {share}")),
+            [k(4, "namespaces[0].attempt_share")],
+            "{share}"
+        );
+    }
+    assert!(e("attempt_share = 1.0").is_empty());
+    assert_eq!(
+        e("attempt_limit = \"0ms\""),
+        [k(4, "namespaces[0].attempt_limit")]
+    );
+    assert_eq!(
+        e("attempt_limit = \"30d\""),
+        [k(4, "namespaces[0].attempt_limit")]
+    );
+    assert_eq!(
+        e("min_cooldown = \"0s\""),
+        [k(4, "namespaces[0].min_cooldown")]
+    );
+    // The first cooldown cannot be longer than the longest.
+    assert_eq!(
+        e("min_cooldown = \"40s\""),
+        [k(4, "namespaces[0].min_cooldown")]
+    );
+    assert!(e("min_cooldown = \"40s\"\ncooldown = \"1m\"").is_empty());
+    assert_eq!(
+        problems("[defaults]\nmin_cooldown = \"5s\"\ncooldown = \"2s\"\n"),
+        [k(2, "defaults.min_cooldown")]
+    );
+    // A strict entry without a primary rung has no next rung to share its budget with.
+    let s = |body: &str| {
+        problems(&format!(
+            "[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\n{body}\n"
+        ))
+    };
+    assert_eq!(
+        s("attempt_share = 0.5"),
+        [k(4, "namespaces[0].attempt_share")]
+    );
+    assert_eq!(
+        s("attempt_limit = \"1s\""),
+        [k(4, "namespaces[0].attempt_limit")]
+    );
+    assert!(s("ladder = [\"primary\"]\nattempt_limit = \"1s\"").is_empty());
+}
+
+#[test]
+fn ladder_guard_errors() {
+    let laddered = "[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\nladder = [\"primary\"]\n";
+    assert_eq!(
+        problems(&format!("[ladder_guard]\nmax_in_flight = 0\n{laddered}")),
+        [k(2, "ladder_guard.max_in_flight")]
+    );
+    assert_eq!(
+        problems(&format!("[ladder_guard]\nmax_per_second = -3\n{laddered}")),
+        [k(2, "ladder_guard.max_per_second")]
+    );
+    // Without any primary rung the guard can never act.
+    assert_eq!(
+        problems("[ladder_guard]\nmax_in_flight = 4\n[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\n"),
+        [k(1, "ladder_guard")]
+    );
+    assert_eq!(
+        problems(&format!("[ladder_guard]\nmax_queued = 1\n{laddered}"))
+            .first()
+            .map(|(_, key)| key.as_str()),
+        Some("ladder_guard.max_queued")
     );
 }

@@ -796,7 +796,12 @@ fn primary_rung_with_max_time_and_no_read_preference() {
                 .unwrap(),
             "primary"
         );
-        assert_eq!(max_time(&out).as_i64().or(max_time(&out).as_i32().map(i64::from)), Some(400));
+        assert_eq!(
+            max_time(&out)
+                .as_i64()
+                .or(max_time(&out).as_i32().map(i64::from)),
+            Some(400)
+        );
     }
     // No $readPreference: the read already goes to the primary; nothing is added.
     let plain = rawdoc! {"find": "t", "$db": "pay"};

@@ -16,7 +16,8 @@
 //! - `admin.listen` equal to `listen` (unless both use port 0);
 //! - `health_timeout` longer than `health_interval`;
 //! - `[upstream_tls] ca` together with `insecure_skip_verify = true`;
-//! - `[stall_watch]` settings that cannot act (see `stall`).
+//! - `[stall_watch]` settings that cannot act (see `stall`);
+//! - `[ladder_guard]` when no entry has a primary rung (`ladder = ["primary", ...]`).
 //!
 //! `[defaults]` and `[[namespaces]]` are checked in `namespaces` and become a
 //! `policy::PolicyTable` (the policy types live in `policy`; they are re-exported here).
@@ -101,6 +102,30 @@ pub struct Config {
     /// `[stall_watch]`: the write-progress watch and its action. Default in a file: the
     /// passive watch with `observe`; off in [`Config::for_upstreams`]. Reloads.
     pub stall: StallConfig,
+    /// `[ladder_guard]`: how many primary-rung reads each upstream may carry. Reloads (the
+    /// next ladder read is judged against the new limits).
+    pub ladder_guard: LadderGuardConfig,
+}
+
+/// `[ladder_guard]`: the per-upstream limits on reads sent to the primary rung; past
+/// either, a read fails fast (strict) or goes `available` (fallback) as without a ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LadderGuardConfig {
+    /// `max_in_flight`: primary-rung reads waiting for their reply at once, per upstream.
+    /// Default 16; at least 1.
+    pub max_in_flight: u32,
+    /// `max_per_second`: primary-rung reads started per second, per upstream. Default 100;
+    /// at least 1.
+    pub max_per_second: u32,
+}
+
+impl Default for LadderGuardConfig {
+    fn default() -> Self {
+        LadderGuardConfig {
+            max_in_flight: 16,
+            max_per_second: 100,
+        }
+    }
 }
 
 /// A configuration problem, located.
@@ -135,6 +160,7 @@ impl Config {
             upstream_tls: None,
             policy: PolicyTable::default(),
             stall: StallConfig::off(),
+            ladder_guard: LadderGuardConfig::default(),
         }
     }
 }

@@ -3,8 +3,10 @@
 //!
 //! Besides malformed values, settings an entry's mode can never use are errors: any
 //! breaker/rewrite setting on `passthrough`, `causal` on `strict`, `slow_read` not below
-//! `max_time`, `primary` in `read_preferences`, a trigger code <= 0, two entries with one
-//! pattern.
+//! `max_time`, `min_cooldown` above `cooldown`, `primary` in `read_preferences`, a trigger
+//! code <= 0, two entries with one pattern, `available` in a strict entry's `ladder` (or a
+//! fallback ladder that does not end with it), `attempt_share`/`attempt_limit` on a strict
+//! entry without a primary rung.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -32,6 +34,10 @@ pub(super) struct RawEntry {
     dry_run: Option<Spanned<bool>>,
     causal: Option<Spanned<String>>,
     slow_read: Option<Spanned<String>>,
+    min_cooldown: Option<Spanned<String>>,
+    attempt_share: Option<Spanned<f64>>,
+    attempt_limit: Option<Spanned<String>>,
+    ladder: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 impl RawEntry {
@@ -50,6 +56,10 @@ impl RawEntry {
             ("dry_run", at(&self.dry_run)),
             ("causal", at(&self.causal)),
             ("slow_read", at(&self.slow_read)),
+            ("min_cooldown", at(&self.min_cooldown)),
+            ("attempt_share", at(&self.attempt_share)),
+            ("attempt_limit", at(&self.attempt_limit)),
+            ("ladder", at(&self.ladder)),
         ]
         .into_iter()
         .filter_map(|(k, o)| o.map(|o| (k, o)))
@@ -97,6 +107,21 @@ struct Overrides {
     dry_run: Option<bool>,
     causal: Option<Causal>,
     slow_read: Option<At>,
+    min_cooldown: Option<At>,
+    attempt_share: Option<f64>,
+    attempt_limit: Option<Duration>,
+    /// `ladder` has `primary`, with the line it was set on and its rungs as written.
+    ladder: Option<Ladder>,
+}
+
+/// A `ladder` as written: which rungs, where.
+#[derive(Debug, Clone)]
+struct Ladder {
+    primary: bool,
+    available: bool,
+    /// `available` comes last (or is absent).
+    ordered: bool,
+    line: usize,
 }
 
 impl Overrides {
@@ -112,6 +137,12 @@ impl Overrides {
         p.dry_run = self.dry_run.unwrap_or(p.dry_run);
         p.causal = self.causal.unwrap_or(p.causal);
         p.slow_read = self.slow_read.map(|a| a.value).or(p.slow_read);
+        p.min_cooldown = self.min_cooldown.map_or(p.min_cooldown, |a| a.value);
+        p.attempt_share = self.attempt_share.unwrap_or(p.attempt_share);
+        p.attempt_limit = self.attempt_limit.unwrap_or(p.attempt_limit);
+        if let Some(l) = &self.ladder {
+            p.primary_rung = l.primary;
+        }
     }
 }
 
@@ -126,6 +157,19 @@ fn read_defaults(ctx: &mut Ctx, d: &Spanned<RawEntry>) -> Overrides {
     let o = read_overrides(ctx, d, "defaults");
     if let (Some(slow), Some(max)) = (o.slow_read, o.max_time) {
         slow_vs_max(ctx, slow, max, "defaults.slow_read");
+    }
+    if let Some(min) = o.min_cooldown {
+        let cooldown = o
+            .cooldown
+            .unwrap_or(NsPolicy::with_defaults("*", Mode::Strict).cooldown);
+        if min.value > cooldown {
+            let msg = format!(
+                "min_cooldown {} is above cooldown {}: the first cooldown cannot be longer than the longest",
+                humantime::format_duration(min.value),
+                humantime::format_duration(cooldown),
+            );
+            ctx.err_line(min.line, "defaults.min_cooldown", msg);
+        }
     }
     o
 }
@@ -199,7 +243,85 @@ fn read_overrides(ctx: &mut Ctx, e: &RawEntry, prefix: &str) -> Overrides {
             .slow_read
             .as_ref()
             .and_then(|v| at(ctx, v, &key("slow_read"), nonzero)),
+        min_cooldown: e
+            .min_cooldown
+            .as_ref()
+            .and_then(|v| at(ctx, v, &key("min_cooldown"), nonzero)),
+        attempt_share: e.attempt_share.as_ref().and_then(|v| {
+            let x = *v.get_ref();
+            if x > 0.0 && x <= 1.0 {
+                Some(x)
+            } else {
+                let msg = format!(
+                    "{x} is out of range: the first attempt's share of the budget is above 0 and at most 1"
+                );
+                ctx.err(v, &key("attempt_share"), msg);
+                None
+            }
+        }),
+        attempt_limit: e.attempt_limit.as_ref().and_then(|v| {
+            let d = duration(ctx, v, &key("attempt_limit"), Duration::from_millis(1))?;
+            if d.as_millis() > i32::MAX as u128 {
+                ctx.err(v, &key("attempt_limit"), "must be at most 2147483647ms".into());
+                return None;
+            }
+            Some(d)
+        }),
+        ladder: e
+            .ladder
+            .as_ref()
+            .and_then(|v| ladder(ctx, v, &key("ladder"))),
     }
+}
+
+fn ladder(ctx: &mut Ctx, v: &Spanned<Vec<Spanned<String>>>, key: &str) -> Option<Ladder> {
+    let mut l = Ladder {
+        primary: false,
+        available: false,
+        ordered: true,
+        line: ctx.line(v.span().start),
+    };
+    let mut ok = true;
+    for (i, rung) in v.get_ref().iter().enumerate() {
+        let k = format!("{key}[{i}]");
+        let seen = match rung.get_ref().as_str() {
+            "primary" => {
+                if l.available {
+                    l.ordered = false;
+                }
+                std::mem::replace(&mut l.primary, true)
+            }
+            "available" => std::mem::replace(&mut l.available, true),
+            other => {
+                let msg = format!("unknown rung `{other}`; expected `primary` or `available`");
+                ctx.err(rung, &k, msg);
+                ok = false;
+                continue;
+            }
+        };
+        if seen {
+            let msg = format!("`{}` appears twice", rung.get_ref());
+            ctx.err(rung, &k, msg);
+            ok = false;
+        }
+    }
+    ok.then_some(l)
+}
+
+/// The effective ladder of an entry against its mode: `available` never on strict, always
+/// last on fallback.
+fn check_ladder(ctx: &mut Ctx, l: &Ladder, mode: Mode, key: &str) {
+    let msg = match mode {
+        Mode::Strict if l.available => {
+            "`available` is never used on a strict namespace (it may return orphans); \
+             strict ladders are [] or [\"primary\"]"
+        }
+        Mode::Fallback if !l.available || !l.ordered => {
+            "a fallback ladder ends with `available`: [\"available\"] or [\"primary\", \"available\"]"
+        }
+        _ => return,
+    };
+    ctx.err_line(l.line, key, msg.to_string());
 }
 
 fn threshold(ctx: &mut Ctx, v: &Spanned<i64>, key: &str) -> Option<u32> {
@@ -346,11 +468,80 @@ fn entry(
             slow_vs_max(ctx, slow, max, &format!("{prefix}.{name}"));
         }
     }
+    if mode != Mode::Passthrough {
+        mode_checks(ctx, raw, &overrides, defaults, mode, &prefix);
+    }
     let (pat, text, line) = pattern?;
     let mut policy = NsPolicy::with_defaults(&text, mode);
     defaults.apply(&mut policy);
     overrides.apply(&mut policy);
     Some((pat, policy, line))
+}
+
+/// Checks of settings against the entry's mode and each other, wherever they were set.
+fn mode_checks(
+    ctx: &mut Ctx,
+    raw: &RawEntry,
+    o: &Overrides,
+    defaults: &Overrides,
+    mode: Mode,
+    prefix: &str,
+) {
+    let from = |mine: bool, name: &str| {
+        if mine {
+            format!("{prefix}.{name}")
+        } else {
+            format!("defaults.{name}")
+        }
+    };
+    if let Some(l) = o.ladder.as_ref().or(defaults.ladder.as_ref()) {
+        check_ladder(ctx, l, mode, &from(o.ladder.is_some(), "ladder"));
+    }
+    let primary = o
+        .ladder
+        .as_ref()
+        .or(defaults.ladder.as_ref())
+        .is_some_and(|l| l.primary);
+    if mode == Mode::Strict && !primary {
+        let set = [
+            (
+                "attempt_share",
+                raw.attempt_share.as_ref().map(|v| v.span().start),
+            ),
+            (
+                "attempt_limit",
+                raw.attempt_limit.as_ref().map(|v| v.span().start),
+            ),
+        ];
+        for (name, at) in set {
+            if let Some(at) = at {
+                let msg = "has no effect: a strict read without `ladder = [\"primary\"]` has no next rung to leave time for".to_string();
+                let line = ctx.line(at);
+                ctx.err_line(line, &format!("{prefix}.{name}"), msg);
+            }
+        }
+    }
+    if o.min_cooldown.is_some() || o.cooldown.is_some() {
+        if let Some(min) = o.min_cooldown.or(defaults.min_cooldown) {
+            let cooldown = o
+                .cooldown
+                .or(defaults.cooldown)
+                .unwrap_or(NsPolicy::with_defaults("*", mode).cooldown);
+            if min.value > cooldown {
+                let msg = format!(
+                    "min_cooldown {} (line {}) is above cooldown {}: the first cooldown cannot be longer than the longest",
+                    humantime::format_duration(min.value),
+                    min.line,
+                    humantime::format_duration(cooldown),
+                );
+                ctx.err_line(
+                    min.line,
+                    &from(o.min_cooldown.is_some(), "min_cooldown"),
+                    msg,
+                );
+            }
+        }
+    }
 }
 
 fn entry_mode(ctx: &mut Ctx, raw: &RawEntry, prefix: &str, entry_line: usize) -> Option<Mode> {

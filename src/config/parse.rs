@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::namespaces::{self, RawEntry};
 use super::spans::{key_at, Ctx};
-use super::{ops, stall, Config, ConfigError};
+use super::{ops, stall, Config, ConfigError, LadderGuardConfig};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
 
 impl Config {
@@ -76,9 +76,17 @@ struct RawConfig {
     tls: Option<Spanned<ops::RawTls>>,
     upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
     stall_watch: Option<Spanned<stall::RawStall>>,
+    ladder_guard: Option<Spanned<RawLadderGuard>>,
     defaults: Option<Spanned<RawEntry>>,
     #[serde(default)]
     namespaces: Vec<Spanned<RawEntry>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLadderGuard {
+    max_in_flight: Option<Spanned<i64>>,
+    max_per_second: Option<Spanned<i64>>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -117,6 +125,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
     let policy = namespaces::table(ctx, raw.defaults.as_ref(), &raw.namespaces);
     let fallback_entries = namespaces::any_fallback(&raw.namespaces);
     let stall = stall::stall(ctx, raw.stall_watch.as_ref(), fallback_entries);
+    let ladder_guard = ladder_guard(ctx, raw.ladder_guard.as_ref(), policy.as_ref());
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -132,7 +141,44 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         upstream_tls: upstream_tls.ok()?,
         policy: policy?,
         stall: stall.ok()?,
+        ladder_guard: ladder_guard?,
     })
+}
+
+fn ladder_guard(
+    ctx: &mut Ctx,
+    v: Option<&Spanned<RawLadderGuard>>,
+    policy: Option<&super::PolicyTable>,
+) -> Option<LadderGuardConfig> {
+    let mut out = LadderGuardConfig::default();
+    let Some(v) = v else { return Some(out) };
+    let laddered = policy.is_none_or(|t| t.entries().iter().any(|p| p.primary_rung));
+    if !laddered {
+        let msg =
+            "has no effect: no [[namespaces]] entry has a primary rung (`ladder = [\"primary\"]`)";
+        ctx.err(v, "ladder_guard", msg.to_string());
+    }
+    let mut ok = laddered;
+    let raw = v.get_ref();
+    for (name, value, slot) in [
+        ("max_in_flight", &raw.max_in_flight, &mut out.max_in_flight),
+        (
+            "max_per_second",
+            &raw.max_per_second,
+            &mut out.max_per_second,
+        ),
+    ] {
+        let Some(value) = value else { continue };
+        match u32::try_from(*value.get_ref()) {
+            Ok(n) if n >= 1 => *slot = n,
+            _ => {
+                let msg = format!("{} is out of range 1..={}", value.get_ref(), u32::MAX);
+                ctx.err(value, &format!("ladder_guard.{name}"), msg);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(out)
 }
 
 /// `host:port` (or a socket address); port 0 only where `listen_side` (bind any port).

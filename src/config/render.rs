@@ -30,7 +30,7 @@ pub fn read_pref_names(bits: u8) -> String {
 fn policy_cells(p: &NsPolicy) -> Vec<String> {
     let mut cells = vec![p.pattern.clone(), p.mode.as_str().to_string()];
     if p.mode == Mode::Passthrough {
-        cells.extend(std::iter::repeat_n("-".to_string(), 9));
+        cells.extend(std::iter::repeat_n("-".to_string(), 13));
         return cells;
     }
     let codes: Vec<String> = p.trigger_codes.iter().map(|c| c.to_string()).collect();
@@ -49,7 +49,15 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
             p.causal.as_str()
         }
         .to_string(),
+        fmt_duration(p.min_cooldown),
+        format!("[{}]", p.ladder().join(",")),
     ]);
+    // Only a read with a next rung takes a share of its budget.
+    if p.mode == Mode::Strict && !p.primary_rung {
+        cells.extend(["-".to_string(), "-".to_string()]);
+    } else {
+        cells.extend([p.attempt_share.to_string(), fmt_duration(p.attempt_limit)]);
+    }
     cells
 }
 
@@ -90,6 +98,12 @@ fn settings(out: &mut String, config: &Config) {
     let _ = writeln!(out, "tls               {}", server_tls(config));
     let _ = writeln!(out, "upstream_tls      {}", upstream_tls(config));
     let _ = writeln!(out, "stall_watch       {}", stall::describe(&config.stall));
+    let g = config.ladder_guard;
+    let _ = writeln!(
+        out,
+        "ladder_guard      {} in flight, {}/s per upstream",
+        g.max_in_flight, g.max_per_second
+    );
 }
 
 fn health(config: &Config) -> String {
@@ -149,6 +163,10 @@ fn namespaces(out: &mut String, t: &PolicyTable) {
         "slow_read",
         "dry_run",
         "causal",
+        "min_cooldown",
+        "ladder",
+        "attempt_share",
+        "attempt_limit",
     ];
     let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for (i, p) in t.entries().iter().enumerate() {
@@ -255,6 +273,10 @@ pub fn explain(config: &Config, ns: &str) -> String {
             "slow_read",
             "dry_run",
             "causal",
+            "min_cooldown",
+            "ladder",
+            "attempt_share",
+            "attempt_limit",
         ];
         for (name, value) in names.iter().zip(&cells[2..]) {
             let _ = writeln!(out, "  {name:<17}{value}");
