@@ -69,6 +69,15 @@ impl State {
             State::HalfOpen => "half-open",
         }
     }
+
+    /// The value of the `breaker_state` gauge.
+    pub fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
+        }
+    }
 }
 
 /// What the breaker lets a request do, decided as it arrives.

@@ -644,7 +644,7 @@ impl Session {
     }
 
     fn log_transition(&self, ns: &str, t: &Transition) {
-        self.shared.metrics.breaker(ns, t.to);
+        self.shared.metrics.breaker_state(ns, t.to.gauge());
         tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
     }
 

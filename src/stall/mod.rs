@@ -502,7 +502,7 @@ fn release(shared: &Shared, now: Instant) {
 
 fn hold(shared: &Shared, ns: &str, why: &str, now: Instant) {
     if let Some(t) = shared.breakers.hold_open(ns, why, now) {
-        shared.metrics.breaker(ns, t.to);
+        shared.metrics.breaker_state(ns, t.to.gauge());
         tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
     }
 }
