@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::breaker::Breakers;
+use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
 use crate::reload::{self, ReloadStatus};
@@ -28,7 +28,7 @@ pub struct Shared {
     pub config: ArcSwap<Config>,
     pub breakers: Breakers,
     pub upstreams: Upstreams,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     /// The write-progress watch: its signals, and whether fallback breakers are held.
     pub stall: StallWatch,
     /// The address clients connect to, once bound.
@@ -46,11 +46,12 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(config: Arc<Config>) -> Shared {
+        let metrics = Arc::new(Metrics::new());
         Shared {
             upstreams: Upstreams::new(config.upstreams.clone()),
             config: ArcSwap::new(config),
-            breakers: Breakers::default(),
-            metrics: Metrics::new(),
+            breakers: Breakers::with_metrics(DEFAULT_MAX_BREAKERS, metrics.clone()),
+            metrics,
             stall: StallWatch::new(),
             local_addr: OnceLock::new(),
             started: SystemTime::now(),

@@ -17,7 +17,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::breaker::{Admission, Reason, Transition};
+use crate::breaker::{Admission, Reason};
 use crate::command::{self, CommandInfo};
 use crate::config::{Causal, Config, Mode, NsPolicy};
 use crate::metrics::{LatencyBatch, LatencyHistogram, Metrics, NsHot, REQUEST_SLOTS};
@@ -349,13 +349,9 @@ impl Session {
         let now = Instant::now();
         let admission = if target.kind == policy::ReadKind::Eligible {
             if target.policy.mode == Mode::Fallback && self.shared.stall.holding() {
-                stall::hold_on_read(&self.shared, &ns, now);
+                self.shared.breakers.hold_on_read(&ns, now);
             }
-            let (a, t) = self.shared.breakers.admit(&ns, &target.policy, now);
-            if let Some(t) = t {
-                self.log_transition(&ns, &t);
-            }
-            a
+            self.shared.breakers.admit(&ns, &target.policy, now).0
         } else {
             Admission::Closed
         };
@@ -563,11 +559,7 @@ impl Session {
             tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, "trigger error");
             self.shared.metrics.trigger_error(&t.ns, &code.to_string());
             let reason = Reason::of_code(code);
-            if let Some(tr) =
-                breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now)
-            {
-                self.log_transition(&t.ns, &tr);
-            }
+            breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now);
             if t.retry {
                 let remaining = t
                     .max_time_ms
@@ -606,13 +598,9 @@ impl Session {
                 slow.as_millis()
             );
             tracing::info!(ns = %t.ns, command = %t.command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
-            if let Some(tr) =
-                breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now)
-            {
-                self.log_transition(&t.ns, &tr);
-            }
-        } else if let Some(tr) = breakers.record_success(&t.ns, t.probe, now) {
-            self.log_transition(&t.ns, &tr);
+            breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now);
+        } else {
+            breakers.record_success(&t.ns, t.probe, now);
         }
         Ok(false)
     }
@@ -630,22 +618,15 @@ impl Session {
             tracing::info!(ns = %t.ns, command = %t.command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
             self.shared.metrics.trigger_error(&t.ns, "timeout");
             let what = format!("client gave up after {} ms", waited.as_millis());
-            if let Some(tr) = self.shared.breakers.record_failure(
+            self.shared.breakers.record_failure(
                 &t.ns,
                 &t.policy,
                 Reason::TimeLimit,
                 &what,
                 t.probe,
                 now,
-            ) {
-                self.log_transition(&t.ns, &tr);
-            }
+            );
         }
-    }
-
-    fn log_transition(&self, ns: &str, t: &Transition) {
-        self.shared.metrics.breaker_state(ns, t.to.gauge());
-        tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
     }
 
     fn policy_active(&self) -> bool {

@@ -13,9 +13,10 @@
 //! Acting (`open_fallback_breakers`) holds the breakers of fallback namespaces open while any
 //! signal is raised: exact fallback patterns and fallback namespaces that have a breaker at
 //! once, the namespaces of wildcard patterns as they are first read (the session asks
-//! [`StallWatch::holding`]). When every signal clears, the breakers are released into an
-//! ordinary cooldown and come back through their half-open probe. Strict namespaces are
-//! never touched.
+//! [`StallWatch::holding`], then `Breakers::hold_on_read`). When every signal clears, the
+//! breakers are released into an ordinary cooldown and come back through their half-open
+//! probe. Strict namespaces are never touched. The watch decides when; holding and releasing
+//! are the breaker module's (`breaker::hold`).
 
 mod composite;
 mod passive;
@@ -35,7 +36,6 @@ pub use passive::{
     is_write_command, stalled as passive_stalled, PassiveSample, SessionWrites, UpstreamWrites,
     WriteTracker,
 };
-pub use tick::hold_on_read;
 pub use watch::{Evidence, Observation, Signal, SignalKind, StallWatch};
 
 /// How often the passive signal is judged and the action applied.

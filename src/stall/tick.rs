@@ -171,20 +171,23 @@ fn act(shared: &Shared, config: &Config, now: Instant) {
                 .headline()
                 .unwrap_or_else(|| "write stall suspected".to_string());
             let why = format!("write stall suspected: {why}");
-            for p in config.policy.entries() {
-                if p.mode == Mode::Fallback && !p.pattern.ends_with('*') {
-                    hold(shared, &p.pattern, &why, now);
-                }
-            }
-            for b in shared.breakers.snapshot() {
+            let exact = config
+                .policy
+                .entries()
+                .iter()
+                .filter(|p| p.mode == Mode::Fallback && !p.pattern.ends_with('*'))
+                .map(|p| p.pattern.clone());
+            let with_breaker = shared.breakers.snapshot().into_iter().filter_map(|b| {
                 let fallback =
                     b.ns.split_once('.')
                         .and_then(|(db, coll)| config.policy.lookup(db, coll))
                         .is_some_and(|p| p.mode == Mode::Fallback);
-                if fallback && !b.held {
-                    hold(shared, &b.ns, &why, now);
-                }
-            }
+                (fallback && !b.held).then_some(b.ns)
+            });
+            let namespaces: Vec<String> = exact.chain(with_breaker).collect();
+            shared
+                .breakers
+                .hold_fallback(namespaces.iter().map(String::as_str), &why, now);
             if !watch.holding.swap(true, Ordering::SeqCst) {
                 tracing::warn!(
                     action = "open_fallback_breakers",
@@ -194,43 +197,8 @@ fn act(shared: &Shared, config: &Config, now: Instant) {
         }
         _ => {
             if watch.holding.swap(false, Ordering::SeqCst) {
-                release(shared, now);
+                shared.breakers.end_hold(now);
             }
         }
-    }
-}
-
-fn release(shared: &Shared, now: Instant) {
-    let released = shared.breakers.release_held(now);
-    if !released.is_empty() {
-        tracing::info!(namespaces = ?released, "write stall over (or action off): breakers released; each probes after its cooldown");
-    }
-}
-
-fn hold(shared: &Shared, ns: &str, why: &str, now: Instant) {
-    if let Some(t) = shared.breakers.hold_open(ns, why, now) {
-        shared.metrics.breaker_state(ns, t.to.gauge());
-        tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
-    }
-}
-
-/// A session reads a fallback namespace while the action holds breakers: hold this one
-/// too (a `db.*` pattern has no exact namespace until it is read).
-pub fn hold_on_read(shared: &Shared, ns: &str, now: Instant) {
-    if shared.breakers.is_held(ns) {
-        return;
-    }
-    let why = shared
-        .stall
-        .first_raised()
-        .and_then(|s| s.headline())
-        .map_or_else(
-            || "write stall suspected".to_string(),
-            |h| format!("write stall suspected: {h}"),
-        );
-    hold(shared, ns, &why, now);
-    // The stall may have cleared meanwhile; the tick released before this hold landed.
-    if !shared.stall.holding.load(Ordering::SeqCst) {
-        release(shared, now);
     }
 }

@@ -122,7 +122,8 @@ pub struct StallWatch {
     pub(super) epoch: Instant,
     pub(super) upstreams: DashMap<String, Arc<UpstreamWrites>>,
     signals: Mutex<BTreeMap<(SignalKind, String), Signal>>,
-    /// Fallback breakers are being held open (sessions hold new ones as they are read).
+    /// The action is on: fallback breakers are held open (sessions hold new ones as they
+    /// are read, through `Breakers::hold_on_read`).
     pub(super) holding: AtomicBool,
 }
 
