@@ -41,6 +41,7 @@ pub mod command;
 pub mod config;
 #[cfg(feature = "sim")]
 pub mod demo;
+pub mod handles;
 pub mod health;
 pub mod metrics;
 pub mod policy;
@@ -52,6 +53,7 @@ pub mod session;
 #[cfg(feature = "sim")]
 pub use staleguard_sim as sim;
 pub mod stall;
+pub mod state;
 pub mod tls;
 pub mod upstream;
 /// The wire protocol (crate `staleguard-wire`, `crates/wire`): framing, message views and

@@ -384,7 +384,7 @@ impl Metrics {
     }
 
     /// Sets a namespace's breaker gauge: 0 closed, 1 half-open, 2 open (the breaker module
-    /// maps its states).
+    /// maps its states, and reports every transition through here).
     pub fn breaker_state(&self, ns: &str, gauge: i64) {
         self.breaker_state
             .get_or_create(&NsLabel {

@@ -20,10 +20,10 @@ use tracing::Instrument;
 use crate::breaker::{Admission, Reason};
 use crate::command::{self, CommandInfo};
 use crate::config::{Causal, Config, Mode, NsPolicy};
+use crate::handles::Handles;
 use crate::metrics::{LatencyBatch, LatencyHistogram, Metrics, NsHot, REQUEST_SLOTS};
 use crate::policy::{self, Decision, Target};
 use crate::rewrite::{self, RewriteSpec};
-use crate::server::Shared;
 use crate::stall::{self, WriteTracker};
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
@@ -80,7 +80,7 @@ struct Tracked {
 }
 
 pub struct Session {
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
     config_generation: u64,
@@ -117,13 +117,13 @@ pub struct Session {
 
 impl Session {
     pub fn new(
-        shared: Arc<Shared>,
+        shared: Arc<Handles>,
         peer: SocketAddr,
         id: u64,
         stop: CancellationToken,
         kill: CancellationToken,
     ) -> Session {
-        let config_generation = shared.config_generation();
+        let config_generation = shared.config.generation();
         let config = shared.config.load_full();
         Session {
             shared,
@@ -280,7 +280,7 @@ impl Session {
         cw: &mut C,
         uw: &mut U,
     ) -> Result<(), SessionError> {
-        let generation = self.shared.config_generation();
+        let generation = self.shared.config.generation();
         if generation != self.config_generation {
             self.config = self.shared.config.load_full();
             self.config_generation = generation;
@@ -738,7 +738,7 @@ impl Session {
         cw: &mut C,
     ) -> Result<(), SessionError> {
         let out = reply::error_reply(
-            self.shared.request_id(),
+            self.shared.ids.request_id(),
             request_id,
             code,
             code_name,

@@ -29,13 +29,16 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::server::Shared;
+use crate::breaker::Breakers;
+use crate::metrics::Metrics;
+use crate::state::LiveConfig;
 
 pub use composite::{Conditions, Rule, RuleState, ShardReading};
 pub use passive::{
     is_write_command, stalled as passive_stalled, PassiveSample, SessionWrites, UpstreamWrites,
     WriteTracker,
 };
+
 pub use watch::{Evidence, Observation, Signal, SignalKind, StallWatch};
 
 /// How often the passive signal is judged and the action applied.
@@ -45,9 +48,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What the watch's tasks are given: the live config, the watch's state, the metrics, and
+/// the breakers its action holds.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub config: Arc<LiveConfig>,
+    pub stall: Arc<StallWatch>,
+    pub metrics: Arc<Metrics>,
+    pub breakers: Arc<Breakers>,
+}
+
 /// Starts the watch: the tick (passive signal, action), the probe and the serverStatus
 /// poller. Each follows config reloads and ends with `stop`.
-pub fn start(shared: Arc<Shared>, stop: CancellationToken) {
+pub fn start(shared: Ctx, stop: CancellationToken) {
     tokio::spawn(probe::run(shared.clone(), stop.clone()));
     tokio::spawn(composite::run(shared.clone(), stop.clone()));
     tokio::spawn(tick::tick(shared, stop));

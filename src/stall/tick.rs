@@ -2,21 +2,19 @@
 //! (`on_write_stall`).
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    lock, passive_stalled, Evidence, Observation, PassiveSample, SignalKind, StallWatch,
+    lock, passive_stalled, Ctx, Evidence, Observation, PassiveSample, SignalKind, StallWatch,
     UpstreamWrites, TICK,
 };
 use crate::config::{Config, Mode, StallAction};
 use crate::metrics::{UpstreamLabel, UpstreamResult};
-use crate::server::Shared;
 
-pub(super) async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
+pub(super) async fn tick(shared: Ctx, stop: CancellationToken) {
     let mut every = tokio::time::interval(TICK);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -31,7 +29,7 @@ pub(super) async fn tick(shared: Arc<Shared>, stop: CancellationToken) {
 }
 
 /// The passive signal of every upstream, judged now.
-fn judge_passive(shared: &Shared, config: &Config, now: Instant) {
+fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
     let watch = &shared.stall;
     let m = &shared.metrics.stall;
     if !config.stall.passive {
@@ -126,7 +124,7 @@ fn passive_summary(s: &PassiveSample, stall_after: Duration) -> String {
     format!("{waiting}; {done}{left}")
 }
 
-fn export_passive(shared: &Shared, addr: &str, up: &UpstreamWrites, s: &PassiveSample) {
+fn export_passive(shared: &Ctx, addr: &str, up: &UpstreamWrites, s: &PassiveSample) {
     let m = &shared.metrics.stall;
     let label = UpstreamLabel {
         upstream: addr.to_string(),
@@ -161,7 +159,7 @@ fn export_passive(shared: &Shared, addr: &str, up: &UpstreamWrites, s: &PassiveS
 
 /// `on_write_stall`: holds fallback breakers open while any signal is raised; releases
 /// them into an ordinary cooldown when every signal has cleared.
-fn act(shared: &Shared, config: &Config, now: Instant) {
+fn act(shared: &Ctx, config: &Config, now: Instant) {
     let watch = &shared.stall;
     let raised = watch.first_raised();
     let acting = config.stall.on_write_stall == StallAction::OpenFallbackBreakers;

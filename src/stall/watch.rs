@@ -116,7 +116,7 @@ pub struct Observation {
     pub evidence: Evidence,
 }
 
-/// The watch's shared state (in `Shared`).
+/// The watch's shared state (a handle sessions and the admin endpoint are given).
 #[derive(Debug)]
 pub struct StallWatch {
     pub(super) epoch: Instant,
