@@ -25,10 +25,11 @@
 //! handles           Handles: one Arc of each handle, what session, admin and reload get
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
 //!                   signals and the write counters sessions feed); each gets a few handles
-//! policy  upstream  decide (pure) · choosing and dialing mongos, their health
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
-//!                   and count their own transitions, and hold open for the stall watch)
+//! upstream          and count their own transitions, and hold open for the stall watch) ·
+//!                   choosing and dialing mongos, their health
 //! config            TOML → validated Config
+//! policy            the pattern table; decide (pure); what a decision means for a request
 //! metrics tls command rewrite    every metric name · rustls · classification · splicing
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
 //! ```

@@ -15,11 +15,11 @@ const LAYERS: &[&[&str]] = &[
     &["wire", "sim"],
     // leaves: every metric name, rustls, classification, splicing
     &["metrics", "tls", "command", "rewrite"],
+    // the pattern table, decide (pure), what a decision means for a request
+    &["policy"],
     &["config"],
-    // shared state: live config + generation, ids, runtime facts; the breakers
-    &["state", "breaker"],
-    // pure decisions; choosing and dialing mongos
-    &["policy", "upstream"],
+    // shared state: live config + generation, ids, runtime facts; the breakers; the upstreams
+    &["state", "breaker", "upstream"],
     // background tasks, each given the handles it uses
     &["health", "stall"],
     // one Arc of each handle, for session, admin and reload

@@ -7,8 +7,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::breaker::State;
-use crate::config::{Mode, NsPolicy};
 use crate::handles::Handles;
+use crate::policy::{Mode, NsPolicy};
 use crate::stall::Evidence;
 
 #[derive(Debug, Serialize)]
@@ -245,7 +245,7 @@ fn write_stall(shared: &Handles, config: &crate::config::Config) -> WriteStallSt
     }
 }
 
-fn namespaces(shared: &Handles, table: &crate::config::PolicyTable) -> Vec<NsStatus> {
+fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsStatus> {
     let now = Instant::now();
     let wall = SystemTime::now();
     let mut rows: Vec<NsStatus> = Vec::new();
