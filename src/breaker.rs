@@ -6,17 +6,23 @@
 //! again. When the write-stall signal clears, [`Breakers::probe_early`] lets every open
 //! breaker probe at once: a healed cluster is noticed at the next read, not a cooldown later.
 //!
-//! The write-stall watch may also *hold* a breaker open (`hold_open`): it stays open,
-//! without a probe, while the signal lasts; `release_held` then lets its next read probe,
-//! so the breaker returns through its usual half-open probe as soon as writes complete.
+//! The write-stall watch may also *hold* a breaker open (`hold`): it stays open, without a
+//! probe, while the signal lasts; releasing it then lets its next read probe, so the breaker
+//! returns through its usual half-open probe as soon as writes complete.
+//!
+//! Every transition is logged and counted here, by the method that makes it; callers get
+//! the transition back only to look at it.
+
+mod hold;
 
 use std::collections::VecDeque;
-
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use crate::metrics::Metrics;
 use crate::policy::NsPolicy;
 
 pub use crate::policy::{Admission, Reason};
@@ -34,6 +40,15 @@ impl State {
             State::Closed => "closed",
             State::Open => "open",
             State::HalfOpen => "half-open",
+        }
+    }
+
+    /// The value of the `breaker_state` gauge.
+    pub fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
         }
     }
 }
@@ -158,6 +173,10 @@ impl Snapshot {
 pub struct Breakers {
     map: DashMap<String, Breaker>,
     max: usize,
+    /// Where transitions are counted (`breaker_state`).
+    metrics: Arc<Metrics>,
+    /// While the write-stall watch holds fallback breakers open: why (see `hold`).
+    hold: Mutex<Option<String>>,
 }
 
 pub const DEFAULT_MAX_BREAKERS: usize = 10_000;
@@ -169,16 +188,43 @@ impl Default for Breakers {
 }
 
 impl Breakers {
+    /// Breakers that count their transitions in a registry of their own (tests).
     pub fn new(max: usize) -> Breakers {
+        Breakers::with_metrics(max, Arc::new(Metrics::new()))
+    }
+
+    /// Breakers that count their transitions in `metrics`.
+    pub fn with_metrics(max: usize, metrics: Arc<Metrics>) -> Breakers {
         Breakers {
             map: DashMap::new(),
             max,
+            metrics,
+            hold: Mutex::new(None),
         }
+    }
+
+    /// Logs and counts a transition of `ns` (the one place that does).
+    fn report(&self, ns: &str, t: Option<Transition>) -> Option<Transition> {
+        if let Some(t) = &t {
+            self.metrics.breaker_state(ns, t.to.gauge());
+            tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
+        }
+        t
     }
 
     /// Decides what an eligible read on `ns` may do now; claims the probe when half-open.
     /// Returns the admission and a transition (open → half-open) when one happened.
     pub fn admit(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        now: Instant,
+    ) -> (Admission, Option<Transition>) {
+        let (a, t) = self.decide_admission(ns, policy, now);
+        (a, self.report(ns, t))
+    }
+
+    fn decide_admission(
         &self,
         ns: &str,
         policy: &NsPolicy,
@@ -280,6 +326,19 @@ impl Breakers {
         probe: bool,
         now: Instant,
     ) -> Option<Transition> {
+        let t = self.count_failure(ns, policy, reason, what, probe, now);
+        self.report(ns, t)
+    }
+
+    fn count_failure(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        reason: Reason,
+        what: &str,
+        probe: bool,
+        now: Instant,
+    ) -> Option<Transition> {
         let mut b = match self.map.get_mut(ns) {
             Some(b) => b,
             None => {
@@ -329,65 +388,22 @@ impl Breakers {
 
     /// Reports a read on `ns` that answered without a trigger error.
     pub fn record_success(&self, ns: &str, probe: bool, now: Instant) -> Option<Transition> {
-        let mut b = self.map.get_mut(ns)?;
-        if probe && b.state == State::HalfOpen {
+        let t = {
+            let mut b = self.map.get_mut(ns)?;
+            if !(probe && b.state == State::HalfOpen) {
+                return None;
+            }
             b.errors.clear();
             b.probe_since = None;
             b.step = 0;
-            return Some(b.move_to(State::Closed, "probe succeeded".into(), now));
-        }
-        None
+            b.move_to(State::Closed, "probe succeeded".into(), now)
+        };
+        self.report(ns, Some(t))
     }
 
-    /// Opens `ns` (creating its breaker, within the bound) and holds it open until
-    /// [`Breakers::release_held`]. Returns the transition when it was not open already;
-    /// nothing when it is held already.
-    pub fn hold_open(&self, ns: &str, why: &str, now: Instant) -> Option<Transition> {
-        if self.map.get(ns).is_some_and(|b| b.held) {
-            return None;
-        }
-        if !self.map.contains_key(ns) && self.map.len() >= self.max {
-            return None;
-        }
-        let mut b = self
-            .map
-            .entry(ns.to_string())
-            .or_insert_with(|| Breaker::new(now));
-        if b.held {
-            return None;
-        }
-        b.held = true;
-        b.step = 0;
-        if b.state == State::Open {
-            // Open on its own errors already: it keeps its reason, and now waits for the
-            // stall to clear before probing.
-            return None;
-        }
-        Some(b.open(Reason::WriteStall, why.to_string(), now))
-    }
-
-    /// Ends every hold: the stall is over, so each held breaker probes at its next read
-    /// (and, if that probe fails, backs off from `min_cooldown`). Returns the namespaces
-    /// released.
-    pub fn release_held(&self, now: Instant) -> Vec<String> {
-        let mut out = Vec::new();
-        for mut e in self.map.iter_mut() {
-            if e.held {
-                e.held = false;
-                e.opened_at = now;
-                e.probe_since = None;
-                e.step = 0;
-                e.early = true;
-                out.push(e.key().clone());
-            }
-        }
-        out.sort();
-        out
-    }
-
-    /// The write-stall signal cleared: every open breaker (held or not) lets its next read
-    /// through as a probe instead of waiting out its cooldown. Returns the namespaces
-    /// concerned; holds are left to [`Breakers::release_held`].
+    /// The write-stall signal cleared: every open breaker that is not held lets its next
+    /// read through as a probe instead of waiting out its cooldown. Returns the namespaces
+    /// concerned; holds are ended by [`Breakers::release_held`].
     pub fn probe_early(&self) -> Vec<String> {
         let mut out = Vec::new();
         for mut e in self.map.iter_mut() {
@@ -397,11 +413,10 @@ impl Breakers {
             }
         }
         out.sort();
+        if !out.is_empty() {
+            tracing::info!(namespaces = ?out, "write stall cleared: open breakers probe at their next read");
+        }
         out
-    }
-
-    pub fn is_held(&self, ns: &str) -> bool {
-        self.map.get(ns).is_some_and(|b| b.held)
     }
 
     /// A probe whose outcome will never be known (e.g. a non-read reply); frees the slot.

@@ -183,7 +183,7 @@ fn run(path: PathBuf) -> ExitCode {
 }
 
 /// SIGHUP reloads the config file (errors are logged and shown in `/status`).
-async fn reload_on_hangup(shared: Arc<staleguard::server::Shared>) {
+async fn reload_on_hangup(shared: Arc<staleguard::handles::Handles>) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(h) => h,

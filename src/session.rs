@@ -17,15 +17,14 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::breaker::Transition;
 use crate::command::{self, CommandInfo};
 use crate::config::Config;
+use crate::handles::Handles;
 use crate::metrics::{LatencyBatch, LatencyHistogram, Metrics, NsHot, REQUEST_SLOTS};
 use crate::policy::{
     self, Admission, Causal, Decision, ErrorReply, Mode, NsPolicy, Reason, Target,
 };
 use crate::rewrite::{self, RewriteSpec};
-use crate::server::Shared;
 use crate::stall::{self, WriteTracker};
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
@@ -82,7 +81,7 @@ struct Tracked {
 }
 
 pub struct Session {
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
     config_generation: u64,
@@ -119,13 +118,13 @@ pub struct Session {
 
 impl Session {
     pub fn new(
-        shared: Arc<Shared>,
+        shared: Arc<Handles>,
         peer: SocketAddr,
         id: u64,
         stop: CancellationToken,
         kill: CancellationToken,
     ) -> Session {
-        let config_generation = shared.config_generation();
+        let config_generation = shared.config.generation();
         let config = shared.config.load_full();
         Session {
             shared,
@@ -282,7 +281,7 @@ impl Session {
         cw: &mut C,
         uw: &mut U,
     ) -> Result<(), SessionError> {
-        let generation = self.shared.config_generation();
+        let generation = self.shared.config.generation();
         if generation != self.config_generation {
             self.config = self.shared.config.load_full();
             self.config_generation = generation;
@@ -351,13 +350,9 @@ impl Session {
         let now = Instant::now();
         let admission = if target.kind == policy::ReadKind::Eligible {
             if target.policy.mode == Mode::Fallback && self.shared.stall.holding() {
-                stall::hold_on_read(&self.shared, &ns, now);
+                self.shared.breakers.hold_on_read(&ns, now);
             }
-            let (a, t) = self.shared.breakers.admit(&ns, &target.policy, now);
-            if let Some(t) = t {
-                self.log_transition(&ns, &t);
-            }
-            a
+            self.shared.breakers.admit(&ns, &target.policy, now).0
         } else {
             Admission::Closed
         };
@@ -568,11 +563,7 @@ impl Session {
             tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, "trigger error");
             self.shared.metrics.trigger_error(&t.ns, &code.to_string());
             let reason = Reason::of_code(code);
-            if let Some(tr) =
-                breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now)
-            {
-                self.log_transition(&t.ns, &tr);
-            }
+            breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now);
             if t.retry {
                 let remaining = t
                     .max_time_ms
@@ -612,13 +603,9 @@ impl Session {
                 slow.as_millis()
             );
             tracing::info!(ns = %t.ns, command = %t.command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
-            if let Some(tr) =
-                breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now)
-            {
-                self.log_transition(&t.ns, &tr);
-            }
-        } else if let Some(tr) = breakers.record_success(&t.ns, t.probe, now) {
-            self.log_transition(&t.ns, &tr);
+            breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now);
+        } else {
+            breakers.record_success(&t.ns, t.probe, now);
         }
         Ok(false)
     }
@@ -636,22 +623,15 @@ impl Session {
             tracing::info!(ns = %t.ns, command = %t.command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
             self.shared.metrics.trigger_error(&t.ns, "timeout");
             let what = format!("client gave up after {} ms", waited.as_millis());
-            if let Some(tr) = self.shared.breakers.record_failure(
+            self.shared.breakers.record_failure(
                 &t.ns,
                 &t.policy,
                 Reason::TimeLimit,
                 &what,
                 t.probe,
                 now,
-            ) {
-                self.log_transition(&t.ns, &tr);
-            }
+            );
         }
-    }
-
-    fn log_transition(&self, ns: &str, t: &Transition) {
-        self.shared.metrics.breaker(ns, t.to);
-        tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
     }
 
     fn policy_active(&self) -> bool {
@@ -761,7 +741,7 @@ impl Session {
         reply: &ErrorReply,
         cw: &mut C,
     ) -> Result<(), SessionError> {
-        let out = reply.to_message(self.shared.request_id(), request_id);
+        let out = reply.to_message(self.shared.ids.request_id(), request_id);
         cw.write_all(&out).await.map_err(SessionError::ClientIo)
     }
 }
