@@ -1,5 +1,10 @@
 //! Connecting to mongos: round-robin over the configured routers, healthy ones first
 //! (health is recorded here by the `health` checker), over TCP or TLS (`[upstream_tls]`).
+//! Each router also guards its primary rung (`ladder`: reads sent to the primary).
+
+mod ladder;
+
+pub use ladder::{Denied, LadderGuard, LadderPermit};
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,6 +67,8 @@ pub struct HealthInfo {
 #[derive(Debug)]
 pub struct Upstream {
     pub addr: String,
+    /// Ladder reads through this router (`[ladder_guard]`).
+    pub ladder: Arc<LadderGuard>,
     health: AtomicU8,
     info: Mutex<HealthInfo>,
 }
@@ -74,6 +81,7 @@ impl Upstream {
     fn new(addr: String) -> Upstream {
         Upstream {
             addr,
+            ladder: Arc::default(),
             health: AtomicU8::new(0),
             info: Mutex::new(HealthInfo {
                 health: Health::Unknown,
@@ -156,6 +164,16 @@ impl Upstreams {
 
     pub fn list(&self) -> Arc<Vec<Arc<Upstream>>> {
         self.list.load_full()
+    }
+
+    /// The ladder guard of the router at `addr` (as `connect` returned it); `None` once a
+    /// reload removed it (its sessions then fail fast rather than climb).
+    pub fn ladder_guard(&self, addr: &str) -> Option<Arc<LadderGuard>> {
+        self.list
+            .load()
+            .iter()
+            .find(|u| u.addr == addr)
+            .map(|u| u.ladder.clone())
     }
 
     /// Ready to serve: at least one upstream answered its last check (with checks off, at
