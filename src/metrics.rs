@@ -16,8 +16,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod ladder;
 pub mod latency;
 mod stall;
+pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
 pub use stall::{
     ProbeLabel, ProbeResult, ShardLabel, SignalKind, SignalLabel, StallMetrics, UpstreamResult,
@@ -132,6 +134,8 @@ pub struct Metrics {
     ns_count: AtomicUsize,
     /// The write-stall watch's inputs and state.
     pub stall: StallMetrics,
+    /// The primary ladder and the orphan estimate.
+    pub ladder: LadderMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -175,6 +179,7 @@ impl Metrics {
             seen_ns: DashSet::new(),
             ns_count: AtomicUsize::new(0),
             stall: StallMetrics::default(),
+            ladder: LadderMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -248,6 +253,7 @@ impl Metrics {
                 m.tls_failures.clone(),
             );
             m.stall.register(&mut r);
+            m.ladder.register(&mut r);
         }
         // Both outcomes exist from the start at 0, so the first failed reload is an
         // increase that `increase()`/`rate()` can see (a series born at 1 is not).
@@ -388,6 +394,31 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a read that climbed to `rung` of `ns`'s ladder, and what came of it
+    /// (`rung` from [`LADDER_RUNGS`], `result` from [`LADDER_RESULTS`]).
+    pub fn ladder_attempt(&self, ns: &str, rung: &'static str, result: &'static str) {
+        self.ladder
+            .attempts
+            .get_or_create(&NsRungResult {
+                namespace: self.ns_label(ns),
+                rung,
+                result,
+            })
+            .inc();
+    }
+
+    /// Adds documents seen twice in one `available` reply on `ns`.
+    pub fn orphans_estimated(&self, ns: &str, n: u64) {
+        if n > 0 {
+            self.ladder
+                .orphans
+                .get_or_create(&NsLabel {
+                    namespace: self.ns_label(ns),
+                })
+                .inc_by(n);
+        }
+    }
+
     /// Sets a namespace's breaker gauge: 0 closed, 1 half-open, 2 open (the breaker module
     /// maps its states, and reports every transition through here).
     pub fn breaker_state(&self, ns: &str, gauge: i64) {
@@ -439,5 +470,34 @@ impl Metrics {
                 result: if ok { "ok" } else { "error" },
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod ladder_tests {
+    use super::*;
+
+    #[test]
+    fn ladder_and_orphan_metrics_are_exported_with_their_labels() {
+        let m = Metrics::new();
+        m.ladder_attempt("pay.tx", "primary", "answered");
+        m.ladder_attempt("pay.tx", "primary", "answered");
+        m.ladder_attempt("pay.tx", "primary", "denied");
+        m.orphans_estimated("demo.inv", 3);
+        m.orphans_estimated("demo.inv", 0);
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"staleguard_ladder_attempts_total{namespace="pay.tx",rung="primary",result="answered"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"staleguard_orphans_estimated_total{namespace="demo.inv"} 3"#),
+            "{text}"
+        );
+        assert_eq!(m.ladder.attempts_of("pay.tx", "primary", "denied"), 1);
+        assert_eq!(m.ladder.orphans_of("demo.inv"), 3);
+        assert_eq!(m.ladder.orphans_of("nothing.here"), 0);
     }
 }
