@@ -11,6 +11,7 @@
 pub mod body;
 pub mod codec;
 pub mod compressed;
+pub mod dupids;
 pub mod header;
 pub mod legacy;
 pub mod opmsg;
