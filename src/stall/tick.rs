@@ -158,10 +158,13 @@ fn export_passive(shared: &Ctx, addr: &str, up: &UpstreamWrites, s: &PassiveSamp
 }
 
 /// `on_write_stall`: holds fallback breakers open while any signal is raised; releases
-/// them into an ordinary cooldown when every signal has cleared.
+/// them when every signal has cleared. Whatever the action, the moment every signal clears
+/// (writes complete again, so secondaries can refresh) every open breaker probes at its
+/// next read instead of waiting out its cooldown.
 fn act(shared: &Ctx, config: &Config, now: Instant) {
     let watch = &shared.stall;
     let raised = watch.first_raised();
+    let cleared = watch.was_raised.swap(raised.is_some(), Ordering::SeqCst) && raised.is_none();
     let acting = config.stall.on_write_stall == StallAction::OpenFallbackBreakers;
     match raised {
         Some(signal) if acting => {
@@ -198,5 +201,8 @@ fn act(shared: &Ctx, config: &Config, now: Instant) {
                 shared.breakers.end_hold(now);
             }
         }
+    }
+    if cleared {
+        shared.breakers.probe_early();
     }
 }

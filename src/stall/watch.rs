@@ -125,6 +125,8 @@ pub struct StallWatch {
     /// The action is on: fallback breakers are held open (sessions hold new ones as they
     /// are read, through `Breakers::hold_on_read`).
     pub(super) holding: AtomicBool,
+    /// Some signal was raised at the last tick (to notice the moment every one clears).
+    pub(super) was_raised: AtomicBool,
 }
 
 impl Default for StallWatch {
@@ -140,6 +142,7 @@ impl StallWatch {
             upstreams: DashMap::new(),
             signals: Mutex::new(BTreeMap::new()),
             holding: AtomicBool::new(false),
+            was_raised: AtomicBool::new(false),
         }
     }
 
