@@ -486,7 +486,7 @@ mod tests {
             // The classic fixed cooldown unless a test asks for a short first one.
             min_cooldown: Duration::from_secs(30),
             attempt_share: 0.5,
-            attempt_limit: Duration::from_millis(500),
+            attempt_limit: Some(Duration::from_millis(500)),
             primary_rung: false,
         }
     }

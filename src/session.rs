@@ -401,7 +401,6 @@ impl Session {
         match decision {
             Decision::Forward => self.forward(msg, true, uw).await,
             Decision::Track {
-                cap_ms,
                 budget_ms,
                 probe,
                 retry,
@@ -431,7 +430,8 @@ impl Session {
                     original: msg,
                     started: now,
                     // The whole budget: the retry spends what the first attempt left.
-                    max_time_ms: budget_ms.or(cap_ms),
+                    // The whole budget (none: the retry has no limit either).
+                    max_time_ms: budget_ms,
                     probe,
                     retry,
                     retried: false,
@@ -455,11 +455,34 @@ impl Session {
                     }
                 }
             }
-            // The primary rung is not wired into the relay yet: what it falls back to.
+            // The relay does not send the primary rung yet (README "Not built yet"): the
+            // read does what it does without a ladder, `available` here.
             Decision::Primary {
-                then: policy::AfterPrimary::Available { .. },
+                then:
+                    policy::AfterPrimary::Available {
+                        drop_after_cluster_time,
+                    },
+                budget_ms,
                 ..
-            } => self.forward(msg, true, uw).await,
+            } => {
+                let spec = RewriteSpec {
+                    available: true,
+                    drop_after_cluster_time,
+                    max_time_ms: budget_ms,
+                    primary: false,
+                };
+                match rewrite::rewrite_request(&msg, body, &spec, max) {
+                    Ok(out) => {
+                        self.bump(ns, 0);
+                        tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", "read rewritten to readConcern available");
+                        self.forward(out, true, uw).await
+                    }
+                    Err(e) => {
+                        tracing::warn!(ns = %ns, error = %e, "rewrite failed, forwarding as is");
+                        self.forward(msg, true, uw).await
+                    }
+                }
+            }
             Decision::Primary {
                 then:
                     policy::AfterPrimary::FailFast {

@@ -973,7 +973,7 @@ fn ladder_budget_and_backoff_defaults() {
     let fb = c.policy.lookup("a", "b").expect("fallback");
     assert_eq!(fb.min_cooldown, Duration::from_secs(1));
     assert_eq!(fb.attempt_share, 0.5);
-    assert_eq!(fb.attempt_limit, Duration::from_millis(500));
+    assert_eq!(fb.attempt_limit, Some(Duration::from_millis(500)));
     assert!(!fb.primary_rung);
     assert_eq!(fb.ladder(), ["available"]);
     let strict = c.policy.lookup("p", "x").expect("strict");
@@ -1008,7 +1008,7 @@ ladder = ["primary", "available"]
     assert!(pay.primary_rung);
     assert_eq!(pay.ladder(), ["primary"]);
     assert_eq!(pay.attempt_share, 0.25);
-    assert_eq!(pay.attempt_limit, Duration::from_millis(300));
+    assert_eq!(pay.attempt_limit, Some(Duration::from_millis(300)));
     assert_eq!(pay.min_cooldown, Duration::from_secs(2));
     let inv = c.policy.lookup("demo", "inv").expect("fallback");
     assert_eq!(inv.ladder(), ["primary", "available"]);
@@ -1075,6 +1075,7 @@ fn budget_and_cooldown_errors() {
         );
     }
     assert!(e("attempt_share = 1.0").is_empty());
+    assert!(e("attempt_limit = \"off\"").is_empty());
     assert_eq!(
         e("attempt_limit = \"0ms\""),
         [k(4, "namespaces[0].attempt_limit")]

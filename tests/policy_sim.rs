@@ -30,7 +30,7 @@ use staleguard::sim::{self, Cluster, MoveReport, SimConfig, SimHandle, TableStat
 
 use policy_support::{
     available, body, command_error, command_name, level, max_time_ms, read_concern, select,
-    try_body,
+    try_body, PASS_BUDGET,
 };
 use support::py::run_check;
 use support::tap::Tap;
@@ -92,10 +92,17 @@ struct SimEnv {
 }
 
 impl SimEnv {
+    /// The decision-table tests: the first attempt keeps the client's whole budget.
     async fn start(namespaces: &str) -> SimEnv {
+        SimEnv::start_with(&format!("{PASS_BUDGET}{namespaces}"), REFRESH_TIMEOUT).await
+    }
+
+    /// `config` as given (default budget split), the sim with `refresh_timeout`.
+    async fn start_with(config: &str, refresh_timeout: Duration) -> SimEnv {
+        let namespaces = config;
         let sim = sim::start(SimConfig {
             listen: "127.0.0.1:0".into(),
-            refresh_timeout: REFRESH_TIMEOUT,
+            refresh_timeout,
             stale_retries: STALE_RETRIES,
             find_host_timeout: Duration::from_millis(200),
             seed: 7,
@@ -862,6 +869,156 @@ async fn pymongo_fallback_answers_and_strict_fails_fast_on_the_sim() {
         env.sent_by_driver("find", PAYMENTS).len(),
         3 + FAIL_FAST_READS,
         "pymongo did not retry the fail-fast reply"
+    );
+    env.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Issue 12: the time-limit path answered inside the client's own maxTimeMS, and a fast
+//    return to unmodified reads once the primary resumes (default settings)
+
+/// The namespaces with the default budget split and backoff (no test overrides).
+const DEFAULT_NAMESPACES: &str = r#"
+[[namespaces]]
+pattern = "demo.store_inventory"
+mode = "fallback"
+
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+"#;
+
+/// The sim's refresh limit as in MongoDB 4.2: longer than any client limit here, so a
+/// stuck secondary shows as a time limit, never as StaleConfig.
+const REAL_REFRESH: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_path_fallback_answers_from_the_first_read_inside_its_max_time() {
+    let env = SimEnv::start_with(DEFAULT_NAMESPACES, REAL_REFRESH).await;
+    let (guarded, direct) = (env.guarded().await, env.direct().await);
+    warm(&direct, &["a1"]).await;
+    env.incident(&["a1"]);
+    let limit = doc! { "maxTimeMS": 2000 };
+
+    // Straight to mongos: the read waits for a refresh that never comes, until its 2 s.
+    let (r, took) = timed(find_on(&direct, INVENTORY, doc! {}, "a1", limit.clone())).await;
+    let (code, _, msg) = error_of(r, "direct read on a1");
+    assert_eq!(code, 50, "{msg}");
+    assert!(took >= Duration::from_millis(1900), "{took:?}");
+
+    // Through staleguard the very first read answers, well inside its own 2 s.
+    let (r, took) = timed(find_on(&guarded, INVENTORY, doc! {}, "a1", limit)).await;
+    let docs = r.expect("the first read is answered");
+    assert_eq!(docs.len(), INVENTORY_DOCS);
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+    let up = env.upstream("find", INVENTORY);
+    assert_eq!(up.len(), 2, "the first attempt and the resend");
+    // min(2000 * 0.5, attempt_limit 500 ms); the resend gets the rest of the 2 s.
+    assert_eq!(max_time_ms(&up[0]), Some(500));
+    assert_eq!(
+        read_concern(&up[0]),
+        None,
+        "the first attempt is not relaxed"
+    );
+    assert_eq!(read_concern(&up[1]), Some(available()));
+    let rest = max_time_ms(&up[1]).expect("the resend keeps a limit");
+    assert!((1..=1500).contains(&rest), "resend maxTimeMS {rest}");
+
+    // A read without any limit: its first attempt gets attempt_limit, the resend none.
+    let (r, took) = timed(find_on(&guarded, INVENTORY, doc! {}, "a1", doc! {})).await;
+    assert_eq!(r.expect("answered").len(), INVENTORY_DOCS);
+    assert!(
+        took < Duration::from_millis(1500),
+        "answered after {took:?}"
+    );
+    let up = env.upstream("find", INVENTORY);
+    assert_eq!(up.len(), 4);
+    assert_eq!(max_time_ms(&up[2]), Some(500));
+    assert_eq!(max_time_ms(&up[3]), None);
+    assert_eq!(read_concern(&up[3]), Some(available()));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pymongo_time_limit_path_answers_from_the_first_read() {
+    let env = SimEnv::start_with(DEFAULT_NAMESPACES, REAL_REFRESH).await;
+    warm(&env.direct().await, &["a1"]).await;
+    env.incident(&["a1"]);
+    let (guarded, direct) = env.uris();
+    run_check("policy_sim_check.py", "budget", vec![guarded, direct]).await;
+    let up = env.upstream("find", INVENTORY);
+    assert_eq!(
+        up.len(),
+        2,
+        "pymongo's first read: the first attempt and the resend"
+    );
+    assert_eq!(max_time_ms(&up[0]), Some(500));
+    assert_eq!(read_concern(&up[1]), Some(available()));
+    env.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_resume_primary_both_namespaces_are_back_to_unmodified_reads_within_5s() {
+    let env = SimEnv::start_with(DEFAULT_NAMESPACES, REAL_REFRESH).await;
+    let (guarded, direct) = (env.guarded().await, env.direct().await);
+    warm(&direct, &["a1"]).await;
+    env.incident(&["a1"]);
+    let pay_read = || doc! { "maxTimeMS": PAYMENT_MAX_TIME_MS };
+    // Open both breakers (3 trigger errors each), then let the incident last a while: the
+    // probes fail and the cooldown grows (1 s, 2 s, ...).
+    for _ in 0..3 {
+        let docs = find_on(&guarded, INVENTORY, doc! {}, "a1", doc! {})
+            .await
+            .expect("fallback answered");
+        assert_eq!(docs.len(), INVENTORY_DOCS);
+        let _ = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
+    }
+    assert_eq!(env.state(INVENTORY), State::Open);
+    assert_eq!(env.state(PAYMENTS), State::Open);
+    let incident = Instant::now();
+    while incident.elapsed() < Duration::from_secs(3) {
+        let _ = find_on(&guarded, INVENTORY, doc! {}, "a1", doc! {}).await;
+        let _ = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    env.cluster().resume_primary("shardA").expect("resume");
+    let resumed = Instant::now();
+    // Reads keep coming, as an application's would; within 5 s both namespaces' reads go
+    // out as the driver sent them again (apart from the first attempt's time limit) and
+    // answer.
+    let mut back = [None, None];
+    while back.iter().any(Option::is_none) && resumed.elapsed() < Duration::from_secs(5) {
+        for (i, (ns, extra)) in [(INVENTORY, doc! {}), (PAYMENTS, pay_read())]
+            .into_iter()
+            .enumerate()
+        {
+            if back[i].is_some() {
+                continue;
+            }
+            let before = env.upstream("find", ns).len();
+            let r = find_on(&guarded, ns, doc! {}, "a1", extra).await;
+            let up = env.upstream("find", ns);
+            let unmodified = up.len() == before + 1
+                && read_concern(&up[before]).is_none()
+                && up[before]
+                    .get_document("$readPreference")
+                    .ok()
+                    .map(|d| d.to_owned())
+                    == RawDocumentBuf::try_from(&pinned("a1", "b1")).ok();
+            if r.is_ok() && unmodified && env.state(ns) == State::Closed {
+                back[i] = Some(resumed.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("back to unmodified reads after {back:?}");
+    assert!(
+        back.iter().all(Option::is_some),
+        "not back within 5 s: {back:?}"
     );
     env.shutdown().await;
 }

@@ -109,7 +109,8 @@ struct Overrides {
     slow_read: Option<At>,
     min_cooldown: Option<At>,
     attempt_share: Option<f64>,
-    attempt_limit: Option<Duration>,
+    /// `Some(None)`: `"off"`.
+    attempt_limit: Option<Option<Duration>>,
     /// `ladder` has `primary`, with the line it was set on and its rungs as written.
     ladder: Option<Ladder>,
 }
@@ -260,12 +261,15 @@ fn read_overrides(ctx: &mut Ctx, e: &RawEntry, prefix: &str) -> Overrides {
             }
         }),
         attempt_limit: e.attempt_limit.as_ref().and_then(|v| {
+            if v.get_ref() == "off" {
+                return Some(None);
+            }
             let d = duration(ctx, v, &key("attempt_limit"), Duration::from_millis(1))?;
             if d.as_millis() > i32::MAX as u128 {
                 ctx.err(v, &key("attempt_limit"), "must be at most 2147483647ms".into());
                 return None;
             }
-            Some(d)
+            Some(Some(d))
         }),
         ladder: e
             .ladder

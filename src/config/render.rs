@@ -56,7 +56,10 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
     if p.mode == Mode::Strict && !p.primary_rung {
         cells.extend(["-".to_string(), "-".to_string()]);
     } else {
-        cells.extend([p.attempt_share.to_string(), fmt_duration(p.attempt_limit)]);
+        let limit = p
+            .attempt_limit
+            .map_or_else(|| "off".to_string(), fmt_duration);
+        cells.extend([p.attempt_share.to_string(), limit]);
     }
     cells
 }

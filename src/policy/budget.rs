@@ -24,16 +24,18 @@ fn ms(d: Duration) -> i64 {
 }
 
 /// Splits a read's budget. `client_ms` is the client's `maxTimeMS` (0 or absent: none);
-/// `max_time` the namespace's cap; `share` in (0, 1]; `limit` the longest first attempt.
+/// `max_time` the namespace's cap; `share` in (0, 1]; `limit` the longest first attempt
+/// (`None`: `attempt_limit = "off"`).
 ///
 /// - with a budget `t`: the first attempt gets `min(t * share, limit)` (at least 1 ms, at
 ///   most `t`);
-/// - without one: the first attempt gets `limit`, and the next rung has no limit.
+/// - without one: the first attempt gets `limit` (none when off), and the next rung has no
+///   limit.
 pub fn attempt_budget(
     client_ms: Option<i64>,
     max_time: Option<Duration>,
     share: f64,
-    limit: Duration,
+    limit: Option<Duration>,
 ) -> AttemptBudget {
     let client = client_ms.filter(|&c| c > 0);
     let cap = max_time.map(ms);
@@ -41,14 +43,17 @@ pub fn attempt_budget(
         (Some(c), Some(m)) => Some(c.min(m)),
         (c, m) => c.or(m),
     };
-    let limit = ms(limit).max(1);
-    let first = match total {
+    let limit = limit.map(|l| ms(l).max(1));
+    let first = match (total, limit) {
         // `as` saturates; the product is finite for a share in (0, 1].
-        Some(t) => ((t as f64 * share).floor() as i64).clamp(1, t).min(limit),
-        None => limit,
+        (Some(t), _) => {
+            let share = ((t as f64 * share).floor() as i64).clamp(1, t);
+            Some(limit.map_or(share, |l| share.min(l)))
+        }
+        (None, limit) => limit,
     };
     AttemptBudget {
-        first_ms: (client != Some(first)).then_some(first),
+        first_ms: first.filter(|&f| client != Some(f)),
         total_ms: total,
     }
 }
@@ -76,7 +81,7 @@ mod tests {
     use super::*;
 
     const HALF: f64 = 0.5;
-    const LIMIT: Duration = Duration::from_millis(500);
+    const LIMIT: Option<Duration> = Some(Duration::from_millis(500));
 
     fn b(client: Option<i64>, cap: Option<u64>) -> AttemptBudget {
         attempt_budget(client, cap.map(Duration::from_millis), HALF, LIMIT)
@@ -140,7 +145,7 @@ mod tests {
     #[test]
     fn nothing_to_write_when_the_first_attempt_is_the_clients_own() {
         // share 1 and a limit above the budget: the client's value stands, no rewrite.
-        let whole = attempt_budget(Some(300), None, 1.0, Duration::from_secs(1));
+        let whole = attempt_budget(Some(300), None, 1.0, Some(Duration::from_secs(1)));
         assert_eq!(
             whole,
             AttemptBudget {
@@ -155,6 +160,29 @@ mod tests {
             attempt_budget(Some(3), None, 0.1, LIMIT).first_ms,
             Some(1),
             "floor(0.3) is raised to 1 ms"
+        );
+    }
+
+    #[test]
+    fn attempt_limit_off() {
+        // No budget and no limit: the read goes as the client sent it.
+        assert_eq!(
+            attempt_budget(None, None, 0.5, None),
+            AttemptBudget {
+                first_ms: None,
+                total_ms: None
+            }
+        );
+        // With a budget, only the share applies.
+        assert_eq!(
+            attempt_budget(Some(30_000), None, 0.5, None).first_ms,
+            Some(15_000)
+        );
+        // Share 1 and no limit: everything as before the split.
+        assert_eq!(attempt_budget(Some(800), None, 1.0, None).first_ms, None);
+        assert_eq!(
+            attempt_budget(None, Some(Duration::from_millis(400)), 1.0, None).first_ms,
+            Some(400)
         );
     }
 

@@ -333,7 +333,7 @@ mod tests {
     #[test]
     fn fallback_without_any_budget_gets_the_attempt_limit() {
         let mut p = NsPolicy::with_defaults("demo.plain", Mode::Fallback);
-        p.attempt_limit = Duration::from_millis(700);
+        p.attempt_limit = Some(Duration::from_millis(700));
         let t = PolicyTable::from_policies(vec![p]).expect("valid");
         let find = rawdoc! {"find": "plain", "$db": "demo", "$readPreference": secondary()};
         let info = classify(&find).expect("classifies");

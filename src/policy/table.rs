@@ -111,8 +111,8 @@ pub struct NsPolicy {
     /// attempt may spend, leaving the rest to the next rung. Default 0.5; in (0, 1].
     pub attempt_share: f64,
     /// Longest first attempt (the whole first attempt when the read has no budget).
-    /// Default 500ms; 1ms..=2147483647ms.
-    pub attempt_limit: Duration,
+    /// Default 500ms; 1ms..=2147483647ms, or `"off"` (none).
+    pub attempt_limit: Option<Duration>,
     /// `ladder` includes `primary`: a read that fails (or meets an open breaker) is sent
     /// once more with `$readPreference: {mode: "primary"}`. Default false (opt in).
     pub primary_rung: bool,
@@ -137,7 +137,7 @@ impl NsPolicy {
             slow_read: None,
             min_cooldown: DEFAULT_MIN_COOLDOWN,
             attempt_share: DEFAULT_ATTEMPT_SHARE,
-            attempt_limit: DEFAULT_ATTEMPT_LIMIT,
+            attempt_limit: Some(DEFAULT_ATTEMPT_LIMIT),
             primary_rung: false,
         }
     }

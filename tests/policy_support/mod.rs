@@ -23,6 +23,11 @@ use crate::support::mongos::{FakeMongos, Hooked};
 use crate::support::raw;
 use crate::support::tap::Tap;
 
+/// These tests check the decision table byte for byte: the first attempt keeps the client's
+/// whole budget and reads without one go as sent (the split itself is tested against
+/// the sim, `tests/policy_sim.rs`).
+pub const PASS_BUDGET: &str = "[defaults]\nattempt_share = 1.0\nattempt_limit = \"off\"\n";
+
 /// The namespaces most tests use: one fallback collection, the strict `pay` database.
 pub const BASE_NAMESPACES: &str = r#"
 [[namespaces]]
@@ -54,7 +59,7 @@ impl Env {
     pub async fn start(namespaces: &str) -> Env {
         let fake = FakeMongos::start().await;
         let text = format!(
-            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nshutdown_timeout = \"0s\"\n{namespaces}",
+            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nshutdown_timeout = \"0s\"\n{PASS_BUDGET}{namespaces}",
             fake.addr()
         );
         let config = match Config::parse(&text, Path::new("policy-test.toml")) {

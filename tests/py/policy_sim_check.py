@@ -95,7 +95,26 @@ def strict(guarded, direct):
     return {"fail_fast_ms": [round(t * 1000, 2) for t in times], "errmsg": errmsg}
 
 
-MODES = {"fallback": fallback, "strict": strict}
+def budget(guarded, direct):
+    """The time-limit path (the sim's refresh waits 30 s, longer than the read's maxTimeMS):
+    straight to mongos the read fails when its 2 s are spent; through staleguard the very
+    first read answers, well inside its own 2 s (its first attempt gets 500 ms, the
+    `available` resend the rest)."""
+    coll = MongoClient(direct, **TIMEOUTS).demo.get_collection("store_inventory", read_preference=ON_A1)
+    _, err, direct_took = timed(lambda: list(coll.find({}, batch_size=5000, max_time_ms=2000)))
+    expect(err is not None and err.code == 50, f"direct read: {err}")
+    expect(direct_took >= 1.9, f"direct time limit after {direct_took:.3f} s")
+    client = MongoClient(guarded, **TIMEOUTS)
+    client.admin.command("ping")
+    coll = client.demo.get_collection("store_inventory", read_preference=ON_A1)
+    docs, err, took = timed(lambda: list(coll.find({}, batch_size=5000, max_time_ms=2000)))
+    expect(err is None, f"the first read through staleguard should be answered: {err}")
+    expect(len(docs) == 2000, f"{len(docs)} documents")
+    expect(0.45 <= took < 1.5, f"answered after {took:.3f} s (first attempt 0.5 s, limit 2 s)")
+    return {"direct_s": round(direct_took, 3), "answered_s": round(took, 3)}
+
+
+MODES = {"fallback": fallback, "strict": strict, "budget": budget}
 
 
 def main():
