@@ -9,7 +9,7 @@
 //!        │       frames both ways (wire::codec: whole messages as Bytes, never copied)
 //!        ├─ command    one pass over the body: command, namespaces, read preference, ...
 //!        ├─ policy     patterns + breaker state → Decision (pure)
-//!        ├─ rewrite    readConcern/maxTimeMS splice, lengths and checksum fixed
+//!        ├─ rewrite    readConcern/maxTimeMS/$readPreference splice, lengths and checksum fixed
 //!        └─ breaker    per-namespace sliding window, closed/open/half-open
 //! ```
 //!
