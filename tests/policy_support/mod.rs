@@ -28,7 +28,8 @@ use crate::support::tap::Tap;
 /// the sim, `tests/policy_sim.rs`).
 pub const PASS_BUDGET: &str = "[defaults]\nattempt_share = 1.0\nattempt_limit = \"off\"\n";
 
-/// The namespaces most tests use: one fallback collection, the strict `pay` database.
+/// The namespaces most tests use: one fallback collection, the strict `pay` database; a fixed
+/// 30 s cooldown (no short first one), so an open breaker stays open through a test.
 pub const BASE_NAMESPACES: &str = r#"
 [[namespaces]]
 pattern = "demo.store_inventory"
@@ -36,6 +37,7 @@ mode = "fallback"
 threshold = 3
 window = "10s"
 cooldown = "30s"
+min_cooldown = "30s"
 
 [[namespaces]]
 pattern = "pay.*"
@@ -43,6 +45,7 @@ mode = "strict"
 threshold = 3
 window = "10s"
 cooldown = "30s"
+min_cooldown = "30s"
 "#;
 
 /// driver → tap → staleguard → fake mongos.
