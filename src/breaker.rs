@@ -6,53 +6,13 @@
 //! so the breaker returns through its usual half-open probe.
 
 use std::collections::VecDeque;
-use std::fmt;
-use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use crate::config::NsPolicy;
+use crate::policy::NsPolicy;
 
-/// Why a breaker counted an error (and, once open, which code a fail-fast reply carries).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// StaleConfig and its relatives: the shard could not confirm its routing table.
-    StaleRouting,
-    /// A time limit: MaxTimeMSExpired, ExceededTimeLimit, a client that gave up, a slow reply.
-    TimeLimit,
-    /// Held open by the write-stall watch before any read failed.
-    WriteStall,
-}
-
-impl Reason {
-    /// The reason a trigger code stands for.
-    pub fn of_code(code: i32) -> Reason {
-        match code {
-            13388 | 63 | 150 | 249 => Reason::StaleRouting,
-            _ => Reason::TimeLimit,
-        }
-    }
-
-    /// The code a fail-fast reply carries: neither is in the drivers' retryable-reads list.
-    pub fn reply_code(self) -> (i32, &'static str) {
-        match self {
-            // A secondary read during a write stall fails as stale routing would.
-            Reason::StaleRouting | Reason::WriteStall => (13388, "StaleConfig"),
-            Reason::TimeLimit => (50, "MaxTimeMSExpired"),
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Reason::StaleRouting => "stale routing metadata",
-            Reason::TimeLimit => "time limits",
-            Reason::WriteStall => "write stall suspected",
-        })
-    }
-}
+pub use crate::policy::{Admission, Reason};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -69,22 +29,6 @@ impl State {
             State::HalfOpen => "half-open",
         }
     }
-}
-
-/// What the breaker lets a request do, decided as it arrives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// Breaker closed: normal handling.
-    Closed,
-    /// Breaker open (or half-open with its probe already out): act as open.
-    Open {
-        reason: Reason,
-        /// How long until a probe is let through.
-        probe_in: Duration,
-        errors: u32,
-    },
-    /// This request is the half-open probe: send it unmodified and report its outcome.
-    Probe,
 }
 
 /// A state change, for logs and metrics.
@@ -420,7 +364,8 @@ impl Breakers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Causal, Mode};
+    use crate::policy::{Causal, Mode};
+    use std::time::Duration;
 
     fn policy() -> NsPolicy {
         NsPolicy {

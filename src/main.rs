@@ -8,10 +8,18 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use staleguard::config::{self, Config};
 
+/// `staleguard --version`: the package version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("STALEGUARD_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "staleguard",
-    version,
+    version = VERSION,
     about = "MongoDB wire-protocol proxy: keep secondary reads answering, or failing fast, when shard routing goes stale"
 )]
 struct Cli {

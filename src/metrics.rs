@@ -247,6 +247,11 @@ impl Metrics {
             );
             m.stall.register(&mut r);
         }
+        // Both outcomes exist from the start at 0, so the first failed reload is an
+        // increase that `increase()`/`rate()` can see (a series born at 1 is not).
+        for result in ["ok", "error"] {
+            let _ = m.reloads.get_or_create(&ResultLabel { result });
+        }
         m
     }
 

@@ -8,7 +8,8 @@
 //! with a warning.
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::ffi::{OsStr, OsString};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -154,25 +155,37 @@ fn retain_breakers(shared: &Shared, old: &Config, new: &Config) {
 }
 
 /// Watches the config file's folder and reloads when the file's content changes.
+///
+/// Besides writes to the file itself this follows a file replaced by a rename (editors that
+/// write a new file and move it over) and a symlink swapped under the path: Kubernetes
+/// mounts a ConfigMap as `config.toml -> ..data/config.toml` with `..data -> ..<timestamp>`,
+/// and an update renames a new `..data` over the old one, so no event ever names
+/// `config.toml`. Events on any link of that chain in the folder count (see [`watched_names`]).
 pub fn watch(shared: Arc<Shared>, stop: CancellationToken) -> Result<(), String> {
     let path = shared.config.load().source.clone();
-    let Some(name) = path.file_name().map(|n| n.to_os_string()) else {
+    if path.file_name().is_none() {
         return Err(format!("{}: not a file name", path.display()));
-    };
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    // What the file holds now, read before anything can change it: a change made before
+    // the debounce task first runs must still count as one.
+    let last = read(&path);
     let (tx, rx) = mpsc::unbounded_channel();
+    let watched = path.clone();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         let Ok(ev) = res else { return };
         if matches!(ev.kind, EventKind::Access(_)) {
             return;
         }
+        // Read afresh per event: a swap changes where the links point.
+        let names = watched_names(&watched);
         if ev
             .paths
             .iter()
-            .any(|p| p.file_name() == Some(name.as_os_str()))
+            .any(|p| p.file_name().is_some_and(|n| names.iter().any(|w| w == n)))
         {
             let _ = tx.send(());
         }
@@ -182,9 +195,49 @@ pub fn watch(shared: Arc<Shared>, stop: CancellationToken) -> Result<(), String>
         .watch(&dir, RecursiveMode::NonRecursive)
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
     tracing::info!(file = %path.display(), "watching the config file for changes");
-    tokio::spawn(debounce(shared, stop, rx, watcher, path));
+    tokio::spawn(debounce(shared, stop, rx, watcher, path, last));
     Ok(())
 }
+
+/// The names in the config file's folder whose change can change what the path reads: the
+/// file's own name, and the first component of every relative symlink target met while
+/// resolving it (`..data` for a ConfigMap volume, whose swap is a rename over `..data`).
+/// Absolute links are not followed: their folders are not watched.
+pub fn watched_names(path: &Path) -> Vec<OsString> {
+    let mut names: Vec<OsString> = path
+        .file_name()
+        .map(OsStr::to_os_string)
+        .into_iter()
+        .collect();
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let mut at = path.to_path_buf();
+    // Bounded like the kernel's own symlink limit.
+    for _ in 0..MAX_LINKS {
+        // Only a link in the folder itself names something the watch sees.
+        if at.parent() != Some(dir) {
+            break;
+        }
+        let Ok(target) = std::fs::read_link(&at) else {
+            break;
+        };
+        if target.is_absolute() {
+            break;
+        }
+        match target.components().next() {
+            Some(Component::Normal(first)) => {
+                if !names.iter().any(|n| n == first) {
+                    names.push(first.to_os_string());
+                }
+            }
+            _ => break,
+        }
+        at = dir.join(&target);
+    }
+    names
+}
+
+/// Symlink hops followed by [`watched_names`].
+const MAX_LINKS: usize = 8;
 
 async fn debounce(
     shared: Arc<Shared>,
@@ -192,10 +245,10 @@ async fn debounce(
     mut rx: mpsc::UnboundedReceiver<()>,
     watcher: notify::RecommendedWatcher,
     path: PathBuf,
+    mut last: Option<Vec<u8>>,
 ) {
     // Kept alive for as long as this task runs.
     let _watcher = watcher;
-    let mut last = read(&path);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -17,18 +17,20 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::breaker::{Admission, Reason, Transition};
+use crate::breaker::Transition;
 use crate::command::{self, CommandInfo};
-use crate::config::{Causal, Config, Mode, NsPolicy};
+use crate::config::Config;
 use crate::metrics::{LatencyBatch, LatencyHistogram, Metrics, NsHot, REQUEST_SLOTS};
-use crate::policy::{self, Decision, Target};
+use crate::policy::{
+    self, Admission, Causal, Decision, ErrorReply, Mode, NsPolicy, Reason, Target,
+};
 use crate::rewrite::{self, RewriteSpec};
 use crate::server::Shared;
 use crate::stall::{self, WriteTracker};
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::opmsg::{self, MORE_TO_COME};
-use crate::wire::{reply, Header, MessageCodec, OpCode, WireError};
+use crate::wire::{Header, MessageCodec, OpCode, WireError};
 
 /// A session adds its batched metrics after this many round trips, or this long after the
 /// last time, whichever comes first (and when it ends).
@@ -208,7 +210,7 @@ impl Session {
     {
         let max = self.config.max_message_size;
         let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
-        let mut ur = FramedRead::with_capacity(ur, MessageCodec::new(max), READ_BUFFER);
+        let mut ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
         let mut draining = false;
         let (kill, stop) = (self.kill.clone(), self.stop.clone());
         // Built once: re-creating them per loop turn registers with the tokens' shared Notify
@@ -359,10 +361,10 @@ impl Session {
         } else {
             Admission::Closed
         };
-        let mut decision = policy::decide(&target, &info, admission);
-        if target.policy.dry_run && decision != Decision::Forward {
-            tracing::debug!(ns = %ns, command = info.name, decision = decision.name(), dry_run = true, "would act (dry run)");
-            decision = decision.dry();
+        let decided = policy::decide(&target, &info, admission);
+        let (decision, held_back) = policy::apply_dry_run(decided, &target.policy);
+        if let Some(would) = held_back {
+            tracing::debug!(ns = %ns, command = info.name, decision = would, dry_run = true, "would act (dry run)");
         }
         let req = Governed {
             msg: &msg,
@@ -396,6 +398,7 @@ impl Session {
         } = req;
         let msg = msg.clone();
         let max = self.config.max_message_size;
+        let spec = policy::rewrite_spec(&decision);
         if let Some((c, d)) = Metrics::request_slot(info.name, decision.name()) {
             self.request_counts[c][d] += 1;
             self.dirty = true;
@@ -407,24 +410,17 @@ impl Session {
                 probe,
                 retry,
             } => {
-                let out = match cap_ms {
-                    Some(ms) => {
-                        let spec = RewriteSpec {
-                            available: false,
-                            drop_after_cluster_time: false,
-                            max_time_ms: Some(ms),
-                        };
-                        match rewrite::rewrite_request(&msg, body, &spec, max) {
-                            Ok(b) => {
-                                tracing::debug!(ns = %ns, command = info.name, max_time_ms = ms, "maxTimeMS capped");
-                                b
-                            }
-                            Err(e) => {
-                                tracing::warn!(ns = %ns, error = %e, "cannot cap maxTimeMS, forwarding as is");
-                                msg.clone()
-                            }
+                let out = match spec {
+                    Some(spec) => match rewrite::rewrite_request(&msg, body, &spec, max) {
+                        Ok(b) => {
+                            tracing::debug!(ns = %ns, command = info.name, max_time_ms = spec.max_time_ms, "maxTimeMS capped");
+                            b
                         }
-                    }
+                        Err(e) => {
+                            tracing::warn!(ns = %ns, error = %e, "cannot cap maxTimeMS, forwarding as is");
+                            msg.clone()
+                        }
+                    },
                     None => msg.clone(),
                 };
                 if probe {
@@ -445,14 +441,10 @@ impl Session {
                 });
                 self.forward(out, true, uw).await
             }
-            Decision::Rewrite {
-                drop_after_cluster_time,
-                cap_ms,
-            } => {
-                let spec = RewriteSpec {
-                    available: true,
-                    drop_after_cluster_time,
-                    max_time_ms: cap_ms,
+            Decision::Rewrite { .. } => {
+                let Some(spec) = spec else {
+                    // Not reached: `rewrite_spec` gives every rewrite a spec.
+                    return self.forward(msg, true, uw).await;
                 };
                 match rewrite::rewrite_request(&msg, body, &spec, max) {
                     Ok(out) => {
@@ -471,20 +463,17 @@ impl Session {
                 probe_in,
                 errors,
             } => {
-                let (code, name) = reason.reply_code();
-                let errmsg = fail_fast_message(ns, reason, errors, probe_in);
+                let reply =
+                    policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
                 self.bump(ns, 1);
-                tracing::debug!(ns = %ns, command = info.name, code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
-                self.reply_error(request_id, code, name, &errmsg, cw).await
+                tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
+                self.reply_error(request_id, &reply, cw).await
             }
             Decision::Refuse => {
-                let errmsg = format!(
-                    "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
-                );
+                let reply = policy::refusal_reply(ns);
                 self.bump(ns, 2);
                 tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
-                self.reply_error(request_id, 72, "InvalidOptions", &errmsg, cw)
-                    .await
+                self.reply_error(request_id, &reply, cw).await
             }
         }
     }
@@ -748,31 +737,16 @@ impl Session {
         cw.write_all(&msg).await.map_err(SessionError::ClientIo)
     }
 
+    /// Answers request `request_id` with `reply` instead of sending it upstream.
     async fn reply_error<C: AsyncWrite + Unpin>(
         &mut self,
         request_id: i32,
-        code: i32,
-        code_name: &str,
-        errmsg: &str,
+        reply: &ErrorReply,
         cw: &mut C,
     ) -> Result<(), SessionError> {
-        let out = reply::error_reply(
-            self.shared.request_id(),
-            request_id,
-            code,
-            code_name,
-            errmsg,
-        );
+        let out = reply.to_message(self.shared.request_id(), request_id);
         cw.write_all(&out).await.map_err(SessionError::ClientIo)
     }
-}
-
-fn fail_fast_message(ns: &str, reason: Reason, errors: u32, probe_in: Duration) -> String {
-    let at = humantime::format_rfc3339_seconds(SystemTime::now() + probe_in);
-    format!(
-        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); not sent to mongos; next probe in {:.1}s (at {at})",
-        probe_in.as_secs_f64()
-    )
 }
 
 fn client_err(e: FrameError) -> SessionError {

@@ -159,6 +159,52 @@ fn partial_frame_reserves_at_most_the_frame() {
     assert!(buf.capacity() <= MAX + SLACK, "reserved {}", buf.capacity());
 }
 
+/// A header declaring a huge message, followed by a trickle: the buffer follows the bytes
+/// that arrived (at most twice them, at least 8 KiB), never the declared length (issue 11:
+/// 500 connections declaring 47 MB each reserved 23 GB of address space).
+#[test]
+fn declared_length_alone_reserves_only_what_arrived() {
+    const BIG: usize = 48_000_000;
+    let declared = 47_000_000;
+    let mut codec = MessageCodec::new(BIG);
+    let mut buf = BytesMut::with_capacity(16);
+    buf.put_i32_le(declared);
+    buf.put_slice(&[0u8; 12]);
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    assert!(
+        buf.capacity() <= 8 * 1024 + SLACK,
+        "reserved {}",
+        buf.capacity()
+    );
+    let mut arrived = buf.len();
+    let chunk = vec![7u8; 100_000];
+    while arrived < 3_000_000 {
+        let room = buf.capacity() - buf.len();
+        let n = room.clamp(1, chunk.len());
+        buf.put_slice(&chunk[..n]);
+        arrived += n;
+        assert_eq!(codec.decode(&mut buf).unwrap(), None);
+        assert!(
+            buf.capacity() <= (2 * arrived).max(8 * 1024) + SLACK,
+            "holding {} bytes for {arrived} received",
+            buf.capacity()
+        );
+    }
+}
+
+/// The upstream's codec trusts mongos's declared length: one allocation for a large reply.
+#[test]
+fn trusting_codec_makes_room_for_the_declared_frame() {
+    let declared = 2_000_000;
+    let mut buf = BytesMut::with_capacity(16);
+    buf.put_i32_le(declared);
+    buf.put_slice(&[0u8; 12]);
+    let mut codec = MessageCodec::trusting(48_000_000);
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    assert!(buf.capacity() >= declared as usize);
+    assert!(buf.capacity() <= declared as usize + SLACK);
+}
+
 /// `BytesMut::reserve` may double a buffer (3072 → 6144 for a 4096-byte frame); the decoder
 /// must size its room from the frame, never past it.
 #[test]

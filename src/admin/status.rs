@@ -7,8 +7,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::breaker::State;
-use crate::config::{Mode, NsPolicy};
 use crate::health;
+use crate::policy::{Mode, NsPolicy};
 use crate::server::Shared;
 use crate::stall::Evidence;
 
@@ -239,7 +239,7 @@ fn write_stall(shared: &Shared, config: &crate::config::Config) -> WriteStallSta
     }
 }
 
-fn namespaces(shared: &Shared, table: &crate::config::PolicyTable) -> Vec<NsStatus> {
+fn namespaces(shared: &Shared, table: &crate::policy::PolicyTable) -> Vec<NsStatus> {
     let now = Instant::now();
     let wall = SystemTime::now();
     let mut rows: Vec<NsStatus> = Vec::new();

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{check_addr, duration, Ctx};
+use super::parse::{check_addr, duration};
+use super::spans::Ctx;
 use crate::tls::{ServerTls, TlsError, UpstreamTls};
 
 /// Default `[admin] listen`: loopback only.

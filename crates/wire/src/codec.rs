@@ -13,12 +13,26 @@ const MIN_ROOM: usize = 8 * 1024;
 #[derive(Debug, Clone)]
 pub struct MessageCodec {
     max: usize,
+    /// Make room for a whole declared frame at once (for a peer we trust: the upstream
+    /// mongos), instead of growing with the bytes received (for clients).
+    trust_declared: bool,
 }
 
 impl MessageCodec {
+    /// For an untrusted peer: a partial frame holds at most about twice what has arrived.
     pub fn new(max_message_size: usize) -> Self {
         MessageCodec {
             max: max_message_size.max(HEADER_LEN),
+            trust_declared: false,
+        }
+    }
+
+    /// For a trusted peer (mongos): room for the declared frame once its header arrives, so
+    /// a large reply is read into one allocation without regrowth copies.
+    pub fn trusting(max_message_size: usize) -> Self {
+        MessageCodec {
+            trust_declared: true,
+            ..MessageCodec::new(max_message_size)
         }
     }
 }
@@ -50,10 +64,17 @@ impl Decoder for MessageCodec {
         }
         let len = declared as usize;
         if src.len() < len {
-            // Room for the frame, and for small frames some more, so a read that fills the
-            // buffer exactly (and the EAGAIN read after it) is rare. Never `reserve`, which
-            // may double: for a frame near the bound that would be twice the maximum.
-            let room = len.max(MIN_ROOM).min(self.max.max(len));
+            // Grow with what the peer has actually sent, never with what it declares: a
+            // header alone must not make us hold the declared size (an untrusted port can
+            // open many connections that each declare the maximum and then trickle). The
+            // room at most doubles what has arrived (at least MIN_ROOM, so small frames
+            // need one allocation and no EAGAIN read), and never exceeds the frame. Never
+            // `BytesMut::reserve`, whose own doubling is not bounded by the frame.
+            let room = if self.trust_declared {
+                len.max(MIN_ROOM).min(self.max.max(len))
+            } else {
+                len.min(MIN_ROOM.max(src.len().saturating_mul(2)))
+            };
             if src.capacity() < room {
                 let mut grown = BytesMut::with_capacity(room);
                 grown.extend_from_slice(src);

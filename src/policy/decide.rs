@@ -1,13 +1,13 @@
-//! Policy: which namespace governs a command, and what to do with it. Pure functions over
+//! Deciding: which namespace governs a command and what to do with it. Pure functions over
 //! values: `resolve` (command + pattern table → target) and `decide` (target + breaker
 //! admission → `Decision`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::breaker::{Admission, Reason};
+use super::reason::{Admission, Reason};
+use super::table::{Causal, Mode, NsPolicy, PolicyTable};
 use crate::command::{is_eligible_shape, is_read_command, CommandInfo, Ns, ReadPrefMode};
-use crate::config::{Causal, Mode, NsPolicy, PolicyTable};
 
 /// The namespace whose policy and breaker govern a command, and what kind of read it is.
 #[derive(Debug, Clone)]
@@ -180,24 +180,6 @@ pub fn decide(target: &Target<'_>, info: &CommandInfo<'_>, admission: Admission)
 }
 
 impl Decision {
-    /// What a `dry_run` namespace does instead: forward unmodified, still counting errors
-    /// (and still taking the probe, so the breaker moves as it would).
-    pub fn dry(&self) -> Decision {
-        match self {
-            Decision::Forward => Decision::Forward,
-            Decision::Track { probe, .. } => Decision::Track {
-                cap_ms: None,
-                probe: *probe,
-                retry: false,
-            },
-            _ => Decision::Track {
-                cap_ms: None,
-                probe: false,
-                retry: false,
-            },
-        }
-    }
-
     pub fn name(&self) -> &'static str {
         match self {
             Decision::Forward => "forward",
@@ -390,35 +372,5 @@ mod tests {
         // maxTimeMS 0 means "no limit" to the server, so the cap applies.
         assert_eq!(capped_max_time(Some(0), cap), Some(500));
         assert_eq!(capped_max_time(Some(100), None), None);
-    }
-
-    #[test]
-    fn dry_run_never_acts() {
-        for d in [
-            Decision::Rewrite {
-                drop_after_cluster_time: true,
-                cap_ms: Some(1),
-            },
-            Decision::FailFast {
-                reason: Reason::TimeLimit,
-                probe_in: Duration::ZERO,
-                errors: 1,
-            },
-            Decision::Refuse,
-            Decision::Track {
-                cap_ms: Some(5),
-                probe: true,
-                retry: true,
-            },
-        ] {
-            match d.dry() {
-                Decision::Track {
-                    cap_ms: None,
-                    retry: false,
-                    ..
-                } => {}
-                other => panic!("{d:?} dry gave {other:?}"),
-            }
-        }
     }
 }

@@ -1,0 +1,140 @@
+//! Configuration: TOML text → validated `Config`. Every error names file, line and key.
+//!
+//! Parsing runs in two passes (`parse`). serde (`deny_unknown_fields`, values kept as
+//! `toml::Spanned`) checks the shape: an unknown key or a wrong type stops it at the first
+//! problem, reported alone. `validate` then checks every value and collects all problems;
+//! `spans` turns byte offsets into the file:line:key each error names.
+//!
+//! Besides malformed values, settings that can never take effect are errors too:
+//! - any breaker/rewrite setting on a `passthrough` entry;
+//! - `causal` on a `strict` entry (strict never rewrites, so there is nothing to drop or skip);
+//! - `slow_read` >= `max_time` (the read would have been cut before it counted as slow);
+//! - `primary` in `read_preferences` (primary reads are never eligible);
+//! - a trigger code <= 0 (server error codes are positive);
+//! - `max_time` below 1ms (it would be sent as `maxTimeMS: 0`, which means "no limit");
+//! - a database name holding a character MongoDB forbids in database names;
+//! - `admin.listen` equal to `listen` (unless both use port 0);
+//! - `health_timeout` longer than `health_interval`;
+//! - `[upstream_tls] ca` together with `insecure_skip_verify = true`;
+//! - `[stall_watch]` settings that cannot act (see `stall`).
+//!
+//! `[defaults]` and `[[namespaces]]` are checked in `namespaces` and become a
+//! `policy::PolicyTable` (the policy types live in `policy`; they are re-exported here).
+//! The operations sections (`[admin]`, `[tls]`, `[upstream_tls]`, health checks) live in
+//! `ops`; TLS files are read while validating, so a missing file names its key and line.
+//! The write-stall watch (`[stall_watch]`) lives in `stall`. `render` draws the effective
+//! config for `staleguard check-config`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::tls::{ServerTls, UpstreamTls};
+
+mod namespaces;
+mod ops;
+mod parse;
+mod render;
+mod spans;
+mod stall;
+
+pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
+pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
+pub use render::{explain, read_pref_names, render_table};
+pub use stall::{
+    Credentials, ProbeConfig, Secret, ShardsConfig, StallAction, StallConfig, DEFAULT_STALL_AFTER,
+};
+
+/// Default `listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:27018";
+/// Default single entry of `upstreams`.
+pub const DEFAULT_UPSTREAM: &str = "127.0.0.1:27017";
+/// Smallest accepted `max_message_size` (bytes).
+pub const MIN_MESSAGE_SIZE: usize = 16_384;
+/// Largest accepted `max_message_size` (bytes): the wire length is an `i32`.
+pub const MAX_MESSAGE_SIZE_LIMIT: usize = i32::MAX as usize;
+
+/// The proxy's configuration. Reload (SIGHUP or file change) validates the whole file first
+/// and keeps the old config on any error.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was read from.
+    pub source: PathBuf,
+    /// `listen`: where applications connect, `host:port`. Default `127.0.0.1:27018`.
+    /// Needs a restart.
+    pub listen: String,
+    /// `upstreams`: mongos routers, `host:port` each. Default `["127.0.0.1:27017"]`; not
+    /// empty. Reloads: new client connections use the new list.
+    pub upstreams: Vec<String>,
+    /// `max_message_size`: largest wire message accepted, in bytes. Default 48000000;
+    /// 16384..=2147483647. Reloads: applies to new connections.
+    pub max_message_size: usize,
+    /// `connect_timeout`: time allowed to connect to an upstream. Default 5s; not zero.
+    /// Reloads: applies to the next connection attempt.
+    pub connect_timeout: Duration,
+    /// `shutdown_timeout`: how long a graceful stop waits for connections to finish.
+    /// Default 10s; zero stops at once. Reloads.
+    pub shutdown_timeout: Duration,
+    /// `[admin] listen`: address of the HTTP admin endpoint. Default `127.0.0.1:9187` in a
+    /// file (`[admin] enabled = false` turns it off), none in [`Config::for_upstreams`].
+    /// Needs a restart.
+    pub admin_listen: Option<String>,
+    /// `[admin] token`: bearer token required for every admin route but `/healthz` and
+    /// `/readyz`. Default none (no authentication). Reloads.
+    pub admin_token: Option<String>,
+    /// `health_interval`: time between two `hello` checks of each upstream; `"off"` (none)
+    /// disables them. Default 5s in a file, off in [`Config::for_upstreams`]. Reloads (from
+    /// the next check).
+    pub health_interval: Option<Duration>,
+    /// `health_timeout`: time a check (connect, TLS and `hello`) may take. Default 2s; at
+    /// most `health_interval`. Reloads.
+    pub health_timeout: Duration,
+    /// `[tls]`: client-facing TLS (`cert`, `key`, optional `client_ca`). Default none
+    /// (plain TCP). Turning it on or off needs a restart; new files (certificate rotation)
+    /// reload and apply to new connections.
+    pub tls: Option<ServerTls>,
+    /// `[upstream_tls]`: TLS to mongos (`ca`, `server_name`, optional `cert`/`key`,
+    /// `insecure_skip_verify`). Default none (plain TCP). Reloads: new upstream connections.
+    pub upstream_tls: Option<UpstreamTls>,
+    /// `[defaults]` and `[[namespaces]]`: per-namespace policies. Default none (every read
+    /// passes through). Reloads.
+    pub policy: PolicyTable,
+    /// `[stall_watch]`: the write-progress watch and its action. Default in a file: the
+    /// passive watch with `observe`; off in [`Config::for_upstreams`]. Reloads.
+    pub stall: StallConfig,
+}
+
+/// A configuration problem, located.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {key}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based; 0 when the problem is the file itself (unreadable).
+    pub line: usize,
+    /// Dotted path such as `namespaces[2].window` (entries counted from 0); `syntax` for a
+    /// TOML syntax error, `file` for an unreadable file.
+    pub key: String,
+    pub message: String,
+}
+
+impl Config {
+    /// All defaults, no `[[namespaces]]`: a pure relay from `listen` to `upstreams`.
+    /// (Tests and embedders use this; the binary always reads a file.)
+    pub fn for_upstreams(listen: &str, upstreams: Vec<String>) -> Config {
+        Config {
+            source: PathBuf::from("<built-in>"),
+            listen: listen.to_string(),
+            upstreams,
+            max_message_size: crate::wire::DEFAULT_MAX_MESSAGE_SIZE,
+            connect_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(10),
+            admin_listen: None,
+            admin_token: None,
+            health_interval: None,
+            health_timeout: DEFAULT_HEALTH_TIMEOUT,
+            tls: None,
+            upstream_tls: None,
+            policy: PolicyTable::default(),
+            stall: StallConfig::off(),
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! `[defaults]` and `[[namespaces]]`: each entry's pattern, mode and settings checked and
+//! resolved (built-in defaults, then `[defaults]`, then the entry) into the policy table.
+//!
+//! Besides malformed values, settings an entry's mode can never use are errors: any
+//! breaker/rewrite setting on `passthrough`, `causal` on `strict`, `slow_read` not below
+//! `max_time`, `primary` in `read_preferences`, a trigger code <= 0, two entries with one
+//! pattern.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::parse::duration;
+use super::spans::Ctx;
+use crate::command::ReadPrefMode;
+use crate::policy::{Causal, Mode, NsPolicy, Pattern, PolicyTable};
+
+/// One `[[namespaces]]` entry, or `[defaults]` (where `pattern` and `mode` are refused).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEntry {
+    pattern: Option<Spanned<String>>,
+    mode: Option<Spanned<String>>,
+    threshold: Option<Spanned<i64>>,
+    window: Option<Spanned<String>>,
+    cooldown: Option<Spanned<String>>,
+    read_preferences: Option<Spanned<Vec<Spanned<String>>>>,
+    trigger_codes: Option<Spanned<Vec<Spanned<i64>>>>,
+    max_time: Option<Spanned<String>>,
+    dry_run: Option<Spanned<bool>>,
+    causal: Option<Spanned<String>>,
+    slow_read: Option<Spanned<String>>,
+}
+
+impl RawEntry {
+    /// The breaker/rewrite settings present in this entry: (name, byte offset).
+    fn settings_set(&self) -> Vec<(&'static str, usize)> {
+        fn at<T>(v: &Option<Spanned<T>>) -> Option<usize> {
+            v.as_ref().map(|s| s.span().start)
+        }
+        [
+            ("threshold", at(&self.threshold)),
+            ("window", at(&self.window)),
+            ("cooldown", at(&self.cooldown)),
+            ("read_preferences", at(&self.read_preferences)),
+            ("trigger_codes", at(&self.trigger_codes)),
+            ("max_time", at(&self.max_time)),
+            ("dry_run", at(&self.dry_run)),
+            ("causal", at(&self.causal)),
+            ("slow_read", at(&self.slow_read)),
+        ]
+        .into_iter()
+        .filter_map(|(k, o)| o.map(|o| (k, o)))
+        .collect()
+    }
+}
+
+/// The policy table of `[defaults]` and every `[[namespaces]]` entry; `None` when anything
+/// is invalid (errors already recorded).
+pub(super) fn table(
+    ctx: &mut Ctx,
+    defaults: Option<&Spanned<RawEntry>>,
+    entries: &[Spanned<RawEntry>],
+) -> Option<PolicyTable> {
+    let defaults = defaults.map_or_else(Overrides::default, |d| read_defaults(ctx, d));
+    policies(ctx, entries, &defaults)
+}
+
+/// Some entry asks for mode fallback (whether or not it is otherwise valid).
+pub(super) fn any_fallback(entries: &[Spanned<RawEntry>]) -> bool {
+    entries.iter().any(|e| {
+        e.get_ref()
+            .mode
+            .as_ref()
+            .is_some_and(|m| m.get_ref() == Mode::Fallback.as_str())
+    })
+}
+
+/// A duration with the line it was set on (for errors that compare two settings).
+#[derive(Debug, Clone, Copy)]
+struct At {
+    value: Duration,
+    line: usize,
+}
+
+/// The settings one table sets, parsed; `None` = not set (or invalid, already reported).
+#[derive(Debug, Default)]
+struct Overrides {
+    threshold: Option<u32>,
+    window: Option<Duration>,
+    cooldown: Option<Duration>,
+    read_preferences: Option<u8>,
+    trigger_codes: Option<Vec<i32>>,
+    max_time: Option<At>,
+    dry_run: Option<bool>,
+    causal: Option<Causal>,
+    slow_read: Option<At>,
+}
+
+impl Overrides {
+    fn apply(&self, p: &mut NsPolicy) {
+        p.threshold = self.threshold.unwrap_or(p.threshold);
+        p.window = self.window.unwrap_or(p.window);
+        p.cooldown = self.cooldown.unwrap_or(p.cooldown);
+        p.read_preferences = self.read_preferences.unwrap_or(p.read_preferences);
+        if let Some(codes) = &self.trigger_codes {
+            p.trigger_codes.clone_from(codes);
+        }
+        p.max_time = self.max_time.map(|a| a.value).or(p.max_time);
+        p.dry_run = self.dry_run.unwrap_or(p.dry_run);
+        p.causal = self.causal.unwrap_or(p.causal);
+        p.slow_read = self.slow_read.map(|a| a.value).or(p.slow_read);
+    }
+}
+
+fn read_defaults(ctx: &mut Ctx, d: &Spanned<RawEntry>) -> Overrides {
+    let d = d.get_ref();
+    for (name, v) in [("pattern", &d.pattern), ("mode", &d.mode)] {
+        if let Some(v) = v {
+            let msg = "belongs in a [[namespaces]] entry, not in [defaults]".to_string();
+            ctx.err(v, &format!("defaults.{name}"), msg);
+        }
+    }
+    let o = read_overrides(ctx, d, "defaults");
+    if let (Some(slow), Some(max)) = (o.slow_read, o.max_time) {
+        slow_vs_max(ctx, slow, max, "defaults.slow_read");
+    }
+    o
+}
+
+fn slow_vs_max(ctx: &mut Ctx, slow: At, max: At, key: &str) {
+    if slow.value >= max.value {
+        let line = if key.ends_with("slow_read") {
+            slow.line
+        } else {
+            max.line
+        };
+        let msg = format!(
+            "slow_read {} (line {}) is not below max_time {} (line {}): the read is cut before it counts as slow",
+            humantime::format_duration(slow.value),
+            slow.line,
+            humantime::format_duration(max.value),
+            max.line,
+        );
+        ctx.err_line(line, key, msg);
+    }
+}
+
+fn read_overrides(ctx: &mut Ctx, e: &RawEntry, prefix: &str) -> Overrides {
+    let key = |name: &str| format!("{prefix}.{name}");
+    let nonzero = Duration::from_nanos(1);
+    let at = |ctx: &mut Ctx, v: &Spanned<String>, k: &str, min| {
+        duration(ctx, v, k, min).map(|value| At {
+            value,
+            line: ctx.line(v.span().start),
+        })
+    };
+    Overrides {
+        threshold: e
+            .threshold
+            .as_ref()
+            .and_then(|v| threshold(ctx, v, &key("threshold"))),
+        window: e
+            .window
+            .as_ref()
+            .and_then(|v| duration(ctx, v, &key("window"), nonzero)),
+        cooldown: e
+            .cooldown
+            .as_ref()
+            .and_then(|v| duration(ctx, v, &key("cooldown"), nonzero)),
+        read_preferences: e
+            .read_preferences
+            .as_ref()
+            .and_then(|v| read_preferences(ctx, v, &key("read_preferences"))),
+        trigger_codes: e
+            .trigger_codes
+            .as_ref()
+            .and_then(|v| trigger_codes(ctx, v, &key("trigger_codes"))),
+        max_time: e.max_time.as_ref().and_then(|v| {
+            let m = at(ctx, v, &key("max_time"), Duration::from_millis(1))?;
+            if m.value.as_millis() > i32::MAX as u128 {
+                ctx.err(v, &key("max_time"), "must be at most 2147483647ms".into());
+                return None;
+            }
+            Some(m)
+        }),
+        dry_run: e.dry_run.as_ref().map(|v| *v.get_ref()),
+        causal: e.causal.as_ref().and_then(|v| {
+            let c = Causal::parse(v.get_ref());
+            if c.is_none() {
+                let msg = format!("unknown value `{}`; expected `drop` or `skip`", v.get_ref());
+                ctx.err(v, &key("causal"), msg);
+            }
+            c
+        }),
+        slow_read: e
+            .slow_read
+            .as_ref()
+            .and_then(|v| at(ctx, v, &key("slow_read"), nonzero)),
+    }
+}
+
+fn threshold(ctx: &mut Ctx, v: &Spanned<i64>, key: &str) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if n >= 1 => Some(n),
+        _ => {
+            let msg = format!("{} is out of range 1..={}", v.get_ref(), u32::MAX);
+            ctx.err(v, key, msg);
+            None
+        }
+    }
+}
+
+fn read_preferences(ctx: &mut Ctx, v: &Spanned<Vec<Spanned<String>>>, key: &str) -> Option<u8> {
+    if v.get_ref().is_empty() {
+        ctx.err(
+            v,
+            key,
+            "must not be empty (no read would ever be eligible)".into(),
+        );
+        return None;
+    }
+    let mut bits = 0u8;
+    let mut ok = true;
+    for (i, name) in v.get_ref().iter().enumerate() {
+        let k = format!("{key}[{i}]");
+        match ReadPrefMode::parse(name.get_ref()) {
+            Some(ReadPrefMode::Primary) => {
+                let msg =
+                    "`primary` reads are never eligible, so this can never take effect".to_string();
+                ctx.err(name, &k, msg);
+                ok = false;
+            }
+            Some(m) => bits |= m.bit(),
+            None => {
+                let names: Vec<&str> = ReadPrefMode::ALL.iter().map(|m| m.as_str()).collect();
+                let msg = format!(
+                    "unknown read preference `{}`; expected one of {}",
+                    name.get_ref(),
+                    names.join(", ")
+                );
+                ctx.err(name, &k, msg);
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(bits)
+}
+
+fn trigger_codes(ctx: &mut Ctx, v: &Spanned<Vec<Spanned<i64>>>, key: &str) -> Option<Vec<i32>> {
+    if v.get_ref().is_empty() {
+        ctx.err(
+            v,
+            key,
+            "must not be empty (the breaker could never open)".into(),
+        );
+        return None;
+    }
+    let mut codes = Vec::with_capacity(v.get_ref().len());
+    for (i, c) in v.get_ref().iter().enumerate() {
+        match i32::try_from(*c.get_ref()) {
+            Ok(n) if n > 0 => codes.push(n),
+            _ => {
+                let msg = format!(
+                    "{} can never match: server error codes are positive 32-bit integers",
+                    c.get_ref()
+                );
+                ctx.err(c, &format!("{key}[{i}]"), msg);
+            }
+        }
+    }
+    (codes.len() == v.get_ref().len()).then_some(codes)
+}
+
+/// Every `[[namespaces]]` entry; `None` when any is invalid (errors already recorded).
+fn policies(
+    ctx: &mut Ctx,
+    entries: &[Spanned<RawEntry>],
+    defaults: &Overrides,
+) -> Option<PolicyTable> {
+    let mut items: Vec<(Pattern, NsPolicy, usize)> = Vec::with_capacity(entries.len());
+    let mut first_seen: HashMap<Pattern, (usize, usize)> = HashMap::new();
+    let mut ok = true;
+    for (i, e) in entries.iter().enumerate() {
+        let Some((pat, policy, line)) = entry(ctx, i, e, defaults) else {
+            ok = false;
+            continue;
+        };
+        if let Some(&(j, first_line)) = first_seen.get(&pat) {
+            let msg = format!(
+                "`{}` is also the pattern of namespaces[{j}] at line {first_line}; \
+                 two entries cannot govern the same namespaces equally",
+                policy.pattern
+            );
+            ctx.err_line(line, &format!("namespaces[{i}].pattern"), msg);
+            ok = false;
+            continue;
+        }
+        first_seen.insert(pat.clone(), (i, line));
+        items.push((pat, policy, line));
+    }
+    ok.then(|| PolicyTable::build(items))
+}
+
+/// One entry: (pattern, effective policy, line of `pattern`).
+fn entry(
+    ctx: &mut Ctx,
+    i: usize,
+    e: &Spanned<RawEntry>,
+    defaults: &Overrides,
+) -> Option<(Pattern, NsPolicy, usize)> {
+    let prefix = format!("namespaces[{i}]");
+    let entry_line = ctx.line(e.span().start);
+    let raw = e.get_ref();
+    let pattern = match &raw.pattern {
+        None => {
+            let msg = "missing; every [[namespaces]] entry needs a pattern".to_string();
+            ctx.err_line(entry_line, &format!("{prefix}.pattern"), msg);
+            None
+        }
+        Some(p) => match Pattern::parse(p.get_ref()) {
+            Ok(pat) => Some((pat, p.get_ref().clone(), ctx.line(p.span().start))),
+            Err(msg) => {
+                ctx.err(p, &format!("{prefix}.pattern"), msg);
+                None
+            }
+        },
+    };
+    let mode = entry_mode(ctx, raw, &prefix, entry_line);
+    let overrides = read_overrides(ctx, raw, &prefix);
+    let mode = mode?;
+    unreachable_settings(ctx, raw, mode, &prefix);
+    if mode != Mode::Passthrough && (overrides.slow_read.is_some() || overrides.max_time.is_some())
+    {
+        if let (Some(slow), Some(max)) = (
+            overrides.slow_read.or(defaults.slow_read),
+            overrides.max_time.or(defaults.max_time),
+        ) {
+            let name = if overrides.slow_read.is_some() {
+                "slow_read"
+            } else {
+                "max_time"
+            };
+            slow_vs_max(ctx, slow, max, &format!("{prefix}.{name}"));
+        }
+    }
+    let (pat, text, line) = pattern?;
+    let mut policy = NsPolicy::with_defaults(&text, mode);
+    defaults.apply(&mut policy);
+    overrides.apply(&mut policy);
+    Some((pat, policy, line))
+}
+
+fn entry_mode(ctx: &mut Ctx, raw: &RawEntry, prefix: &str, entry_line: usize) -> Option<Mode> {
+    let key = format!("{prefix}.mode");
+    match &raw.mode {
+        None => {
+            let msg = "missing; expected `fallback`, `strict` or `passthrough`".to_string();
+            ctx.err_line(entry_line, &key, msg);
+            None
+        }
+        Some(m) => {
+            let mode = Mode::parse(m.get_ref());
+            if mode.is_none() {
+                let msg = format!(
+                    "unknown mode `{}`; expected `fallback`, `strict` or `passthrough`",
+                    m.get_ref()
+                );
+                ctx.err(m, &key, msg);
+            }
+            mode
+        }
+    }
+}
+
+/// Settings an entry's mode can never use.
+fn unreachable_settings(ctx: &mut Ctx, raw: &RawEntry, mode: Mode, prefix: &str) {
+    match mode {
+        Mode::Passthrough => {
+            for (name, offset) in raw.settings_set() {
+                let line = ctx.line(offset);
+                let msg =
+                    "has no effect: mode is passthrough, reads are forwarded untouched".to_string();
+                ctx.err_line(line, &format!("{prefix}.{name}"), msg);
+            }
+        }
+        Mode::Strict => {
+            if let Some(c) = &raw.causal {
+                let msg = "has no effect: strict entries never rewrite reads".to_string();
+                ctx.err(c, &format!("{prefix}.causal"), msg);
+            }
+        }
+        Mode::Fallback => {}
+    }
+}

@@ -1,0 +1,229 @@
+//! The two passes from TOML text to a `Config`: serde checks the shape (`RawConfig`), then
+//! `validate` checks every value, collecting all problems with their file:line:key. The
+//! top-level settings are checked here; the sections in their own modules.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::namespaces::{self, RawEntry};
+use super::spans::{key_at, Ctx};
+use super::{ops, stall, Config, ConfigError};
+use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, Vec<ConfigError>> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Config::parse(&text, path),
+            Err(e) => Err(vec![ConfigError {
+                file: path.display().to_string(),
+                line: 0,
+                key: "file".to_string(),
+                message: format!("cannot read config file: {e}"),
+            }]),
+        }
+    }
+
+    /// Validates `text`; `path` is only used to name the file in errors and `source`.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, Vec<ConfigError>> {
+        let mut ctx = Ctx::new(path.display().to_string(), text);
+        let doc = match toml::de::DeTable::parse(text) {
+            Ok(doc) => doc,
+            Err(e) => {
+                ctx.toml_error(&e, "syntax".to_string());
+                return Err(ctx.errors);
+            }
+        };
+        let raw: RawConfig = match toml::from_str(text) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let key = e
+                    .span()
+                    .and_then(|s| key_at(doc.get_ref(), s.start, ""))
+                    .unwrap_or_default();
+                ctx.toml_error(&e, key);
+                return Err(ctx.errors);
+            }
+        };
+        let config = validate(raw, path, &mut ctx);
+        match config {
+            Some(c) if ctx.errors.is_empty() => Ok(c),
+            _ => {
+                ctx.errors.sort_by_key(|e| e.line);
+                Err(ctx.errors)
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shape (serde pass)
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<Spanned<String>>,
+    upstreams: Option<Spanned<Vec<Spanned<String>>>>,
+    max_message_size: Option<Spanned<i64>>,
+    connect_timeout: Option<Spanned<String>>,
+    shutdown_timeout: Option<Spanned<String>>,
+    health_interval: Option<Spanned<String>>,
+    health_timeout: Option<Spanned<String>>,
+    admin: Option<Spanned<ops::RawAdmin>>,
+    tls: Option<Spanned<ops::RawTls>>,
+    upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
+    stall_watch: Option<Spanned<stall::RawStall>>,
+    defaults: Option<Spanned<RawEntry>>,
+    #[serde(default)]
+    namespaces: Vec<Spanned<RawEntry>>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Values (validation pass)
+
+fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
+    let listen = match &raw.listen {
+        Some(v) => {
+            check_addr(ctx, v, "listen", true);
+            v.get_ref().clone()
+        }
+        None => DEFAULT_LISTEN.to_string(),
+    };
+    let upstreams = upstreams(ctx, raw.upstreams.as_ref());
+    let max_message_size = max_message_size(ctx, raw.max_message_size.as_ref());
+    let connect_timeout = raw
+        .connect_timeout
+        .as_ref()
+        .map_or(Some(Duration::from_secs(5)), |v| {
+            duration(ctx, v, "connect_timeout", Duration::from_nanos(1))
+        });
+    let shutdown_timeout = raw
+        .shutdown_timeout
+        .as_ref()
+        .map_or(Some(Duration::from_secs(10)), |v| {
+            duration(ctx, v, "shutdown_timeout", Duration::ZERO)
+        });
+    let (admin_listen, admin_token) = ops::admin(ctx, raw.admin.as_ref(), &listen);
+    let (health_interval, health_timeout) = ops::health(
+        ctx,
+        raw.health_interval.as_ref(),
+        raw.health_timeout.as_ref(),
+    );
+    let tls = ops::server_tls(ctx, raw.tls.as_ref(), path);
+    let upstream_tls = ops::upstream_tls(ctx, raw.upstream_tls.as_ref(), path);
+    let policy = namespaces::table(ctx, raw.defaults.as_ref(), &raw.namespaces);
+    let fallback_entries = namespaces::any_fallback(&raw.namespaces);
+    let stall = stall::stall(ctx, raw.stall_watch.as_ref(), fallback_entries);
+    Some(Config {
+        source: path.to_path_buf(),
+        listen,
+        upstreams,
+        max_message_size: max_message_size?,
+        connect_timeout: connect_timeout?,
+        shutdown_timeout: shutdown_timeout?,
+        admin_listen,
+        admin_token,
+        health_interval: health_interval?,
+        health_timeout: health_timeout?,
+        tls: tls.ok()?,
+        upstream_tls: upstream_tls.ok()?,
+        policy: policy?,
+        stall: stall.ok()?,
+    })
+}
+
+/// `host:port` (or a socket address); port 0 only where `listen_side` (bind any port).
+pub(super) fn check_addr(ctx: &mut Ctx, v: &Spanned<String>, key: &str, listen_side: bool) -> bool {
+    let s = v.get_ref();
+    let port = match s.parse::<SocketAddr>() {
+        Ok(a) => Ok(a.port()),
+        Err(_) => match s.rsplit_once(':') {
+            None => Err("expected `host:port`".to_string()),
+            Some(("", _)) => Err("empty host".to_string()),
+            Some((host, _)) if host.contains(|c: char| c == ':' || c.is_whitespace()) => Err(
+                format!("invalid host `{host}` (write IPv6 as `[addr]:port`)"),
+            ),
+            Some((_, port)) => port
+                .parse::<u16>()
+                .map_err(|_| format!("invalid port `{port}` (0..=65535)")),
+        },
+    };
+    let problem = match port {
+        Ok(0) if !listen_side => Some("port 0 cannot be connected to".to_string()),
+        Ok(_) => None,
+        Err(e) => Some(e),
+    };
+    match problem {
+        Some(p) => {
+            ctx.err(v, key, format!("`{s}`: {p}"));
+            false
+        }
+        None => true,
+    }
+}
+
+fn upstreams(ctx: &mut Ctx, v: Option<&Spanned<Vec<Spanned<String>>>>) -> Vec<String> {
+    let Some(list) = v else {
+        return vec![DEFAULT_UPSTREAM.to_string()];
+    };
+    if list.get_ref().is_empty() {
+        ctx.err(
+            list,
+            "upstreams",
+            "must list at least one mongos `host:port`".into(),
+        );
+    }
+    for (i, u) in list.get_ref().iter().enumerate() {
+        check_addr(ctx, u, &format!("upstreams[{i}]"), false);
+    }
+    list.get_ref().iter().map(|u| u.get_ref().clone()).collect()
+}
+
+fn max_message_size(ctx: &mut Ctx, v: Option<&Spanned<i64>>) -> Option<usize> {
+    let Some(v) = v else {
+        return Some(crate::wire::DEFAULT_MAX_MESSAGE_SIZE);
+    };
+    match usize::try_from(*v.get_ref()) {
+        Ok(n) if (MIN_MESSAGE_SIZE..=MAX_MESSAGE_SIZE_LIMIT).contains(&n) => Some(n),
+        _ => {
+            let msg = format!(
+                "{} is out of range {MIN_MESSAGE_SIZE}..={MAX_MESSAGE_SIZE_LIMIT} bytes",
+                v.get_ref()
+            );
+            ctx.err(v, "max_message_size", msg);
+            None
+        }
+    }
+}
+
+/// A humantime duration of at least `min` (`min` of 1ns means "not zero").
+pub(super) fn duration(
+    ctx: &mut Ctx,
+    v: &Spanned<String>,
+    key: &str,
+    min: Duration,
+) -> Option<Duration> {
+    match humantime::parse_duration(v.get_ref()) {
+        Err(e) => {
+            let msg = format!(
+                "invalid duration `{}`: {e} (write e.g. \"250ms\", \"10s\", \"2m\")",
+                v.get_ref()
+            );
+            ctx.err(v, key, msg);
+            None
+        }
+        Ok(d) if d < min && min == Duration::from_nanos(1) => {
+            ctx.err(v, key, "must be greater than zero".into());
+            None
+        }
+        Ok(d) if d < min => {
+            let msg = format!("must be at least {}", humantime::format_duration(min));
+            ctx.err(v, key, msg);
+            None
+        }
+        Ok(d) => Some(d),
+    }
+}

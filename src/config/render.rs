@@ -1,0 +1,264 @@
+//! Human-readable views for `staleguard check-config`: every setting in effective form
+//! (`render_table`), and which entry governs a namespace and why (`explain`).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::{stall, Config};
+use crate::command::ReadPrefMode;
+use crate::policy::{Mode, NsPolicy, Pattern, PolicyTable};
+
+fn fmt_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+fn fmt_opt(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".to_string(), fmt_duration)
+}
+
+/// The names of a read-preference bit set, comma-separated.
+pub fn read_pref_names(bits: u8) -> String {
+    ReadPrefMode::ALL
+        .iter()
+        .filter(|m| bits & m.bit() != 0)
+        .map(|m| m.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The effective settings of one policy as table cells (settings are `-` for passthrough).
+fn policy_cells(p: &NsPolicy) -> Vec<String> {
+    let mut cells = vec![p.pattern.clone(), p.mode.as_str().to_string()];
+    if p.mode == Mode::Passthrough {
+        cells.extend(std::iter::repeat_n("-".to_string(), 9));
+        return cells;
+    }
+    let codes: Vec<String> = p.trigger_codes.iter().map(|c| c.to_string()).collect();
+    cells.extend([
+        p.threshold.to_string(),
+        fmt_duration(p.window),
+        fmt_duration(p.cooldown),
+        read_pref_names(p.read_preferences),
+        codes.join(","),
+        fmt_opt(p.max_time),
+        fmt_opt(p.slow_read),
+        p.dry_run.to_string(),
+        if p.mode == Mode::Strict {
+            "-"
+        } else {
+            p.causal.as_str()
+        }
+        .to_string(),
+    ]);
+    cells
+}
+
+/// Every top-level setting and every entry in effective form, as aligned text.
+pub fn render_table(config: &Config) -> String {
+    let mut out = String::new();
+    settings(&mut out, config);
+    out.push('\n');
+    namespaces(&mut out, &config.policy);
+    out
+}
+
+/// The top-level settings, one `name  value` line each.
+fn settings(out: &mut String, config: &Config) {
+    let _ = writeln!(out, "config            {}", config.source.display());
+    let _ = writeln!(out, "listen            {}", config.listen);
+    let admin = config.admin_listen.as_deref().unwrap_or("-");
+    let _ = writeln!(out, "admin.listen      {admin}");
+    let token = if config.admin_token.is_some() {
+        "set"
+    } else {
+        "-"
+    };
+    let _ = writeln!(out, "admin.token       {token}");
+    let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
+    let _ = writeln!(out, "max_message_size  {}", config.max_message_size);
+    let _ = writeln!(
+        out,
+        "connect_timeout   {}",
+        fmt_duration(config.connect_timeout)
+    );
+    let _ = writeln!(
+        out,
+        "shutdown_timeout  {}",
+        fmt_duration(config.shutdown_timeout)
+    );
+    let _ = writeln!(out, "health            {}", health(config));
+    let _ = writeln!(out, "tls               {}", server_tls(config));
+    let _ = writeln!(out, "upstream_tls      {}", upstream_tls(config));
+    let _ = writeln!(out, "stall_watch       {}", stall::describe(&config.stall));
+}
+
+fn health(config: &Config) -> String {
+    config.health_interval.map_or_else(
+        || "off".to_string(),
+        |every| {
+            format!(
+                "every {}, timeout {}",
+                fmt_duration(every),
+                fmt_duration(config.health_timeout)
+            )
+        },
+    )
+}
+
+fn server_tls(config: &Config) -> String {
+    config.tls.as_ref().map_or_else(
+        || "-".to_string(),
+        |t| {
+            let mtls = t
+                .client_ca
+                .as_ref()
+                .map_or(String::new(), |ca| format!(", client_ca {}", ca.display()));
+            format!("cert {}{mtls}", t.cert.display())
+        },
+    )
+}
+
+fn upstream_tls(config: &Config) -> String {
+    config.upstream_tls.as_ref().map_or_else(
+        || "-".to_string(),
+        |t| match (&t.ca, t.insecure_skip_verify) {
+            (_, true) => "on, certificate NOT verified (insecure_skip_verify)".to_string(),
+            (Some(ca), false) => format!("on, ca {}", ca.display()),
+            (None, false) => "on".to_string(),
+        },
+    )
+}
+
+/// The `[[namespaces]]` entries as an aligned table, in file order.
+fn namespaces(out: &mut String, t: &PolicyTable) {
+    if t.entries().is_empty() {
+        out.push_str("no [[namespaces]] entries: every read passes through untouched\n");
+        return;
+    }
+    let header = [
+        "#",
+        "line",
+        "pattern",
+        "mode",
+        "threshold",
+        "window",
+        "cooldown",
+        "read_preferences",
+        "trigger_codes",
+        "max_time",
+        "slow_read",
+        "dry_run",
+        "causal",
+    ];
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for (i, p) in t.entries().iter().enumerate() {
+        let mut row = vec![i.to_string(), t.line(i).to_string()];
+        row.extend(policy_cells(p));
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+    }
+}
+
+fn why(pat: &Pattern) -> String {
+    match pat {
+        Pattern::Exact { .. } => "exact namespace: the most specific kind of pattern".to_string(),
+        Pattern::Prefix { db, prefix } => format!(
+            "longest collection prefix `{prefix}*` in `{db}` (no exact entry for this namespace)"
+        ),
+        Pattern::Db(db) => {
+            format!("whole database `{db}.*` (no exact or collection-prefix entry matches)")
+        }
+        Pattern::All => "catch-all `*` (no entry names this database)".to_string(),
+    }
+}
+
+fn effect(p: &NsPolicy) -> String {
+    let when = format!(
+        "after {} trigger errors within {}, for {}",
+        p.threshold,
+        fmt_duration(p.window),
+        fmt_duration(p.cooldown)
+    );
+    let text = match p.mode {
+        Mode::Passthrough => return "reads are forwarded untouched".to_string(),
+        Mode::Fallback => format!(
+            "eligible reads failing with a trigger error are retried with readConcern \
+             available; {when} reads are rewritten before they are sent"
+        ),
+        Mode::Strict => format!(
+            "{when} eligible reads fail fast; reads asking for readConcern available are refused"
+        ),
+    };
+    if p.dry_run {
+        format!("{text} (dry_run: only logged and counted)")
+    } else {
+        text
+    }
+}
+
+/// Which entry governs `ns` (`db.coll`) and why, or that it is unlisted.
+pub fn explain(config: &Config, ns: &str) -> String {
+    let Some((db, coll)) = ns
+        .split_once('.')
+        .filter(|(d, c)| !d.is_empty() && !c.is_empty())
+    else {
+        return format!("`{ns}` is not a namespace: expected `db.coll`\n");
+    };
+    let t = &config.policy;
+    let Some(i) = t.find(db, coll) else {
+        return format!(
+            "{ns}: unlisted: passthrough (no pattern matches; reads are forwarded untouched)\n"
+        );
+    };
+    let p = &t.entries()[i];
+    let mut out = format!(
+        "{ns}: matches namespaces[{i}] `{}` (line {}): {}\n",
+        p.pattern,
+        t.line(i),
+        p.mode.as_str()
+    );
+    let _ = writeln!(out, "  why: {}", why(t.pattern(i)));
+    let mut others: Vec<usize> = (0..t.entries().len())
+        .filter(|&j| j != i && t.pattern(j).matches(db, coll))
+        .collect();
+    others.sort_by_key(|&j| std::cmp::Reverse(t.pattern(j).rank()));
+    for j in others {
+        let o = &t.entries()[j];
+        let _ = writeln!(
+            out,
+            "  also matches, less specific: namespaces[{j}] `{}` (line {}): {}",
+            o.pattern,
+            t.line(j),
+            o.mode.as_str()
+        );
+    }
+    let _ = writeln!(out, "  effect: {}", effect(p));
+    if p.mode != Mode::Passthrough {
+        let cells = policy_cells(p);
+        let names = [
+            "threshold",
+            "window",
+            "cooldown",
+            "read_preferences",
+            "trigger_codes",
+            "max_time",
+            "slow_read",
+            "dry_run",
+            "causal",
+        ];
+        for (name, value) in names.iter().zip(&cells[2..]) {
+            let _ = writeln!(out, "  {name:<17}{value}");
+        }
+    }
+    out
+}

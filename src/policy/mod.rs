@@ -1,0 +1,25 @@
+//! Policy, in one place: the per-namespace settings and their pattern table, which namespace
+//! governs a command, what to do with it, and what that decision means for the request.
+//!
+//! ```text
+//! table     Mode, Causal, NsPolicy; patterns and "most specific wins" lookup
+//! reason    Reason, Admission: the breaker's state as decide's input
+//! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
+//! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
+//! ```
+//!
+//! Everything here is a pure function over values: no I/O, no shared state, the clock passed
+//! in. `config` builds the table from the file; `breaker` keeps the state behind `Admission`;
+//! the session applies what these functions return.
+
+mod decide;
+mod outcome;
+mod reason;
+mod table;
+
+pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Target};
+pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
+pub use reason::{Admission, Reason};
+pub use table::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
+
+pub(crate) use table::{Pattern, DB_FORBIDDEN};

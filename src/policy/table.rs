@@ -1,0 +1,377 @@
+//! The pattern table: what each `[[namespaces]]` entry says (`Mode`, `Causal`, `NsPolicy`),
+//! its patterns (`db.coll`, `db.*`, `db.prefix*`, `*`) and "most specific wins" matching.
+//!
+//! `lookup` runs per request: it hashes `db` once in a per-database map and does not allocate.
+//! `config` builds a table from the file (and reports errors with their lines); tests and
+//! embedders build one with [`PolicyTable::from_policies`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::command::ReadPrefMode;
+
+/// Default `trigger_codes`: the stale-routing and time-limit errors of the design.
+pub const DEFAULT_TRIGGER_CODES: [i32; 9] = [13388, 63, 150, 249, 50, 262, 89, 133, 202];
+
+/// Characters MongoDB forbids in database names: a pattern using one never matches.
+pub(crate) const DB_FORBIDDEN: &[char] = &['/', '\\', ' ', '"', '$', '\0'];
+
+/// What to do with eligible reads on a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Fallback,
+    Strict,
+    Passthrough,
+}
+
+impl Mode {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Fallback => "fallback",
+            Mode::Strict => "strict",
+            Mode::Passthrough => "passthrough",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Mode> {
+        [Mode::Fallback, Mode::Strict, Mode::Passthrough]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
+/// How a rewrite treats causally consistent reads (`readConcern.afterClusterTime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Causal {
+    /// Rewrite anyway, removing `afterClusterTime` (the server rejects it with `available`).
+    Drop,
+    /// Leave such reads as they are.
+    Skip,
+}
+
+impl Causal {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Causal::Drop => "drop",
+            Causal::Skip => "skip",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Causal> {
+        [Causal::Drop, Causal::Skip]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
+}
+
+/// The effective settings of one `[[namespaces]]` entry, defaults applied
+/// (built-in, then `[defaults]`, then the entry). Every field reloads at runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NsPolicy {
+    /// The pattern as written (`db.coll`, `db.*`, `db.prefix*`, `*`). Required.
+    pub pattern: String,
+    /// `fallback` | `strict` | `passthrough`. Required.
+    pub mode: Mode,
+    /// Trigger errors within `window` that open the breaker. Default 3, at least 1.
+    pub threshold: u32,
+    /// Sliding window for `threshold`. Default 10s, not zero.
+    pub window: Duration,
+    /// How long the breaker stays open before one probe. Default 30s, not zero.
+    pub cooldown: Duration,
+    /// Bit set of `ReadPrefMode::bit()`: the read preferences that make a read eligible.
+    /// Default secondary, secondaryPreferred, nearest; never `primary`; not empty.
+    pub read_preferences: u8,
+    /// Error codes that count as failures. Default [`DEFAULT_TRIGGER_CODES`]; not empty.
+    pub trigger_codes: Vec<i32>,
+    /// Cap on `maxTimeMS` of eligible reads. Default none; at least 1ms.
+    pub max_time: Option<Duration>,
+    /// Log and count what would happen without acting. Default false.
+    pub dry_run: bool,
+    /// Rewrites of reads carrying `afterClusterTime`. Default `drop`; not on strict entries.
+    pub causal: Causal,
+    /// A reply slower than this counts as a trigger error. Default none; below `max_time`.
+    pub slow_read: Option<Duration>,
+}
+
+impl NsPolicy {
+    /// An entry with the built-in defaults (no `[defaults]` table applied).
+    pub fn with_defaults(pattern: &str, mode: Mode) -> NsPolicy {
+        NsPolicy {
+            pattern: pattern.to_string(),
+            mode,
+            threshold: 3,
+            window: Duration::from_secs(10),
+            cooldown: Duration::from_secs(30),
+            read_preferences: ReadPrefMode::Secondary.bit()
+                | ReadPrefMode::SecondaryPreferred.bit()
+                | ReadPrefMode::Nearest.bit(),
+            trigger_codes: DEFAULT_TRIGGER_CODES.to_vec(),
+            max_time: None,
+            dry_run: false,
+            causal: Causal::Drop,
+            slow_read: None,
+        }
+    }
+
+    pub fn is_trigger(&self, code: i32) -> bool {
+        self.trigger_codes.contains(&code)
+    }
+
+    /// `mode` is one of the `read_preferences`.
+    pub fn allows_read_pref(&self, mode: ReadPrefMode) -> bool {
+        self.read_preferences & mode.bit() != 0
+    }
+}
+
+/// A parsed pattern. Specificity: `Exact` > `Prefix` (longer first) > `Db` > `All`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Pattern {
+    Exact { db: String, coll: String },
+    Prefix { db: String, prefix: String },
+    Db(String),
+    All,
+}
+
+impl Pattern {
+    pub(crate) fn parse(s: &str) -> Result<Pattern, String> {
+        const FORMS: &str = "expected `db.coll`, `db.*`, `db.prefix*` or `*`";
+        if s == "*" {
+            return Ok(Pattern::All);
+        }
+        if s.is_empty() {
+            return Err(format!("empty pattern; {FORMS}"));
+        }
+        let Some((db, coll)) = s.split_once('.') else {
+            return Err(format!("pattern `{s}` has no `.`; {FORMS}"));
+        };
+        if db.is_empty() {
+            return Err(format!("pattern `{s}` has an empty database name; {FORMS}"));
+        }
+        if db.contains('*') {
+            return Err(format!(
+                "pattern `{s}` has `*` in the database name; only `*` alone matches every database"
+            ));
+        }
+        if let Some(c) = db.chars().find(|c| DB_FORBIDDEN.contains(c)) {
+            return Err(format!(
+                "pattern `{s}`: database names cannot contain {c:?}, so it would never match"
+            ));
+        }
+        let db = db.to_string();
+        match coll.find('*') {
+            None if coll.is_empty() => Err(format!(
+                "pattern `{s}` has an empty collection name; write `{db}.*` for the whole database"
+            )),
+            None => Ok(Pattern::Exact {
+                db,
+                coll: coll.to_string(),
+            }),
+            Some(0) if coll.len() == 1 => Ok(Pattern::Db(db)),
+            Some(i) if i + 1 == coll.len() => Ok(Pattern::Prefix {
+                db,
+                prefix: coll[..i].to_string(),
+            }),
+            Some(_) => Err(format!(
+                "pattern `{s}`: `*` is allowed only at the end; {FORMS}"
+            )),
+        }
+    }
+
+    pub(crate) fn matches(&self, db: &str, coll: &str) -> bool {
+        match self {
+            Pattern::Exact { db: d, coll: c } => d == db && c == coll,
+            Pattern::Prefix { db: d, prefix } => d == db && coll.starts_with(prefix.as_str()),
+            Pattern::Db(d) => d == db,
+            Pattern::All => true,
+        }
+    }
+
+    /// Higher is more specific.
+    pub(crate) fn rank(&self) -> (u8, usize) {
+        match self {
+            Pattern::Exact { .. } => (3, 0),
+            Pattern::Prefix { prefix, .. } => (2, prefix.len()),
+            Pattern::Db(_) => (1, 0),
+            Pattern::All => (0, 0),
+        }
+    }
+}
+
+/// FNV-1a: the policy maps are small, built from the config only, and looked up once per
+/// governed read, where SipHash's flood resistance buys nothing and costs most of `lookup`.
+#[derive(Debug, Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type FastMap<V> = HashMap<String, V, std::hash::BuildHasherDefault<Fnv>>;
+
+/// The rules of one database, so that `lookup` hashes `db` once and never allocates.
+#[derive(Debug, Clone, Default)]
+struct DbRules {
+    exact: FastMap<usize>,
+    /// Longest prefix first (equal lengths cannot both match: they would be duplicates).
+    prefixes: Vec<(String, usize)>,
+    whole: Option<usize>,
+}
+
+/// Patterns → policies, with "most specific wins" lookup.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyTable {
+    /// File order.
+    entries: Vec<Arc<NsPolicy>>,
+    /// Parallel to `entries`.
+    patterns: Vec<Pattern>,
+    /// Parallel to `entries`: line of `pattern` in the file, 0 when built in code.
+    lines: Vec<usize>,
+    dbs: FastMap<DbRules>,
+    all: Option<usize>,
+    /// No entry is fallback or strict: nothing needs classifying.
+    passthrough_only: bool,
+}
+
+impl PolicyTable {
+    /// Builds a table from policies (for tests and embedders). Errors on a bad pattern or
+    /// two entries with the same pattern.
+    pub fn from_policies(policies: Vec<NsPolicy>) -> Result<PolicyTable, String> {
+        let mut items = Vec::with_capacity(policies.len());
+        for p in policies {
+            let pat = Pattern::parse(&p.pattern)?;
+            if items.iter().any(|(q, _, _)| *q == pat) {
+                return Err(format!("pattern `{}` appears twice", p.pattern));
+            }
+            items.push((pat, p, 0));
+        }
+        Ok(PolicyTable::build(items))
+    }
+
+    /// `items` must not hold two equal patterns (the later would shadow the earlier).
+    pub(crate) fn build(items: Vec<(Pattern, NsPolicy, usize)>) -> PolicyTable {
+        let mut t = PolicyTable::default();
+        for (i, (pat, policy, line)) in items.into_iter().enumerate() {
+            match &pat {
+                Pattern::Exact { db, coll } => {
+                    let rules = t.dbs.entry(db.clone()).or_default();
+                    rules.exact.insert(coll.clone(), i);
+                }
+                Pattern::Prefix { db, prefix } => {
+                    let rules = t.dbs.entry(db.clone()).or_default();
+                    rules.prefixes.push((prefix.clone(), i));
+                }
+                Pattern::Db(db) => t.dbs.entry(db.clone()).or_default().whole = Some(i),
+                Pattern::All => t.all = Some(i),
+            }
+            t.entries.push(Arc::new(policy));
+            t.patterns.push(pat);
+            t.lines.push(line);
+        }
+        t.passthrough_only = t.entries.iter().all(|p| p.mode == Mode::Passthrough);
+        for rules in t.dbs.values_mut() {
+            rules
+                .prefixes
+                .sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        }
+        t
+    }
+
+    /// Index of the entry governing `db.coll`.
+    pub(crate) fn find(&self, db: &str, coll: &str) -> Option<usize> {
+        if let Some(rules) = self.dbs.get(db) {
+            if let Some(&i) = rules.exact.get(coll) {
+                return Some(i);
+            }
+            if let Some((_, i)) = rules.prefixes.iter().find(|(p, _)| coll.starts_with(p)) {
+                return Some(*i);
+            }
+            if let Some(i) = rules.whole {
+                return Some(i);
+            }
+        }
+        self.all
+    }
+
+    /// The policy governing `db.coll`, or `None` when no pattern matches (unlisted).
+    /// Does not allocate.
+    pub fn lookup(&self, db: &str, coll: &str) -> Option<&Arc<NsPolicy>> {
+        self.find(db, coll).map(|i| &self.entries[i])
+    }
+
+    /// Every entry, in file order.
+    pub fn entries(&self) -> &[Arc<NsPolicy>] {
+        &self.entries
+    }
+
+    /// The parsed pattern of entry `i` (as returned by `find`).
+    pub(crate) fn pattern(&self, i: usize) -> &Pattern {
+        &self.patterns[i]
+    }
+
+    /// The line of entry `i`'s `pattern` in the file; 0 when built in code.
+    pub(crate) fn line(&self, i: usize) -> usize {
+        self.lines[i]
+    }
+
+    /// True when no entry has mode fallback or strict (then nothing is ever classified).
+    pub fn is_passthrough_only(&self) -> bool {
+        self.passthrough_only
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_forms() {
+        let p = |s: &str| Pattern::parse(s).unwrap();
+        assert_eq!(p("*"), Pattern::All);
+        assert_eq!(p("a.*"), Pattern::Db("a".into()));
+        assert_eq!(
+            p("a.b.c*"),
+            Pattern::Prefix {
+                db: "a".into(),
+                prefix: "b.c".into()
+            }
+        );
+        assert_eq!(
+            p("a.b.c"),
+            Pattern::Exact {
+                db: "a".into(),
+                coll: "b.c".into()
+            }
+        );
+        for bad in [
+            "", "a", ".b", "a.", "*.b", "a*.b", "a.*b", "a.b*c", "a.**", "a b.c",
+        ] {
+            assert!(Pattern::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn specificity_order() {
+        let r = |s: &str| Pattern::parse(s).unwrap().rank();
+        assert!(r("a.b") > r("a.bcdef*"));
+        assert!(r("a.bc*") > r("a.b*"));
+        assert!(r("a.b*") > r("a.*"));
+        assert!(r("a.*") > r("*"));
+    }
+}
