@@ -82,7 +82,11 @@ pub fn rewrite_request(
 
 /// Rewrites a request opened once ([`Request`]): no header read, no decompression (an
 /// OP_COMPRESSED must have been inflated). What the relay uses, for a first send and a retry.
-pub fn rewrite(req: &Request, spec: &RewriteSpec, max_message_size: usize) -> Result<Bytes, WireError> {
+pub fn rewrite(
+    req: &Request,
+    spec: &RewriteSpec,
+    max_message_size: usize,
+) -> Result<Bytes, WireError> {
     match req.parts() {
         Some(parts) => rewrite_parts(req.header(), &parts, spec, max_message_size),
         None => Err(WireError::BadInnerOpcode(req.header().op_code)),

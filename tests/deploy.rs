@@ -373,7 +373,14 @@ fn containerfile_builds_the_release_binary_and_runs_it_unprivileged() {
     assert!(!user.starts_with('0') && user != "root", "runs as {user}");
     assert!(c.contains("/etc/staleguard"), "config mounted there");
     // Everything the build needs is copied in (the manifest names the bench targets).
-    for path in ["Cargo.toml", "Cargo.lock", "build.rs", "src", "crates", "benches"] {
+    for path in [
+        "Cargo.toml",
+        "Cargo.lock",
+        "build.rs",
+        "src",
+        "crates",
+        "benches",
+    ] {
         assert!(
             c.lines().any(|l| l.starts_with("COPY") && l.contains(path)),
             "{path} is not copied"

@@ -143,6 +143,11 @@ impl Request {
         self.header.op()
     }
 
+    /// The message is (or wraps, once inflated) an OP_MSG: it has a body and flags.
+    pub fn is_command(&self) -> bool {
+        self.payload().is_some()
+    }
+
     /// An OP_COMPRESSED not decompressed yet.
     pub fn needs_inflate(&self) -> bool {
         matches!(self.state, State::Compressed)

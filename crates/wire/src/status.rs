@@ -57,9 +57,7 @@ impl Reply {
 
     /// What [`inspect_reply`] says, without reading the header again.
     pub fn status(&self, max_message_size: usize) -> Result<ReplyStatus, WireError> {
-        let header = self
-            .header
-            .ok_or(WireError::Truncated("message header"))?;
+        let header = self.header.ok_or(WireError::Truncated("message header"))?;
         check_length(&header, self.frame.len(), max_message_size)?;
         status_after_header(&header, &self.frame, max_message_size)
     }

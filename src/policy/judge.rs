@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::breaker::Reason;
-use crate::config::{Causal, NsPolicy};
+use super::reason::Reason;
+use super::table::{Causal, NsPolicy};
 use crate::rewrite::RewriteSpec;
 use crate::wire::ReplyStatus;
 
@@ -108,9 +108,7 @@ pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'
             release_probe: read.probe,
         }),
         // Its first attempt's error was counted; the read is not counted twice.
-        Ending::ClientGone if read.retried => {
-            Verdict::Ignore(Ignored::Retried { trigger: None })
-        }
+        Ending::ClientGone if read.retried => Verdict::Ignore(Ignored::Retried { trigger: None }),
         // The driver's socket timeout: counts as a time-limit error.
         Ending::ClientGone => Verdict::Fail {
             failure: Failure {
@@ -207,7 +205,7 @@ impl fmt::Display for Evidence<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Mode;
+    use crate::policy::Mode;
 
     const STALE: i32 = 13388;
     const MAX_TIME: i32 = 50;
@@ -372,14 +370,20 @@ mod tests {
         };
         assert_eq!(
             (slow.to_string(), slow.label()),
-            ("slow reply (250 ms > 200 ms)".to_string(), "slow".to_string())
+            (
+                "slow reply (250 ms > 200 ms)".to_string(),
+                "slow".to_string()
+            )
         );
         let gone = Evidence::ClientGaveUp {
             waited: Duration::from_millis(40),
         };
         assert_eq!(
             (gone.to_string(), gone.label()),
-            ("client gave up after 40 ms".to_string(), "timeout".to_string())
+            (
+                "client gave up after 40 ms".to_string(),
+                "timeout".to_string()
+            )
         );
     }
 }
