@@ -46,6 +46,10 @@ fn bench_decode_classify(c: &mut Criterion) {
     g.bench_function("request_body/find_300b", |b| {
         b.iter(|| request_body(black_box(&find), MAX).map(|r| r.flags()))
     });
+    let frame = bytes::Bytes::from(find.clone());
+    g.bench_function("request_open/find_300b", |b| {
+        b.iter(|| staleguard::wire::Request::new(black_box(frame.clone()), MAX).map(|r| r.flags()))
+    });
     let body = msgs::find_body(msgs::FALLBACK_DB, msgs::FALLBACK_COLL);
     g.bench_function("classify/find_300b", |b| {
         b.iter(|| classify(black_box(&body)).map(|i| i.name.len()))

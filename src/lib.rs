@@ -6,9 +6,14 @@
 //! ```text
 //! server   accept loop, one session task per client connection, graceful stop
 //!   └─ session   pairs the client with its own upstream connection (upstream) and relays
-//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied)
-//!        ├─ command    one pass over the body: command, namespaces, read preference, ...
-//!        ├─ policy     patterns + breaker state → Decision (pure)
+//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied);
+//!        │       each request opened once (wire::Request), each reply's header read once
+//!        │       (wire::Reply); writes queued per peer, never awaited in the way of the
+//!        │       other direction or a stop
+//!        ├─ command    one pass over the body, from the opened request: command,
+//!        │             namespaces, read preference, ...
+//!        ├─ policy     patterns + breaker state → Decision (decide, pure); how a tracked
+//!        │             read ended → Verdict (judge, pure)
 //!        ├─ rewrite    readConcern/maxTimeMS splice, lengths and checksum fixed
 //!        └─ breaker    per-namespace sliding window, closed/open/half-open
 //! ```

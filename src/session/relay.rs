@@ -96,11 +96,20 @@ impl Session {
             }
         };
         self.finish(end);
-        // What is queued still goes out, and both sides are closed, unless the kill comes
-        // first (a peer that does not read cannot hold the session past it).
+        self.close(&mut cw, &mut uw).await;
+    }
+
+    /// What is queued still goes out, and both sides are closed, unless the kill comes
+    /// first (a peer that does not read cannot hold the session past it).
+    async fn close<C, U>(&mut self, cw: &mut C, uw: &mut U)
+    where
+        C: AsyncWrite + Unpin,
+        U: AsyncWrite + Unpin,
+    {
+        let kill = self.kill.clone();
         let close = async {
-            let _ = self.to_client.drain(&mut cw).await;
-            let _ = self.to_upstream.drain(&mut uw).await;
+            let _ = self.to_client.drain(cw).await;
+            let _ = self.to_upstream.drain(uw).await;
             let _ = cw.shutdown().await;
             let _ = uw.shutdown().await;
         };

@@ -160,32 +160,7 @@ impl Session {
         self.counters.request(info.name, decision.name());
         match decision {
             Decision::Forward => self.forward(req.frame().clone(), true),
-            Decision::Track {
-                cap_ms,
-                probe,
-                retry,
-            } => {
-                let out = self
-                    .edited(&decision, req, ns, info.name)
-                    .unwrap_or_else(|| req.frame().clone());
-                if probe {
-                    tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
-                }
-                self.pending.push(Tracked {
-                    request_id: req.request_id(),
-                    ns: ns.to_string(),
-                    command: info.name.to_string(),
-                    policy: target.policy.clone(),
-                    original: req.clone(),
-                    started: now,
-                    // maxTimeMS 0 means "no limit": no budget to spend.
-                    max_time_ms: cap_ms.or(info.max_time_ms.filter(|&m| m > 0)),
-                    probe,
-                    retry,
-                    retried: false,
-                });
-                self.forward(out, true);
-            }
+            Decision::Track { .. } => self.track(&decision, req, info, target, ns, now),
             Decision::Rewrite { .. } => match self.edited(&decision, req, ns, info.name) {
                 Some(out) => {
                     self.counters.preemptive_rewrite(&self.shared.metrics, ns);
@@ -212,6 +187,47 @@ impl Session {
                 self.reply_error(req.request_id(), &reply);
             }
         }
+    }
+
+    /// Sends a read whose reply will be judged (with `maxTimeMS` capped when the decision
+    /// says so), remembering it with the request as opened for a possible resend.
+    fn track(
+        &mut self,
+        decision: &Decision,
+        req: &Request,
+        info: &CommandInfo<'_>,
+        target: &Target<'_>,
+        ns: &str,
+        now: Instant,
+    ) {
+        let Decision::Track {
+            cap_ms,
+            probe,
+            retry,
+        } = *decision
+        else {
+            return self.forward(req.frame().clone(), true);
+        };
+        let out = self
+            .edited(decision, req, ns, info.name)
+            .unwrap_or_else(|| req.frame().clone());
+        if probe {
+            tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
+        }
+        self.pending.push(Tracked {
+            request_id: req.request_id(),
+            ns: ns.to_string(),
+            command: info.name.to_string(),
+            policy: target.policy.clone(),
+            original: req.clone(),
+            started: now,
+            // maxTimeMS 0 means "no limit": no budget to spend.
+            max_time_ms: cap_ms.or(info.max_time_ms.filter(|&m| m > 0)),
+            probe,
+            retry,
+            retried: false,
+        });
+        self.forward(out, true);
     }
 
     /// The request rewritten by `decision`'s spec, from the opened request (no header read,
