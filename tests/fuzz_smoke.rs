@@ -51,9 +51,12 @@ fn seeds_reach_the_deep_paths() {
     }
 }
 
+/// A target and its seed inputs.
+type Corpus = (&'static str, Vec<Vec<u8>>);
+
 /// Every target's seeds, built once.
-fn corpora() -> &'static Vec<(&'static str, Vec<Vec<u8>>)> {
-    static CORPORA: OnceLock<Vec<(&'static str, Vec<Vec<u8>>)>> = OnceLock::new();
+fn corpora() -> &'static Vec<Corpus> {
+    static CORPORA: OnceLock<Vec<Corpus>> = OnceLock::new();
     CORPORA.get_or_init(|| {
         seeds::TARGETS
             .iter()

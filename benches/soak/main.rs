@@ -26,10 +26,11 @@ fn main() {
         .unwrap_or(5);
     let mut opts = harness::Opts::ci(std::path::Path::new(env!("CARGO_BIN_EXE_staleguard")));
     opts.duration = duration;
-    opts.verifiers *= scale.max(1).min(4);
-    opts.trickle_conns *= scale.max(1);
-    opts.big_partials = (opts.big_partials * scale.max(1)).min(8);
-    opts.bombers *= scale.max(1).min(4);
+    let scale = scale.max(1);
+    opts.verifiers *= scale.min(4);
+    opts.trickle_conns *= scale;
+    opts.big_partials = (opts.big_partials * scale).min(8);
+    opts.bombers *= scale.min(4);
     opts.hold = Duration::from_secs(10);
     opts.expect_hardening = args.iter().any(|a| a == "--expect-hardening");
     if let Some(level) = value("--log-level") {

@@ -11,7 +11,6 @@
 mod abuse;
 mod clients;
 mod fake;
-#[allow(dead_code)]
 #[path = "../../common/msgs.rs"]
 mod msgs;
 #[allow(dead_code)]
