@@ -7,6 +7,8 @@
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Corpora grow in
 # crates/fuzz/corpus/<target> (seeded from real driver messages on first use); crashes land
 # in crates/fuzz/artifacts/<target>. Extra libFuzzer flags: FUZZ_FLAGS (e.g. "-jobs=2").
+# FUZZ_SANITIZER=none builds without AddressSanitizer (several times the executions per
+# second; the Rust code forbids unsafe, ASan mainly watches zstd's C code).
 # Run it under `nice -n 19` on a shared machine.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -17,7 +19,8 @@ dir=crates/fuzz
 triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 
 # -a: debug assertions on (the rewrite checks its computed lengths with debug_assert).
-cargo +nightly fuzz build --fuzz-dir "$dir" -a
+san=${FUZZ_SANITIZER:-address}
+cargo +nightly fuzz build --fuzz-dir "$dir" -a -s "$san"
 seeds="$dir/target/$triple/release/seeds"
 for t in $targets; do
     if [ ! -d "$dir/corpus/$t" ]; then
@@ -32,7 +35,7 @@ for t in $targets; do
     mkdir -p "$dir/artifacts/$t"
     set +e
     # shellcheck disable=SC2086
-    cargo +nightly fuzz run --fuzz-dir "$dir" -a "$t" "$dir/corpus/$t" -- \
+    cargo +nightly fuzz run --fuzz-dir "$dir" -a -s "$san" "$t" "$dir/corpus/$t" -- \
         -max_total_time="$secs" -max_len=16384 -rss_limit_mb=2048 -print_final_stats=1 \
         ${FUZZ_FLAGS:-} >"$log" 2>&1
     rc=$?
