@@ -16,6 +16,10 @@ use crate::handles::Handles;
 use crate::tls::Stream;
 use crate::{admin, health, reload, session, stall};
 
+/// How long a stop waits for sessions after killing them (they end at once; see
+/// `session::relay`).
+const KILL_WAIT: Duration = Duration::from_secs(1);
+
 /// A running proxy.
 pub struct Running {
     addr: SocketAddr,
@@ -158,9 +162,14 @@ async fn accept_loop(
                     let _ = socket.set_nodelay(true);
                     let id = shared.ids.next_conn();
                     let sess = session::Session::new(shared.clone(), peer, id, stop.clone(), kill.clone());
-                    let shared = shared.clone();
+                    let (shared, kill) = (shared.clone(), kill.clone());
                     tracker.spawn(async move {
-                        if let Some(stream) = handshake(&shared, socket, peer, id).await {
+                        // The kill also ends a TLS handshake still under way.
+                        let stream = tokio::select! {
+                            s = handshake(&shared, socket, peer, id) => s,
+                            _ = kill.cancelled() => None,
+                        };
+                        if let Some(stream) = stream {
                             sess.run(stream).await;
                         }
                     });
@@ -183,7 +192,17 @@ async fn accept_loop(
             "shutdown deadline passed, closing remaining sessions"
         );
         kill.cancel();
-        tracker.wait().await;
+        // Sessions end at the kill whatever their peers do (they never wait on a write);
+        // this bound only keeps a stop finite should one not.
+        if tokio::time::timeout(KILL_WAIT, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                sessions = tracker.len(),
+                "sessions still running after the kill; stopping without them"
+            );
+        }
     }
     tracing::info!("stopped");
     done.cancel();

@@ -7,6 +7,7 @@
 //! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
 //! budget    a read's time budget split between its first attempt and the next rung
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
+//! judge     the reply side: how a tracked read ended (+ the time) → Verdict
 //! ```
 //!
 //! Everything here is a pure function over values: no I/O, no shared state, the clock passed
@@ -15,12 +16,14 @@
 
 mod budget;
 mod decide;
+mod judge;
 mod outcome;
 mod reason;
 mod table;
 
 pub use budget::{attempt_budget, next_rung_ms, AttemptBudget};
 pub use decide::{capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Target};
+pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Verdict};
 pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
 pub use reason::{Admission, Reason};
 pub use table::{
