@@ -17,8 +17,10 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 pub mod latency;
+mod limits;
 mod stall;
 pub use latency::{LatencyBatch, LatencyHistogram};
+pub use limits::{LimitLabel, LimitMetrics, WhyLabel, IGNORED, LIMITS};
 pub use stall::{
     ProbeLabel, ProbeResult, ShardLabel, SignalKind, SignalLabel, StallMetrics, UpstreamResult,
 };
@@ -132,6 +134,8 @@ pub struct Metrics {
     ns_count: AtomicUsize,
     /// The write-stall watch's inputs and state.
     pub stall: StallMetrics,
+    /// The resource limits and the evidence set aside.
+    pub limits: LimitMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -175,6 +179,7 @@ impl Metrics {
             seen_ns: DashSet::new(),
             ns_count: AtomicUsize::new(0),
             stall: StallMetrics::default(),
+            limits: LimitMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -248,6 +253,7 @@ impl Metrics {
                 m.tls_failures.clone(),
             );
             m.stall.register(&mut r);
+            m.limits.register(&mut r);
         }
         // Both outcomes exist from the start at 0, so the first failed reload is an
         // increase that `increase()`/`rate()` can see (a series born at 1 is not).

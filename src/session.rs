@@ -547,7 +547,7 @@ impl Session {
             tracing::info!(ns = %t.ns, command = %t.command, code, code_name = status.code_name.as_deref().unwrap_or(""), elapsed_ms = elapsed.as_millis() as u64, "trigger error");
             self.shared.metrics.trigger_error(&t.ns, &code.to_string());
             let reason = Reason::of_code(code);
-            breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, now);
+            breakers.record_failure(&t.ns, &t.policy, reason, what.trim(), t.probe, self.id, now);
             if t.retry {
                 let remaining = t
                     .max_time_ms
@@ -586,7 +586,15 @@ impl Session {
                 slow.as_millis()
             );
             tracing::info!(ns = %t.ns, command = %t.command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
-            breakers.record_failure(&t.ns, &t.policy, Reason::TimeLimit, &what, t.probe, now);
+            breakers.record_failure(
+                &t.ns,
+                &t.policy,
+                Reason::TimeLimit,
+                &what,
+                t.probe,
+                self.id,
+                now,
+            );
         } else {
             breakers.record_success(&t.ns, t.probe, now);
         }
@@ -612,6 +620,7 @@ impl Session {
                 Reason::TimeLimit,
                 &what,
                 t.probe,
+                self.id,
                 now,
             );
         }

@@ -39,6 +39,7 @@ mod stall;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
 pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
+pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
 pub use stall::{
     Credentials, ProbeConfig, Secret, ShardsConfig, StallAction, StallConfig, DEFAULT_STALL_AFTER,

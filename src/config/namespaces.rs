@@ -15,7 +15,9 @@ use toml::Spanned;
 use super::parse::duration;
 use super::spans::Ctx;
 use crate::command::ReadPrefMode;
-use crate::policy::{Causal, Mode, NsPolicy, Pattern, PolicyTable};
+use crate::policy::{
+    Causal, Mode, NsPolicy, Pattern, PolicyTable, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
+};
 
 /// One `[[namespaces]]` entry, or `[defaults]` (where `pattern` and `mode` are refused).
 #[derive(Debug, Deserialize)]
@@ -32,6 +34,9 @@ pub(super) struct RawEntry {
     dry_run: Option<Spanned<bool>>,
     causal: Option<Spanned<String>>,
     slow_read: Option<Spanned<String>>,
+    min_wait: Option<Spanned<String>>,
+    min_connections: Option<Spanned<i64>>,
+    per_connection: Option<Spanned<i64>>,
 }
 
 impl RawEntry {
@@ -50,6 +55,9 @@ impl RawEntry {
             ("dry_run", at(&self.dry_run)),
             ("causal", at(&self.causal)),
             ("slow_read", at(&self.slow_read)),
+            ("min_wait", at(&self.min_wait)),
+            ("min_connections", at(&self.min_connections)),
+            ("per_connection", at(&self.per_connection)),
         ]
         .into_iter()
         .filter_map(|(k, o)| o.map(|o| (k, o)))
@@ -97,6 +105,9 @@ struct Overrides {
     dry_run: Option<bool>,
     causal: Option<Causal>,
     slow_read: Option<At>,
+    min_wait: Option<Duration>,
+    min_connections: Option<u32>,
+    per_connection: Option<u32>,
 }
 
 impl Overrides {
@@ -112,6 +123,9 @@ impl Overrides {
         p.dry_run = self.dry_run.unwrap_or(p.dry_run);
         p.causal = self.causal.unwrap_or(p.causal);
         p.slow_read = self.slow_read.map(|a| a.value).or(p.slow_read);
+        p.min_wait = self.min_wait.unwrap_or(p.min_wait);
+        p.min_connections = self.min_connections.unwrap_or(p.min_connections);
+        p.per_connection = self.per_connection.unwrap_or(p.per_connection);
     }
 }
 
@@ -199,6 +213,30 @@ fn read_overrides(ctx: &mut Ctx, e: &RawEntry, prefix: &str) -> Overrides {
             .slow_read
             .as_ref()
             .and_then(|v| at(ctx, v, &key("slow_read"), nonzero)),
+        min_wait: e
+            .min_wait
+            .as_ref()
+            .and_then(|v| duration(ctx, v, &key("min_wait"), Duration::ZERO)),
+        min_connections: e
+            .min_connections
+            .as_ref()
+            .and_then(|v| count(ctx, v, &key("min_connections"), MAX_MIN_CONNECTIONS)),
+        per_connection: e
+            .per_connection
+            .as_ref()
+            .and_then(|v| count(ctx, v, &key("per_connection"), MAX_PER_CONNECTION)),
+    }
+}
+
+/// A count in `1..=max`.
+fn count(ctx: &mut Ctx, v: &Spanned<i64>, key: &str, max: u32) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if (1..=max).contains(&n) => Some(n),
+        _ => {
+            let msg = format!("{} is out of range 1..={max}", v.get_ref());
+            ctx.err(v, key, msg);
+            None
+        }
     }
 }
 

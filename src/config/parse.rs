@@ -199,7 +199,12 @@ fn max_message_size(ctx: &mut Ctx, v: Option<&Spanned<i64>>) -> Option<usize> {
     }
 }
 
-/// A humantime duration of at least `min` (`min` of 1ns means "not zero").
+/// The longest duration any setting accepts: deadlines are computed as `Instant + d`, which
+/// must not overflow, and nothing the proxy waits for needs longer.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A humantime duration of at least `min` (`min` of 1ns means "not zero") and at most
+/// [`MAX_DURATION`].
 pub(super) fn duration(
     ctx: &mut Ctx,
     v: &Spanned<String>,
@@ -221,6 +226,15 @@ pub(super) fn duration(
         }
         Ok(d) if d < min => {
             let msg = format!("must be at least {}", humantime::format_duration(min));
+            ctx.err(v, key, msg);
+            None
+        }
+        Ok(d) if d > MAX_DURATION => {
+            let msg = format!(
+                "`{}` is longer than the largest accepted duration, {}",
+                v.get_ref(),
+                humantime::format_duration(MAX_DURATION)
+            );
             ctx.err(v, key, msg);
             None
         }

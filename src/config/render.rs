@@ -30,7 +30,7 @@ pub fn read_pref_names(bits: u8) -> String {
 fn policy_cells(p: &NsPolicy) -> Vec<String> {
     let mut cells = vec![p.pattern.clone(), p.mode.as_str().to_string()];
     if p.mode == Mode::Passthrough {
-        cells.extend(std::iter::repeat_n("-".to_string(), 9));
+        cells.extend(std::iter::repeat_n("-".to_string(), 12));
         return cells;
     }
     let codes: Vec<String> = p.trigger_codes.iter().map(|c| c.to_string()).collect();
@@ -42,6 +42,9 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
         codes.join(","),
         fmt_opt(p.max_time),
         fmt_opt(p.slow_read),
+        fmt_duration(p.min_wait),
+        p.min_connections.to_string(),
+        p.per_connection.to_string(),
         p.dry_run.to_string(),
         if p.mode == Mode::Strict {
             "-"
@@ -147,6 +150,9 @@ fn namespaces(out: &mut String, t: &PolicyTable) {
         "trigger_codes",
         "max_time",
         "slow_read",
+        "min_wait",
+        "min_connections",
+        "per_connection",
         "dry_run",
         "causal",
     ];
@@ -253,6 +259,9 @@ pub fn explain(config: &Config, ns: &str) -> String {
             "trigger_codes",
             "max_time",
             "slow_read",
+            "min_wait",
+            "min_connections",
+            "per_connection",
             "dry_run",
             "causal",
         ];

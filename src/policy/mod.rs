@@ -20,6 +20,9 @@ mod table;
 pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Target};
 pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
 pub use reason::{Admission, Reason};
-pub use table::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
+pub use table::{
+    Causal, Mode, NsPolicy, PolicyTable, DEFAULT_MIN_CONNECTIONS, DEFAULT_MIN_WAIT,
+    DEFAULT_PER_CONNECTION, DEFAULT_TRIGGER_CODES, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
+};
 
 pub(crate) use table::{Pattern, DB_FORBIDDEN};

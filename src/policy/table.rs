@@ -14,6 +14,17 @@ use crate::command::ReadPrefMode;
 /// Default `trigger_codes`: the stale-routing and time-limit errors of the design.
 pub const DEFAULT_TRIGGER_CODES: [i32; 9] = [13388, 63, 150, 249, 50, 262, 89, 133, 202];
 
+/// Default `min_wait`: a client's wait shorter than this is no evidence about the cluster.
+pub const DEFAULT_MIN_WAIT: Duration = Duration::from_secs(1);
+/// Default `min_connections`: one connection alone never opens a breaker.
+pub const DEFAULT_MIN_CONNECTIONS: u32 = 2;
+/// Default `per_connection`: each connection counts once per window.
+pub const DEFAULT_PER_CONNECTION: u32 = 1;
+/// Largest `min_connections`.
+pub const MAX_MIN_CONNECTIONS: u32 = 100;
+/// Largest `per_connection`.
+pub const MAX_PER_CONNECTION: u32 = 1000;
+
 /// Characters MongoDB forbids in database names: a pattern using one never matches.
 pub(crate) const DB_FORBIDDEN: &[char] = &['/', '\\', ' ', '"', '$', '\0'];
 
@@ -94,6 +105,16 @@ pub struct NsPolicy {
     pub causal: Causal,
     /// A reply slower than this counts as a trigger error. Default none; below `max_time`.
     pub slow_read: Option<Duration>,
+    /// The least wait that makes a client's word evidence: a client that gives up, a slow
+    /// reply, or a time-limit error (MaxTimeMSExpired, ExceededTimeLimit) counts only when
+    /// the read waited (or was given) at least this long. Default 1s; at most `max_time`.
+    pub min_wait: Duration,
+    /// Distinct client connections whose errors must be inside `window` for the breaker to
+    /// open (a half-open probe's failure re-opens it alone). Default 2, 1..=100.
+    pub min_connections: u32,
+    /// Trigger errors one connection may contribute inside `window`; more are not counted.
+    /// Default 1, 1..=1000.
+    pub per_connection: u32,
 }
 
 impl NsPolicy {
@@ -113,7 +134,18 @@ impl NsPolicy {
             dry_run: false,
             causal: Causal::Drop,
             slow_read: None,
+            min_wait: DEFAULT_MIN_WAIT,
+            min_connections: DEFAULT_MIN_CONNECTIONS,
+            per_connection: DEFAULT_PER_CONNECTION,
         }
+    }
+
+    /// The least wait that makes a client's word evidence: `min_wait`, or the operator's
+    /// own `max_time` cap when that is shorter (a read cut by the cap was given all the
+    /// time the operator allows).
+    pub fn evidence_floor(&self) -> Duration {
+        self.max_time
+            .map_or(self.min_wait, |cap| cap.min(self.min_wait))
     }
 
     pub fn is_trigger(&self, code: i32) -> bool {
