@@ -102,6 +102,47 @@ pub struct Config {
     /// `[stall_watch]`: the write-progress watch and its action. Default in a file: the
     /// passive watch with `observe`; off in [`Config::for_upstreams`]. Reloads.
     pub stall: StallConfig,
+    /// The resource limits (top-level keys `max_connections`, `message_timeout`,
+    /// `idle_timeout`, `max_pending_reads`).
+    pub limits: Limits,
+}
+
+/// Default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default `message_timeout`.
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `max_pending_reads`.
+pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
+
+/// What one client may hold of the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `max_connections`: client connections open at once; the next one is refused (an
+    /// error reply to its first message when it sends one within a second, else a close).
+    /// Default 10000; 1..=1000000. Reloads: applies to the next accept.
+    pub max_connections: usize,
+    /// `message_timeout`: time a client has to finish a message once its first byte
+    /// arrived; past it the client is closed. Default 30s; not zero. Reloads: applies to
+    /// each connection's next message.
+    pub message_timeout: Duration,
+    /// `idle_timeout`: a client that sends nothing for this long, with nothing in flight,
+    /// is closed. Default off (`"off"`). Reloads: applies to each connection's next message.
+    pub idle_timeout: Option<Duration>,
+    /// `max_pending_reads`: tracked reads one connection may have waiting for replies;
+    /// past it reads are forwarded untracked (no retry, no evidence). Default 1000;
+    /// 1..=100000. Reloads: applies to each connection's next message.
+    pub max_pending_reads: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            message_timeout: DEFAULT_MESSAGE_TIMEOUT,
+            idle_timeout: None,
+            max_pending_reads: DEFAULT_MAX_PENDING_READS,
+        }
+    }
 }
 
 /// A configuration problem, located.
@@ -136,6 +177,7 @@ impl Config {
             upstream_tls: None,
             policy: PolicyTable::default(),
             stall: StallConfig::off(),
+            limits: Limits::default(),
         }
     }
 }

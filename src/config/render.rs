@@ -78,6 +78,15 @@ fn settings(out: &mut String, config: &Config) {
     };
     let _ = writeln!(out, "admin.token       {token}");
     let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
+    let l = &config.limits;
+    let _ = writeln!(out, "max_connections   {}", l.max_connections);
+    let _ = writeln!(out, "message_timeout   {}", fmt_duration(l.message_timeout));
+    let _ = writeln!(
+        out,
+        "idle_timeout      {}",
+        l.idle_timeout.map_or("off".to_string(), fmt_duration)
+    );
+    let _ = writeln!(out, "max_pending_reads {}", l.max_pending_reads);
     let _ = writeln!(out, "max_message_size  {}", config.max_message_size);
     let _ = writeln!(
         out,
