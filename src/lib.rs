@@ -6,9 +6,14 @@
 //! ```text
 //! server   accept loop, one session task per client connection, graceful stop
 //!   └─ session   pairs the client with its own upstream connection (upstream) and relays
-//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied)
-//!        ├─ command    one pass over the body: command, namespaces, read preference, ...
-//!        ├─ policy     patterns + breaker state → Decision (pure)
+//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied);
+//!        │       each request opened once (wire::Request), each reply's header read once
+//!        │       (wire::Reply); writes queued per peer, never awaited in the way of the
+//!        │       other direction or a stop
+//!        ├─ command    one pass over the body, from the opened request: command,
+//!        │             namespaces, read preference, ...
+//!        ├─ policy     patterns + breaker state → Decision (decide, pure); how a tracked
+//!        │             read ended → Verdict (judge, pure)
 //!        ├─ rewrite    readConcern/maxTimeMS splice, lengths and checksum fixed
 //!        └─ breaker    per-namespace sliding window, closed/open/half-open
 //! ```
@@ -29,7 +34,7 @@
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
 //!                   choosing and dialing mongos, their health
 //! config            TOML → validated Config
-//! policy            the pattern table; decide (pure); what a decision means for a request
+//! policy            the pattern table; decide and judge (pure); what a decision means
 //! metrics tls command rewrite    every metric name · rustls · classification · splicing
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
 //! ```

@@ -26,6 +26,9 @@ const REFUSING: usize = 64;
 const REFUSE_WAIT: Duration = Duration::from_secs(1);
 /// The largest first message a refused connection is read for (a handshake is far smaller).
 const REFUSE_READ: usize = 16 * 1024;
+/// How long a stop waits for sessions after killing them (they end at once; see
+/// `session::relay`).
+const KILL_WAIT: Duration = Duration::from_secs(1);
 
 /// A running proxy.
 pub struct Running {
@@ -175,11 +178,16 @@ async fn accept_loop(
                     };
                     let id = shared.ids.next_conn();
                     let sess = session::Session::new(shared.clone(), peer, id, stop.clone(), kill.clone());
-                    let shared = shared.clone();
+                    let (shared, kill) = (shared.clone(), kill.clone());
                     tracker.spawn(async move {
                         // The connection's place is held until its session ends.
                         let _slot = slot;
-                        if let Some(stream) = handshake(&shared, socket, peer, id).await {
+                        // The kill also ends a TLS handshake still under way.
+                        let stream = tokio::select! {
+                            s = handshake(&shared, socket, peer, id) => s,
+                            _ = kill.cancelled() => None,
+                        };
+                        if let Some(stream) = stream {
                             sess.run(stream).await;
                         }
                     });
@@ -202,7 +210,17 @@ async fn accept_loop(
             "shutdown deadline passed, closing remaining sessions"
         );
         kill.cancel();
-        tracker.wait().await;
+        // Sessions end at the kill whatever their peers do (they never wait on a write);
+        // this bound only keeps a stop finite should one not.
+        if tokio::time::timeout(KILL_WAIT, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                sessions = tracker.len(),
+                "sessions still running after the kill; stopping without them"
+            );
+        }
     }
     tracing::info!("stopped");
     done.cancel();

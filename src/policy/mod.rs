@@ -6,6 +6,7 @@
 //! reason    Reason, Admission: the breaker's state as decide's input
 //! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
+//! judge     the reply side: how a tracked read ended (+ the time) → Verdict
 //! ```
 //!
 //! Everything here is a pure function over values: no I/O, no shared state, the clock passed
@@ -13,11 +14,13 @@
 //! the session applies what these functions return.
 
 mod decide;
+mod judge;
 mod outcome;
 mod reason;
 mod table;
 
 pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Target};
+pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Verdict};
 pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
 pub use reason::{Admission, Reason};
 pub use table::{
