@@ -143,6 +143,21 @@ impl Session {
                 self.shared.breakers.release_probe(&t.ns);
                 false
             }
+            Verdict::Ignore(
+                ignored @ (Ignored::ShortWait { release_probe }
+                | Ignored::ShortTimeLimit { release_probe }),
+            ) => {
+                let why = match ignored {
+                    Ignored::ShortTimeLimit { .. } => "short_time_limit",
+                    _ => "short_wait",
+                };
+                self.shared.metrics.limits.ignored(why);
+                tracing::debug!(ns = %t.ns, command = %t.command, why, "not counted: a client's word below min_wait is no evidence");
+                if release_probe {
+                    self.shared.breakers.release_probe(&t.ns);
+                }
+                false
+            }
             Verdict::Ignore(_) => false,
         }
     }
@@ -166,9 +181,15 @@ impl Session {
             .metrics
             .trigger_error(ns, &failure.evidence.label());
         let what = failure.evidence.to_string();
-        self.shared
-            .breakers
-            .record_failure(ns, &t.policy, failure.reason, &what, t.probe, self.id, now);
+        self.shared.breakers.record_failure(
+            ns,
+            &t.policy,
+            failure.reason,
+            &what,
+            t.probe,
+            self.id,
+            now,
+        );
     }
 
     /// Sends `t` again rewritten by `spec` (from the request opened on arrival); false when
