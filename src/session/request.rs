@@ -65,6 +65,9 @@ impl Session {
                 expects_reply: !req.more_to_come(),
             });
         }
+        if let Some(gate) = self.gate_compressed(req, policy_active, watch_writes)? {
+            return Ok(gate);
+        }
         req.inflate(self.config.max_message_size)
             .map_err(SessionError::ClientProtocol)?;
         if !req.is_command() {
@@ -89,6 +92,36 @@ impl Session {
             },
             Err(m) => return Err(SessionError::ClientProtocol(WireError::BadBson(m.0))),
         })
+    }
+
+    /// A compressed request's gate from the first few hundred decompressed bytes: only a
+    /// read some policy may govern is decompressed whole (a small message declaring tens of
+    /// megabytes must not cost that much work to be told apart). `None`: open it whole.
+    fn gate_compressed(
+        &self,
+        req: &Request,
+        policy_active: bool,
+        watch_writes: bool,
+    ) -> Result<Option<Gate>, SessionError> {
+        let prefix = match req.compressed_prefix(crate::wire::body::COMMAND_PREFIX) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(SessionError::ClientProtocol(e)),
+        };
+        let Some(name) = crate::wire::body::command_name_in_prefix(&prefix) else {
+            return Ok(None);
+        };
+        let flags = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        let expects_reply = flags & crate::wire::opmsg::MORE_TO_COME == 0;
+        Ok(Some(if !expects_reply {
+            Gate::Pass { expects_reply }
+        } else if watch_writes && stall::is_write_command(name) {
+            Gate::Write
+        } else if policy_active && (command::is_read_command(name) || name == "explain") {
+            return Ok(None);
+        } else {
+            Gate::Pass { expects_reply }
+        }))
     }
 
     /// A read some policy may govern: classified, resolved, admitted, decided, applied.
@@ -207,6 +240,15 @@ impl Session {
         let out = self
             .edited(decision, req, ns, info.name)
             .unwrap_or_else(|| req.frame().clone());
+        if self.pending.len() >= self.config.limits.max_pending_reads {
+            // Sent, but not followed: no retry and no evidence from it.
+            self.shared.metrics.limits.hit("max_pending_reads");
+            tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
+            if probe {
+                self.shared.breakers.release_probe(ns);
+            }
+            return self.forward(out, true);
+        }
         if probe {
             tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
         }
@@ -222,6 +264,8 @@ impl Session {
             probe,
             retry,
             retried: false,
+            // `forward` below counts it.
+            seq: self.sent_finals + 1,
         });
         self.forward(out, true);
     }
@@ -257,6 +301,7 @@ impl Session {
 
     fn forward(&mut self, msg: Bytes, expects_reply: bool) {
         if expects_reply {
+            self.sent_finals += 1;
             self.outstanding += 1;
             if self.waiting_since.is_none() {
                 self.waiting_since = Some(Instant::now());
