@@ -23,8 +23,36 @@ use crate::support::mongos::{FakeMongos, Hooked};
 use crate::support::raw;
 use crate::support::tap::Tap;
 
-/// The namespaces most tests use: one fallback collection, the strict `pay` database.
+/// The namespaces most tests use: one fallback collection, the strict `pay` database. These
+/// tests walk the decision table with one driver client, so one connection's errors must
+/// open a breaker and its waits of a few milliseconds must count: `min_connections = 1`,
+/// `per_connection` at its largest and `min_wait = "0s"` (the evidence rules have their
+/// own tests in `tests/limits.rs`, on [`DEFAULT_NAMESPACES`]).
 pub const BASE_NAMESPACES: &str = r#"
+[[namespaces]]
+pattern = "demo.store_inventory"
+mode = "fallback"
+threshold = 3
+window = "10s"
+cooldown = "30s"
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+threshold = 3
+window = "10s"
+cooldown = "30s"
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+"#;
+
+/// The same namespaces with the built-in evidence rules (`min_connections = 2`,
+/// `per_connection = 1`, `min_wait = "1s"`).
+pub const DEFAULT_NAMESPACES: &str = r#"
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"
