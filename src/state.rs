@@ -198,5 +198,4 @@ pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
     );
     m.set("max_pending_reads", l.max_pending_reads as f64);
     m.set("max_breakers", max_breakers as f64);
-    m.set("decompression", crate::wire::body::COMMAND_PREFIX as f64);
 }

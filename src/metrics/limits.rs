@@ -21,13 +21,12 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 6] = [
+pub const LIMITS: [&str; 5] = [
     "max_connections",
     "message_timeout",
     "idle_timeout",
     "max_pending_reads",
     "max_breakers",
-    "decompression",
 ];
 
 /// The `why` labels of `evidence_ignored_total`.
@@ -38,14 +37,12 @@ pub struct LimitMetrics {
     /// The configured value of each limit (seconds for durations, 0 when off).
     pub setting: Family<LimitLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Times a limit acted: a refused or closed client, a read not tracked, a breaker
-    /// evicted, a decompression refused.
+    /// evicted or not created.
     pub hits: Family<LimitLabel, Counter>,
     /// Breakers in the map now.
     pub breakers: Gauge,
     /// Trigger errors set aside as no evidence, by why.
     pub ignored: Family<WhyLabel, Counter>,
-    /// Decompressions run off the async workers (large snappy messages).
-    pub blocking_decompressions: Counter,
 }
 
 impl LimitMetrics {
@@ -57,7 +54,7 @@ impl LimitMetrics {
         );
         r.register(
             "limit_hits",
-            "Times a resource limit acted (client refused or closed, read not tracked, breaker evicted, decompression refused)",
+            "Times a resource limit acted (client refused or closed, read not tracked, breaker evicted)",
             self.hits.clone(),
         );
         r.register("breakers", "Breakers in the map now", self.breakers.clone());
@@ -65,11 +62,6 @@ impl LimitMetrics {
             "evidence_ignored",
             "Trigger errors not counted: short_wait (client gave up or slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window)",
             self.ignored.clone(),
-        );
-        r.register(
-            "blocking_decompressions",
-            "Large decompressions run off the async workers",
-            self.blocking_decompressions.clone(),
         );
         // Every series exists from the start at 0, so a first hit is an increase.
         for limit in LIMITS {
