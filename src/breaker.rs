@@ -369,9 +369,8 @@ impl Breakers {
             return None;
         }
         let why = format!(
-            "{} trigger errors from {} or more connections within {:?} (last: {what})",
+            "{} trigger errors within {:?} (last: {what})",
             b.errors.len(),
-            policy.min_connections,
             policy.window
         );
         Some(b.open(reason, why, now))

@@ -345,7 +345,7 @@ async fn declared_lengths_hold_no_memory_under_a_2_gib_address_space() {
     let mut f = std::fs::File::create(&path).unwrap();
     write!(
         f,
-        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\nmessage_timeout = \"1m\"\n[admin]\nenabled = false\n",
+        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[admin]\nenabled = false\n",
         upstream.local_addr().unwrap()
     )
     .unwrap();

@@ -28,6 +28,10 @@ listen = "127.0.0.1:0"
 [defaults]
 threshold = 1
 cooldown = "60s"
+# One client opens breakers here (reload is the subject, not the evidence rules).
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
 
 [[namespaces]]
 pattern = "pay.*"
