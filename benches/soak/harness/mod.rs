@@ -1,0 +1,253 @@
+//! The soak: the staleguard binary between a misbehaving fake mongos and a mix of verifying
+//! and abusive clients, with its memory sampled. Used by `cargo bench --bench soak` (any
+//! duration) and by `tests/soak.rs` (the CI minute).
+//!
+//! ```text
+//! verifying clients ─┐                      ┌─ StaleConfig bursts, slow replies (faulty ns)
+//! abusive clients  ──┼─▶ staleguard (child) ─▶ fake mongos (in process) ─┼─ resets, garbage (chaos ns)
+//! RSS sampler ───────┘   /proc/PID/status    └─ counts what a hardened proxy never lets through
+//! ```
+
+mod abuse;
+mod clients;
+mod fake;
+#[path = "../../common/msgs.rs"]
+mod msgs;
+#[allow(dead_code)]
+#[path = "../../e2e/procs.rs"]
+mod procs;
+mod report;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::RawDocument;
+use staleguard::wire::{Header, OpCode, HEADER_LEN};
+
+pub use report::Report;
+
+/// The namespaces of the soak and what the config makes of them.
+pub mod ns {
+    pub const DEMO: &str = "demo";
+    pub const PAY: &str = "pay";
+    /// Fallback, with StaleConfig bursts and slow replies.
+    pub const INVENTORY: &str = "inventory";
+    /// Strict, with the same faults.
+    pub const LEDGER: &str = "ledger";
+    /// `demo.quiet` (fallback) and `pay.quiet` (strict): the upstream never fails them; only
+    /// the abusive clients' own reads do.
+    pub const QUIET: &str = "quiet";
+    pub const PIPE: &str = "pipe";
+    pub const FLOOD_PREFIX: &str = "flood_";
+    pub const CHAOS_RESET: &str = "chaos_reset";
+    pub const CHAOS_GARBAGE: &str = "chaos_garbage";
+
+    pub fn is_faulty(db: &str, coll: &str) -> bool {
+        matches!((db, coll), (DEMO, INVENTORY) | (PAY, LEDGER))
+    }
+
+    pub fn is_strict_db(db: &str) -> bool {
+        db == PAY
+    }
+}
+
+/// How long and how hard.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    pub duration: Duration,
+    /// Verifying clients per namespace class (four classes).
+    pub verifiers: usize,
+    /// Connections that declare 47 MB and trickle.
+    pub trickle_conns: usize,
+    /// Connections that send 47 MB − 1 bytes and stop.
+    pub big_partials: usize,
+    /// How long a 47 MB − 1 sender holds its connection before reopening.
+    pub hold: Duration,
+    pub bombers: usize,
+    /// Assert the checks that need issue 11's hardening too.
+    pub expect_hardening: bool,
+    pub staleguard: std::path::PathBuf,
+    pub log_level: String,
+}
+
+impl Opts {
+    /// The one-minute CI shape: every abuse present, small counts.
+    pub fn ci(staleguard: &Path) -> Opts {
+        Opts {
+            duration: Duration::from_secs(30),
+            verifiers: 2,
+            trickle_conns: 20,
+            big_partials: 2,
+            hold: Duration::from_secs(4),
+            bombers: 1,
+            expect_hardening: false,
+            staleguard: staleguard.to_path_buf(),
+            log_level: "warn".into(),
+        }
+    }
+}
+
+/// A legacy OP_QUERY (shared with the fuzz seeds' shape: flags, name, skip, return, query).
+pub fn seeds_op_query(request_id: i32, ns: &str, query: &RawDocument) -> Vec<u8> {
+    let q = query.as_bytes();
+    let total = HEADER_LEN + 4 + ns.len() + 1 + 8 + q.len();
+    let mut out = Vec::with_capacity(total);
+    Header {
+        length: total as i32,
+        request_id,
+        response_to: 0,
+        op_code: OpCode::QUERY,
+    }
+    .put(&mut out);
+    out.extend_from_slice(&0_i32.to_le_bytes());
+    out.extend_from_slice(ns.as_bytes());
+    out.push(0);
+    out.extend_from_slice(&0_i32.to_le_bytes());
+    out.extend_from_slice(&(-1_i32).to_le_bytes());
+    out.extend_from_slice(q);
+    out
+}
+
+fn config(listen: u16, upstream: SocketAddr) -> String {
+    format!(
+        "listen = \"127.0.0.1:{listen}\"\nupstreams = [\"{upstream}\"]\n\n\
+         [admin]\nenabled = false\n\n\
+         [defaults]\nthreshold = 3\nwindow = \"10s\"\ncooldown = \"2s\"\n\n\
+         [[namespaces]]\npattern = \"demo.*\"\nmode = \"fallback\"\n\n\
+         [[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n"
+    )
+}
+
+/// Memory of the proxy over the run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Mem {
+    pub rss_start: u64,
+    pub rss_end: u64,
+    pub rss_max: u64,
+    pub vm_start: u64,
+    pub vm_max: u64,
+}
+
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// (VmRSS, VmSize) in bytes.
+fn mem_now(pid: u32) -> (u64, u64) {
+    (
+        status_kib(pid, "VmRSS:").unwrap_or(0) * 1024,
+        status_kib(pid, "VmSize:").unwrap_or(0) * 1024,
+    )
+}
+
+/// Runs the soak and reports; an error only when it could not run at all.
+pub fn run(opts: &Opts) -> Result<Report, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let fake = rt.block_on(fake::start()).map_err(|e| e.to_string())?;
+    let port = procs::free_port()?;
+    let cfg = tmp.path().join("soak.toml");
+    std::fs::write(&cfg, config(port, fake.addr)).map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(&opts.staleguard);
+    cmd.arg("--log-level")
+        .arg(&opts.log_level)
+        .arg("run")
+        .arg("--config")
+        .arg(&cfg)
+        .env_remove("RUST_LOG");
+    let proxy: SocketAddr = ([127, 0, 0, 1], port).into();
+    let log = tmp.path().join("staleguard.log");
+    let mut sg = procs::spawn_external("staleguard", cmd, proxy, &log)?;
+    let pid = sg.pid();
+    let bomb = Arc::new(abuse::zstd_bomb());
+
+    let started = Instant::now();
+    let warmup = Duration::from_secs(2);
+    // The abusers stop before the end so that the last samples show what stays.
+    let settle = (opts.duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(60));
+    let end = started + warmup + opts.duration;
+    let abuse_end = end - settle;
+    let tallies: Vec<(&'static str, &'static str, Arc<clients::Tally>)> = [
+        (ns::DEMO, ns::INVENTORY),
+        (ns::PAY, ns::LEDGER),
+        (ns::DEMO, ns::QUIET),
+        (ns::PAY, ns::QUIET),
+    ]
+    .into_iter()
+    .map(|(d, c)| (d, c, Arc::new(clients::Tally::default())))
+    .collect();
+    let done = Arc::new(abuse::Done::default());
+
+    let mem = rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut id = 0;
+        for (db, coll, t) in &tallies {
+            for _ in 0..opts.verifiers {
+                id += 1;
+                tasks.spawn(clients::verify(proxy, id, db, coll, t.clone(), end));
+            }
+        }
+        tokio::time::sleep(warmup).await;
+        let (rss_start, vm_start) = mem_now(pid);
+        let d = &done;
+        tasks.spawn(abuse::poison(proxy, d.clone(), abuse_end));
+        tasks.spawn(abuse::policy_abuse(proxy, d.clone(), abuse_end));
+        tasks.spawn(abuse::pipeline(proxy, d.clone(), abuse_end));
+        tasks.spawn(abuse::flood(proxy, d.clone(), abuse_end));
+        tasks.spawn(abuse::chaos(proxy, d.clone(), abuse_end));
+        for _ in 0..opts.trickle_conns {
+            tasks.spawn(abuse::trickle(proxy, d.clone(), abuse_end));
+        }
+        for _ in 0..opts.big_partials {
+            tasks.spawn(abuse::big_partial(proxy, opts.hold, d.clone(), abuse_end));
+        }
+        for _ in 0..opts.bombers {
+            tasks.spawn(abuse::bombs(proxy, bomb.clone(), d.clone(), abuse_end));
+        }
+        let mut mem = Mem {
+            rss_start,
+            vm_start,
+            rss_max: rss_start,
+            vm_max: vm_start,
+            ..Mem::default()
+        };
+        let mut last = Instant::now();
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let (rss, vm) = mem_now(pid);
+            mem.rss_max = mem.rss_max.max(rss);
+            mem.vm_max = mem.vm_max.max(vm);
+            mem.rss_end = rss;
+            if last.elapsed() >= Duration::from_secs(60) {
+                last = Instant::now();
+                eprintln!(
+                    "soak: {:.0} s, RSS {:.1} MiB",
+                    started.elapsed().as_secs_f64(),
+                    rss as f64 / 1048576.0
+                );
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+        mem
+    });
+    let alive = sg.check_alive();
+    let log_tail = std::fs::read_to_string(&log).unwrap_or_default();
+    Ok(report::build(
+        opts,
+        started.elapsed(),
+        &tallies,
+        &fake.seen,
+        &done,
+        mem,
+        alive,
+        &log_tail,
+    ))
+}
