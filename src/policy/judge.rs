@@ -14,6 +14,7 @@
 //! - a slow reply counts only when slower than both `slow_read` and `floor`;
 //! - a time-limit code the read's own `maxTimeMS` can cause (MaxTimeMSExpired 50,
 //!   ExceededTimeLimit 262) counts only when that limit, as sent, was at least `floor`.
+//!
 //! A read set aside this way changes nothing for the breaker (a half-open probe gives its
 //! slot back), and its reply goes to the client as it came.
 
