@@ -293,6 +293,12 @@ impl Session {
         let op = header.op();
         let policy_active = self.policy_active();
         let watch_writes = self.config.stall.passive;
+        if policy_active && matches!(op, OpCode::Query | OpCode::Compressed) {
+            let judged = policy::judge_op_query(&msg, &self.config.policy, max);
+            if let Some(refusal) = judged.map_err(SessionError::ClientProtocol)? {
+                return self.refuse_legacy(header.request_id, &refusal, cw).await;
+            }
+        }
         if op == OpCode::Msg && !policy_active && !watch_writes {
             // Validate only: the structure must hold even when no policy needs the body.
             let view = opmsg::OpMsg::parse(&msg[crate::wire::HEADER_LEN..])
@@ -320,8 +326,9 @@ impl Session {
                 self.writes.sent(watch, upstream, header.request_id, now);
                 return self.pass(msg.clone(), true, uw).await;
             }
-            Ok(Some(name))
-                if policy_active && (command::is_read_command(name) || name == "explain") => {}
+            // Every other command: a repeated policy-relevant field or a client's own
+            // `available` is refused whatever the command (see `policy::resolve`).
+            Ok(Some(name)) if policy_active && !stall::is_write_command(name) => {}
             Ok(_) => return self.pass(msg.clone(), true, uw).await,
             Err(command::ClassifyError::Malformed(what)) => {
                 return Err(SessionError::ClientProtocol(WireError::BadBson(what)))
@@ -382,7 +389,7 @@ impl Session {
 
     async fn apply<C: AsyncWrite + Unpin, U: AsyncWrite + Unpin>(
         &mut self,
-        decision: Decision,
+        decision: Decision<'_>,
         req: Governed<'_, '_>,
         cw: &mut C,
         uw: &mut U,
@@ -469,10 +476,10 @@ impl Session {
                 tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(request_id, &reply, cw).await
             }
-            Decision::Refuse => {
-                let reply = policy::refusal_reply(ns);
+            Decision::Refuse(why) => {
+                let reply = policy::refusal_reply(ns, why);
                 self.bump(ns, 2);
-                tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
+                tracing::debug!(ns = %ns, command = info.name, code = reply.code, why = ?why, "refused");
                 self.reply_error(request_id, &reply, cw).await
             }
         }
@@ -735,6 +742,19 @@ impl Session {
             self.outstanding = self.outstanding.saturating_sub(1);
         }
         cw.write_all(&msg).await.map_err(SessionError::ClientIo)
+    }
+
+    /// Answers legacy OP_QUERY `request_id` with the OP_REPLY of `refusal`, sending nothing.
+    async fn refuse_legacy<C: AsyncWrite + Unpin>(
+        &mut self,
+        request_id: i32,
+        refusal: &policy::LegacyRefusal,
+        cw: &mut C,
+    ) -> Result<(), SessionError> {
+        self.bump(&refusal.ns, 2);
+        tracing::debug!(ns = %refusal.ns, code = refusal.reply.code, "refused: legacy OP_QUERY on a database with governed namespaces");
+        let out = refusal.to_message(self.shared.request_id(), request_id);
+        cw.write_all(&out).await.map_err(SessionError::ClientIo)
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.
