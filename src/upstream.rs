@@ -60,8 +60,14 @@ pub struct HealthInfo {
     pub since: SystemTime,
 }
 
-/// The health checker's own connection to an upstream, kept between checks.
-pub(crate) type ProbeConn = FramedRead<Stream, MessageCodec>;
+/// The health checker's own connection to an upstream, kept between checks, and what its
+/// handshake learned (see `health`).
+#[derive(Debug)]
+pub(crate) struct ProbeConn {
+    pub(crate) frames: FramedRead<Stream, MessageCodec>,
+    /// The server answered the legacy hello with `helloOk: true`: check with `hello`.
+    pub(crate) hello_ok: bool,
+}
 
 /// One mongos router.
 #[derive(Debug)]
