@@ -53,6 +53,26 @@ pub enum SessionError {
     UpstreamIo(std::io::Error),
 }
 
+impl SessionError {
+    /// The client just went away: a reset or a broken pipe (Node.js's `client.close()`
+    /// resets its sockets), or a stream cut without a TLS close_notify between two messages
+    /// (`at_message_boundary`: nothing of a next message had arrived). Such an end is logged
+    /// like a clean close, not as a warning.
+    pub fn is_client_close(&self, at_message_boundary: bool) -> bool {
+        use std::io::ErrorKind;
+        let SessionError::ClientIo(e) = self else {
+            return false;
+        };
+        match e.kind() {
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+                true
+            }
+            ErrorKind::UnexpectedEof => at_message_boundary,
+            _ => false,
+        }
+    }
+}
+
 /// A request some policy governs, with everything decided about it.
 struct Governed<'r, 'a> {
     msg: &'r Bytes,
@@ -264,8 +284,12 @@ impl Session {
             // Not progress: the watch notes it, nothing clears on it.
             self.writes.abandon();
         }
+        let at_message_boundary = cr.read_buffer().is_empty();
         match end {
             Ok(why) => tracing::debug!(reason = why, "session closed"),
+            Err(e) if e.is_client_close(at_message_boundary) => {
+                tracing::debug!(error = %e, "session closed: client went away")
+            }
             Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
                 tracing::warn!(error = %e, "closing client")
             }
@@ -780,5 +804,30 @@ fn upstream_err(e: FrameError) -> SessionError {
     match e {
         FrameError::Wire(w) => SessionError::UpstreamProtocol(w),
         FrameError::Io(io) => SessionError::UpstreamIo(io),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_client_going_away_is_a_normal_close() {
+        let client = |kind| SessionError::ClientIo(Error::new(kind, "x"));
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::BrokenPipe,
+        ] {
+            assert!(client(kind).is_client_close(false), "{kind:?}");
+        }
+        assert!(client(ErrorKind::UnexpectedEof).is_client_close(true));
+        // Cut in the middle of a message, or any other failure: worth a warning.
+        assert!(!client(ErrorKind::UnexpectedEof).is_client_close(false));
+        assert!(!client(ErrorKind::Other).is_client_close(true));
+        assert!(!SessionError::ClientProtocol(WireError::Truncated("x")).is_client_close(true));
+        let upstream = SessionError::UpstreamIo(Error::new(ErrorKind::ConnectionReset, "x"));
+        assert!(!upstream.is_client_close(true));
     }
 }
