@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::RawDocument;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use staleguard::breaker::{Admission, Reason};
-use staleguard::command::classify;
+use staleguard::command::{classify, classify_request};
 use staleguard::config::{Mode, NsPolicy, PolicyTable};
 use staleguard::policy::{decide, resolve};
 use staleguard::rewrite::{rewrite_message, RewriteSpec};
 use staleguard::wire::reply;
-use staleguard::wire::{inspect_reply, request_body};
+use staleguard::wire::{inspect_reply, request_body, Request};
 
 #[path = "common/msgs.rs"]
 mod msgs;
@@ -46,10 +46,54 @@ fn bench_decode_classify(c: &mut Criterion) {
     g.bench_function("request_body/find_300b", |b| {
         b.iter(|| request_body(black_box(&find), MAX).map(|r| r.flags()))
     });
+    let frame = bytes::Bytes::from(find.clone());
+    g.bench_function("request_open/find_300b", |b| {
+        b.iter_batched(
+            || frame.clone(),
+            |frame| Request::new(black_box(frame), MAX),
+            BatchSize::SmallInput,
+        )
+    });
     let body = msgs::find_body(msgs::FALLBACK_DB, msgs::FALLBACK_COLL);
     g.bench_function("classify/find_300b", |b| {
         b.iter(|| classify(black_box(&body)).map(|i| i.name.len()))
     });
+    g.finish();
+}
+
+/// The request side's per-message work before deciding, both ways in one binary (so a
+/// loaded machine slows both alike): before issue 10 (`request_body`, then `classify` from
+/// the body, scanning the first key again) and now (`Request::new` + `inflate`, then
+/// `classify_request` from the first key the request found).
+fn bench_open_then_classify(c: &mut Criterion) {
+    let mut g = c.benchmark_group("open_then_classify");
+    for (name, msg) in [
+        ("find_300b", msgs::find_msg(false)),
+        ("find_zstd", msgs::find_zstd_msg()),
+    ] {
+        let frame = bytes::Bytes::from(msg);
+        g.bench_function(format!("request_body+classify/{name}"), |b| {
+            b.iter(|| {
+                let req = request_body(black_box(&frame), MAX).expect("valid");
+                let info = classify(req.body().expect("body")).expect("classifiable");
+                info.name.len()
+            })
+        });
+        // The session owns each frame it cuts off the read buffer: the clone (a reference
+        // count) is made, and the request dropped, outside the timing.
+        g.bench_function(format!("Request+classify_request/{name}"), |b| {
+            b.iter_batched(
+                || frame.clone(),
+                |frame| {
+                    let mut req = Request::new(frame, MAX).expect("valid");
+                    req.inflate(MAX).expect("valid");
+                    let n = classify_request(&req).expect("classifiable").name.len();
+                    (n, req)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
     g.finish();
 }
 
@@ -164,6 +208,6 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = bench_decode_classify, bench_rewrite, bench_inspect_reply, bench_policy
+    targets = bench_decode_classify, bench_open_then_classify, bench_rewrite, bench_inspect_reply, bench_policy
 }
 criterion_main!(benches);

@@ -15,8 +15,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::health;
-use crate::server::Shared;
+use crate::handles::Handles;
 
 pub use page::esc;
 
@@ -26,13 +25,13 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 
 #[derive(Clone)]
 struct AdminState {
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     /// Cancelled when the proxy starts stopping: not ready any more.
     stopping: CancellationToken,
 }
 
 /// The admin routes over `shared`.
-pub fn router(shared: Arc<Shared>, stopping: CancellationToken) -> Router {
+pub fn router(shared: Arc<Handles>, stopping: CancellationToken) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/status", get(status_json))
@@ -45,7 +44,7 @@ pub fn router(shared: Arc<Shared>, stopping: CancellationToken) -> Router {
 /// Serves until `done` (the proxy has stopped); `stopping` turns `/readyz` to 503.
 pub async fn serve(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     stopping: CancellationToken,
     done: CancellationToken,
 ) {
@@ -75,7 +74,7 @@ async fn readyz(State(st): State<AdminState>) -> Response {
     if st.stopping.is_cancelled() {
         return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n").into_response();
     }
-    if health::any_up(&st.shared) {
+    if status::ready(&st.shared) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (

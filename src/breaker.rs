@@ -1,15 +1,22 @@
 //! Circuit breakers, one per exact namespace (`db.coll`) that has a policy: a sliding window
 //! of trigger errors opens it, it stays open for `cooldown`, then lets one probe through.
 //!
-//! The write-stall watch may also *hold* a breaker open (`hold_open`): it stays open,
-//! without a probe, while the signal lasts; `release_held` then starts an ordinary cooldown,
-//! so the breaker returns through its usual half-open probe.
+//! The write-stall watch may also *hold* a breaker open (`hold`): it stays open, without a
+//! probe, while the signal lasts; releasing it then starts an ordinary cooldown, so the
+//! breaker returns through its usual half-open probe.
+//!
+//! Every transition is logged and counted here, by the method that makes it; callers get
+//! the transition back only to look at it.
+
+mod hold;
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use crate::metrics::Metrics;
 use crate::policy::NsPolicy;
 
 pub use crate::policy::{Admission, Reason};
@@ -27,6 +34,15 @@ impl State {
             State::Closed => "closed",
             State::Open => "open",
             State::HalfOpen => "half-open",
+        }
+    }
+
+    /// The value of the `breaker_state` gauge.
+    pub fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
         }
     }
 }
@@ -107,6 +123,10 @@ pub struct Snapshot {
 pub struct Breakers {
     map: DashMap<String, Breaker>,
     max: usize,
+    /// Where transitions are counted (`breaker_state`).
+    metrics: Arc<Metrics>,
+    /// While the write-stall watch holds fallback breakers open: why (see `hold`).
+    hold: Mutex<Option<String>>,
 }
 
 pub const DEFAULT_MAX_BREAKERS: usize = 10_000;
@@ -118,16 +138,43 @@ impl Default for Breakers {
 }
 
 impl Breakers {
+    /// Breakers that count their transitions in a registry of their own (tests).
     pub fn new(max: usize) -> Breakers {
+        Breakers::with_metrics(max, Arc::new(Metrics::new()))
+    }
+
+    /// Breakers that count their transitions in `metrics`.
+    pub fn with_metrics(max: usize, metrics: Arc<Metrics>) -> Breakers {
         Breakers {
             map: DashMap::new(),
             max,
+            metrics,
+            hold: Mutex::new(None),
         }
+    }
+
+    /// Logs and counts a transition of `ns` (the one place that does).
+    fn report(&self, ns: &str, t: Option<Transition>) -> Option<Transition> {
+        if let Some(t) = &t {
+            self.metrics.breaker_state(ns, t.to.gauge());
+            tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
+        }
+        t
     }
 
     /// Decides what an eligible read on `ns` may do now; claims the probe when half-open.
     /// Returns the admission and a transition (open → half-open) when one happened.
     pub fn admit(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        now: Instant,
+    ) -> (Admission, Option<Transition>) {
+        let (a, t) = self.decide_admission(ns, policy, now);
+        (a, self.report(ns, t))
+    }
+
+    fn decide_admission(
         &self,
         ns: &str,
         policy: &NsPolicy,
@@ -223,6 +270,19 @@ impl Breakers {
         probe: bool,
         now: Instant,
     ) -> Option<Transition> {
+        let t = self.count_failure(ns, policy, reason, what, probe, now);
+        self.report(ns, t)
+    }
+
+    fn count_failure(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        reason: Reason,
+        what: &str,
+        probe: bool,
+        now: Instant,
+    ) -> Option<Transition> {
         let mut b = match self.map.get_mut(ns) {
             Some(b) => b,
             None => {
@@ -263,59 +323,16 @@ impl Breakers {
 
     /// Reports a read on `ns` that answered without a trigger error.
     pub fn record_success(&self, ns: &str, probe: bool, now: Instant) -> Option<Transition> {
-        let mut b = self.map.get_mut(ns)?;
-        if probe && b.state == State::HalfOpen {
+        let t = {
+            let mut b = self.map.get_mut(ns)?;
+            if !(probe && b.state == State::HalfOpen) {
+                return None;
+            }
             b.errors.clear();
             b.probe_since = None;
-            return Some(b.move_to(State::Closed, "probe succeeded".into(), now));
-        }
-        None
-    }
-
-    /// Opens `ns` (creating its breaker, within the bound) and holds it open until
-    /// [`Breakers::release_held`]. Returns the transition when it was not open already;
-    /// nothing when it is held already.
-    pub fn hold_open(&self, ns: &str, why: &str, now: Instant) -> Option<Transition> {
-        if self.map.get(ns).is_some_and(|b| b.held) {
-            return None;
-        }
-        if !self.map.contains_key(ns) && self.map.len() >= self.max {
-            return None;
-        }
-        let mut b = self
-            .map
-            .entry(ns.to_string())
-            .or_insert_with(|| Breaker::new(now));
-        if b.held {
-            return None;
-        }
-        b.held = true;
-        if b.state == State::Open {
-            // Open on its own errors already: it keeps its reason, and now waits for the
-            // stall to clear before probing.
-            return None;
-        }
-        Some(b.open(Reason::WriteStall, why.to_string(), now))
-    }
-
-    /// Ends every hold: each held breaker stays open for one `cooldown` from now, then
-    /// probes as usual. Returns the namespaces released.
-    pub fn release_held(&self, now: Instant) -> Vec<String> {
-        let mut out = Vec::new();
-        for mut e in self.map.iter_mut() {
-            if e.held {
-                e.held = false;
-                e.opened_at = now;
-                e.probe_since = None;
-                out.push(e.key().clone());
-            }
-        }
-        out.sort();
-        out
-    }
-
-    pub fn is_held(&self, ns: &str) -> bool {
-        self.map.get(ns).is_some_and(|b| b.held)
+            b.move_to(State::Closed, "probe succeeded".into(), now)
+        };
+        self.report(ns, Some(t))
     }
 
     /// A probe whose outcome will never be known (e.g. a non-read reply); frees the slot.

@@ -10,6 +10,7 @@ use std::fmt;
 use bson::RawDocument;
 
 use crate::wire::scan::{self, Elem, Elements, Malformed};
+use crate::wire::Request;
 
 /// `$readPreference.mode`; a missing `$readPreference` means `Primary` (drivers never send
 /// mode primary to mongos).
@@ -209,6 +210,21 @@ pub const MAX_PIPELINE_DEPTH: u32 = 32;
 pub fn classify(body: &RawDocument) -> Result<CommandInfo<'_>, ClassifyError> {
     let mut elems = Elements::new(body.as_bytes())?;
     let first = elems.next_elem()?.ok_or(ClassifyError::NoCommand)?;
+    classify_from(first, elems)
+}
+
+/// [`classify`] for a request opened once: starts from the first element the request
+/// already found (its command name), without reading the header or the first key again.
+pub fn classify_request(req: &Request) -> Result<CommandInfo<'_>, ClassifyError> {
+    let (first, elems) = req.scan_body()?.ok_or(ClassifyError::NoCommand)?;
+    classify_from(first, elems)
+}
+
+/// Classification from the body's first element, `elems` positioned after it.
+fn classify_from<'a>(
+    first: Elem<'a>,
+    mut elems: Elements<'a>,
+) -> Result<CommandInfo<'a>, ClassifyError> {
     let mut info = CommandInfo {
         name: scan::key_str(first.key)?,
         ..CommandInfo::default()
@@ -619,14 +635,4 @@ pub fn is_eligible_shape(info: &CommandInfo<'_>) -> bool {
         && !info.has_out
         && !info.has_merge
         && !info.has_change_stream
-}
-
-/// The command name (first key) alone, without looking at the rest of the body: lets the
-/// session skip classification of commands no policy acts on.
-pub fn command_name(body: &RawDocument) -> Result<Option<&str>, ClassifyError> {
-    let mut elems = Elements::new(body.as_bytes())?;
-    match elems.next_elem()? {
-        Some(first) => Ok(Some(scan::key_str(first.key)?)),
-        None => Ok(None),
-    }
 }

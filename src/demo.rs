@@ -324,7 +324,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     Ok(report)
 }
 
-fn proxy_shared(p: &Running) -> Arc<crate::server::Shared> {
+fn proxy_shared(p: &Running) -> Arc<crate::handles::Handles> {
     p.shared().clone()
 }
 
@@ -550,7 +550,7 @@ async fn workload(
 
 /// Says when a write-stall signal rises or clears, with its evidence.
 fn watch_stall(
-    shared: &crate::server::Shared,
+    shared: &crate::handles::Handles,
     tl: &Timeline,
     raised: &mut BTreeMap<String, bool>,
     first: &Mutex<Option<Duration>>,
@@ -593,7 +593,7 @@ fn watch_stall(
 }
 
 async fn watch_breakers(
-    shared: Arc<crate::server::Shared>,
+    shared: Arc<crate::handles::Handles>,
     tl: Arc<Timeline>,
     running: Arc<AtomicBool>,
     stall_seen: Arc<Mutex<Option<Duration>>>,

@@ -1,8 +1,9 @@
 //! Upstream health: every `health_interval`, a hello on a dedicated connection per
-//! upstream (the legacy `isMaster` until the server offers `hello`), answered within
-//! `health_timeout`. The result steers `Upstreams::connect`
+//! upstream (kept here between checks, opened again after a config swap; the legacy
+//! `isMaster` until the server offers `hello`), answered within `health_timeout`. The result, recorded on the `Upstream`, steers `Upstreams::connect`
 //! (down ones are tried last) and shows in metrics (`upstream_up`) and `/status`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,81 +15,131 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::server::Shared;
-use crate::upstream::{self, Health, ProbeConn, Upstream};
+use crate::metrics::Metrics;
+use crate::state::{Ids, LiveConfig};
+use crate::tls::Stream;
+use crate::upstream::{self, Upstream, Upstreams};
 use crate::wire::opmsg::OpMsg;
 use crate::wire::{reply, Header, MessageCodec, HEADER_LEN};
 
-/// Checks every upstream until `stop`; the first round starts at once. While checks are
-/// off (`health_interval = "off"`), every upstream counts as unknown (usable).
-pub async fn run(shared: Arc<Shared>, stop: CancellationToken) {
-    let mut was_on = false;
-    loop {
-        let config = shared.config.load_full();
-        let wait = match config.health_interval {
-            Some(every) => {
-                check_all(&shared, &config).await;
-                was_on = true;
-                every
-            }
-            None => {
-                if std::mem::take(&mut was_on) {
-                    for u in shared.upstreams.list().iter() {
-                        u.forget();
-                        *u.probe.lock().await = None;
-                        shared.metrics.upstream_removed(&u.addr);
-                    }
-                }
-                OFF_RECHECK
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-        }
-    }
+/// The checker's own connection to an upstream, kept between checks, and what its
+/// handshake learned.
+struct Conn {
+    frames: FramedRead<Stream, MessageCodec>,
+    /// The server answered the legacy hello with `helloOk: true`: check with `hello`.
+    hello_ok: bool,
 }
 
 /// While checks are off, how often the config is looked at again.
 const OFF_RECHECK: Duration = Duration::from_secs(1);
 
-/// One round: every upstream checked concurrently.
-pub async fn check_all(shared: &Shared, config: &Config) {
-    let list = shared.upstreams.list();
-    futures::future::join_all(list.iter().map(|u| check(shared, u, config))).await;
+/// The health checker, with the handles it is given.
+#[derive(Debug)]
+pub struct Checker {
+    pub config: Arc<LiveConfig>,
+    pub upstreams: Arc<Upstreams>,
+    pub metrics: Arc<Metrics>,
+    /// requestIDs of the `hello`s.
+    pub ids: Arc<Ids>,
 }
 
-async fn check(shared: &Shared, u: &Upstream, config: &Config) {
-    let request_id = shared.request_id();
-    let result =
-        match tokio::time::timeout(config.health_timeout, hello(u, config, request_id)).await {
+/// The connections kept between rounds, and the config generation they were opened under.
+#[derive(Default)]
+struct Conns {
+    generation: u64,
+    by_addr: HashMap<String, Conn>,
+}
+
+impl Checker {
+    /// Checks every upstream until `stop`; the first round starts at once. While checks are
+    /// off (`health_interval = "off"`), every upstream counts as unknown (usable).
+    pub async fn run(self, stop: CancellationToken) {
+        let mut conns = Conns::default();
+        let mut was_on = false;
+        loop {
+            // The generation first: a swap in between only costs one more reconnect.
+            let generation = self.config.generation();
+            let config = self.config.load_full();
+            let wait = match config.health_interval {
+                Some(every) => {
+                    if generation != conns.generation {
+                        // Reconnect with the new settings (e.g. `[upstream_tls]`).
+                        conns.by_addr.clear();
+                        conns.generation = generation;
+                    }
+                    self.check_all(&config, &mut conns.by_addr).await;
+                    was_on = true;
+                    every
+                }
+                None => {
+                    if std::mem::take(&mut was_on) {
+                        conns.by_addr.clear();
+                        for u in self.upstreams.list().iter() {
+                            u.forget();
+                            self.metrics.upstream_removed(&u.addr);
+                        }
+                    }
+                    OFF_RECHECK
+                }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// One round: every upstream checked concurrently, each on its kept connection. Only the
+    /// connections of upstreams still listed are kept.
+    async fn check_all(&self, config: &Config, conns: &mut HashMap<String, Conn>) {
+        let list = self.upstreams.list();
+        let checks: Vec<_> = list
+            .iter()
+            .map(|u| self.check(u, conns.remove(&u.addr), config))
+            .collect();
+        let kept = futures::future::join_all(checks).await;
+        conns.clear();
+        for (u, conn) in list.iter().zip(kept) {
+            if let Some(c) = conn {
+                conns.insert(u.addr.clone(), c);
+            }
+        }
+    }
+
+    /// Checks one upstream; returns the connection to keep for the next check.
+    async fn check(&self, u: &Upstream, mut conn: Option<Conn>, config: &Config) -> Option<Conn> {
+        let request_id = self.ids.request_id();
+        let asked = hello(&mut conn, &u.addr, config, request_id);
+        let result = match tokio::time::timeout(config.health_timeout, asked).await {
             Ok(r) => r,
             Err(_) => Err(format!(
                 "no hello reply within {}",
                 humantime::format_duration(config.health_timeout)
             )),
         };
-    if result.is_err() {
-        // A reply may still be on its way: never read it as the answer to the next check.
-        *u.probe.lock().await = None;
-    }
-    let m = &shared.metrics;
-    m.upstream_health(&u.addr, result.is_ok());
-    if let Ok(latency) = &result {
-        m.upstream_hello(&u.addr, *latency);
-    }
-    let error = result.as_ref().err().cloned();
-    match (u.record(result), error) {
-        (Some(before), None) => {
-            tracing::info!(upstream = %u.addr, was = before.as_str(), "upstream healthy")
+        if result.is_err() {
+            // A reply may still be on its way: never read it as the answer to the next check.
+            conn = None;
         }
-        (Some(_), Some(e)) => {
-            tracing::warn!(upstream = %u.addr, error = %e, "upstream unhealthy: new clients go to the others")
+        let m = &self.metrics;
+        m.upstream_health(&u.addr, result.is_ok());
+        if let Ok(latency) = &result {
+            m.upstream_hello(&u.addr, *latency);
         }
-        (None, Some(e)) => {
-            tracing::debug!(upstream = %u.addr, error = %e, "upstream still unhealthy")
+        let error = result.as_ref().err().cloned();
+        match (u.record(result), error) {
+            (Some(before), None) => {
+                tracing::info!(upstream = %u.addr, was = before.as_str(), "upstream healthy")
+            }
+            (Some(_), Some(e)) => {
+                tracing::warn!(upstream = %u.addr, error = %e, "upstream unhealthy: new clients go to the others")
+            }
+            (None, Some(e)) => {
+                tracing::debug!(upstream = %u.addr, error = %e, "upstream still unhealthy")
+            }
+            (None, None) => {}
         }
-        (None, None) => {}
+        conn
     }
 }
 
@@ -96,13 +147,17 @@ async fn check(shared: &Shared, u: &Upstream, config: &Config) {
 /// hello (`isMaster` with `helloOk: true`) until the server answers `helloOk: true`, then
 /// `hello` on that connection (see [`check_command`]). Waits for an `ok: 1` answer; returns
 /// its round trip.
-async fn hello(u: &Upstream, config: &Config, request_id: i32) -> Result<Duration, String> {
-    let mut slot = u.probe.lock().await;
+async fn hello(
+    slot: &mut Option<Conn>,
+    addr: &str,
+    config: &Config,
+    request_id: i32,
+) -> Result<Duration, String> {
     if slot.is_none() {
-        let stream = upstream::dial(&u.addr, config.health_timeout, config.upstream_tls.as_ref())
+        let stream = upstream::dial(addr, config.health_timeout, config.upstream_tls.as_ref())
             .await
             .map_err(|e| e.to_string())?;
-        *slot = Some(ProbeConn {
+        *slot = Some(Conn {
             frames: FramedRead::new(stream, MessageCodec::new(config.max_message_size)),
             hello_ok: false,
         });
@@ -175,16 +230,6 @@ pub fn offers_hello(reply: &[u8]) -> bool {
         .get(HEADER_LEN..)
         .and_then(|payload| OpMsg::parse(payload).ok())
         .is_some_and(|m| m.body.get_bool("helloOk").is_ok_and(|b| b))
-}
-
-/// Ready to serve: at least one upstream answered its last check (with checks off: at
-/// least one upstream is configured).
-pub fn any_up(shared: &Shared) -> bool {
-    let list = shared.upstreams.list();
-    if shared.config.load().health_interval.is_none() {
-        return !list.is_empty();
-    }
-    list.iter().any(|u| u.health() == Health::Up)
 }
 
 #[cfg(test)]

@@ -6,15 +6,42 @@
 //! ```text
 //! server   accept loop, one session task per client connection, graceful stop
 //!   └─ session   pairs the client with its own upstream connection (upstream) and relays
-//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied)
-//!        ├─ command    one pass over the body: command, namespaces, read preference, ...
-//!        ├─ policy     patterns + breaker state → Decision (pure)
+//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied);
+//!        │       each request opened once (wire::Request), each reply's header read once
+//!        │       (wire::Reply); writes queued per peer, never awaited in the way of the
+//!        │       other direction or a stop
+//!        ├─ command    one pass over the body, from the opened request: command,
+//!        │             namespaces, read preference, ...
+//!        ├─ policy     patterns + breaker state → Decision (decide, pure); how a tracked
+//!        │             read ended → Verdict (judge, pure)
 //!        ├─ rewrite    readConcern/maxTimeMS splice, lengths and checksum fixed
 //!        └─ breaker    per-namespace sliding window, closed/open/half-open
 //! ```
 //!
+//! The layers, top to bottom. A module imports only modules of the layers below its own
+//! (`tests/layers.rs` checks it); shared state is defined low, as narrow handles, and handed
+//! down by whoever starts the task that uses it:
+//!
+//! ```text
+//! demo              (beside the proxy) the incident told with numbers, against sim
+//! server            accept loop; builds the Handles, starts the tasks, hands each its handles
+//! admin   reload    HTTP (/metrics, /status, the page, /healthz, /readyz) · config reload
+//! session           the relay: request policy, reply judgement, retry
+//! handles           Handles: one Arc of each handle, what session, admin and reload get
+//! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
+//!                   signals and the write counters sessions feed); each gets a few handles
+//! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
+//! upstream          and count their own transitions, and hold open for the stall watch) ·
+//!                   choosing and dialing mongos, their health
+//! config            TOML → validated Config
+//! policy            the pattern table; decide and judge (pure); what a decision means
+//! metrics tls command rewrite    every metric name · rustls · classification · splicing
+//! wire    sim       the crates below the proxy (protocol; the simulated cluster)
+//! ```
+//!
 //! `config` turns TOML into the validated `Config` that all of the above read; `reload`
-//! swaps in a new one (SIGHUP, file change) without dropping connections.
+//! swaps in a new one (SIGHUP, file change) without dropping connections: sessions notice
+//! the generation of `state::LiveConfig` move and re-read it.
 //!
 //! Around the relay: `tls` (rustls acceptor and connector, and the `Stream` either leg
 //! runs on), `upstream` (choosing and dialing mongos) with `health` (periodic `hello`),
@@ -41,6 +68,7 @@ pub mod command;
 pub mod config;
 #[cfg(feature = "sim")]
 pub mod demo;
+pub mod handles;
 pub mod health;
 pub mod metrics;
 pub mod policy;
@@ -52,6 +80,7 @@ pub mod session;
 #[cfg(feature = "sim")]
 pub use staleguard_sim as sim;
 pub mod stall;
+pub mod state;
 pub mod tls;
 pub mod upstream;
 /// The wire protocol (crate `staleguard-wire`, `crates/wire`): framing, message views and

@@ -8,10 +8,18 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use staleguard::config::{self, Config};
 
+/// `staleguard --version`: the package version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("STALEGUARD_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "staleguard",
-    version,
+    version = VERSION,
     about = "MongoDB wire-protocol proxy: keep secondary reads answering, or failing fast, when shard routing goes stale"
 )]
 struct Cli {
@@ -175,7 +183,7 @@ fn run(path: PathBuf) -> ExitCode {
 }
 
 /// SIGHUP reloads the config file (errors are logged and shown in `/status`).
-async fn reload_on_hangup(shared: Arc<staleguard::server::Shared>) {
+async fn reload_on_hangup(shared: Arc<staleguard::handles::Handles>) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(h) => h,

@@ -1,6 +1,6 @@
 //! Hot reload: read and validate the config file again, then swap it in atomically. An
 //! invalid file changes nothing. Triggered by SIGHUP (the binary), a change of the file
-//! (a watcher on its folder, debounced) or [`crate::server::Running::reload`].
+//! (a watcher on its folder, debounced) or `Running::reload` (the server's API).
 //!
 //! What survives a reload: breakers whose namespace is still governed by the same pattern
 //! with the same mode; upstreams still listed (with their health). Settings that need a
@@ -8,7 +8,8 @@
 //! with a warning.
 
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::ffi::{OsStr, OsString};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -17,35 +18,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError};
-use crate::server::Shared;
+use crate::handles::Handles;
+use crate::state::ReloadStatus;
 
 /// How long the file must stay quiet before a change is reloaded (editors write in steps).
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
-/// The outcome of the last load, for `/status`.
-#[derive(Debug, Clone)]
-pub struct ReloadStatus {
-    pub ok: bool,
-    /// `start`, `signal`, `file`, `api`.
-    pub trigger: String,
-    pub at: SystemTime,
-    /// Errors (`file:line: key: message`) when not ok; warnings when ok.
-    pub messages: Vec<String>,
-}
-
-impl ReloadStatus {
-    pub fn started() -> ReloadStatus {
-        ReloadStatus {
-            ok: true,
-            trigger: "start".to_string(),
-            at: SystemTime::now(),
-            messages: Vec::new(),
-        }
-    }
-}
-
 /// Reloads the file the live config came from. `trigger` names what asked (for logs).
-pub fn reload(shared: &Shared, trigger: &str) -> Result<(), Vec<ConfigError>> {
+pub fn reload(shared: &Handles, trigger: &str) -> Result<(), Vec<ConfigError>> {
     let old = shared.config.load_full();
     let result = Config::load(&old.source);
     let status = |ok, messages| ReloadStatus {
@@ -61,10 +41,10 @@ pub fn reload(shared: &Shared, trigger: &str) -> Result<(), Vec<ConfigError>> {
                 tracing::error!(file = %e.file, line = e.line, key = %e.key, error = %e.message, trigger, "reload rejected, config unchanged");
             }
             shared.metrics.reload(false);
-            set_status(
-                shared,
-                status(false, errors.iter().map(|e| e.to_string()).collect()),
-            );
+            shared.runtime.set_reload_status(status(
+                false,
+                errors.iter().map(|e| e.to_string()).collect(),
+            ));
             return Err(errors);
         }
     };
@@ -79,26 +59,14 @@ pub fn reload(shared: &Shared, trigger: &str) -> Result<(), Vec<ConfigError>> {
     for gone in shared.upstreams.set(&new.upstreams) {
         shared.metrics.upstream_removed(&gone);
     }
-    // Health checks reconnect with the new settings (e.g. `[upstream_tls]`); a check in
-    // flight keeps its connection until it ends.
-    for u in shared.upstreams.list().iter() {
-        if let Ok(mut probe) = u.probe.try_lock() {
-            *probe = None;
-        }
-    }
     let entries = new.policy.entries().len();
-    shared.set_config(Arc::new(new));
+    // Sessions pick it up from their next request; the health checker reconnects with the
+    // new settings (e.g. `[upstream_tls]`) from its next round.
+    shared.config.swap(Arc::new(new));
     shared.metrics.reload(true);
     tracing::info!(trigger, file = %old.source.display(), entries, "config reloaded");
-    set_status(shared, status(true, warnings));
+    shared.runtime.set_reload_status(status(true, warnings));
     Ok(())
-}
-
-fn set_status(shared: &Shared, s: ReloadStatus) {
-    *shared
-        .reload_status
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = s;
 }
 
 /// Puts back the settings that need a restart; returns one warning per change ignored.
@@ -133,7 +101,7 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
 }
 
 /// Drops the breakers whose namespace changed pattern or mode (or lost its policy).
-fn retain_breakers(shared: &Shared, old: &Config, new: &Config) {
+fn retain_breakers(shared: &Handles, old: &Config, new: &Config) {
     let dropped = RefCell::new(Vec::new());
     shared.breakers.retain(|ns| {
         let Some((db, coll)) = ns.split_once('.') else {
@@ -154,25 +122,37 @@ fn retain_breakers(shared: &Shared, old: &Config, new: &Config) {
 }
 
 /// Watches the config file's folder and reloads when the file's content changes.
-pub fn watch(shared: Arc<Shared>, stop: CancellationToken) -> Result<(), String> {
+///
+/// Besides writes to the file itself this follows a file replaced by a rename (editors that
+/// write a new file and move it over) and a symlink swapped under the path: Kubernetes
+/// mounts a ConfigMap as `config.toml -> ..data/config.toml` with `..data -> ..<timestamp>`,
+/// and an update renames a new `..data` over the old one, so no event ever names
+/// `config.toml`. Events on any link of that chain in the folder count (see [`watched_names`]).
+pub fn watch(shared: Arc<Handles>, stop: CancellationToken) -> Result<(), String> {
     let path = shared.config.load().source.clone();
-    let Some(name) = path.file_name().map(|n| n.to_os_string()) else {
+    if path.file_name().is_none() {
         return Err(format!("{}: not a file name", path.display()));
-    };
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    // What the file holds now, read before anything can change it: a change made before
+    // the debounce task first runs must still count as one.
+    let last = read(&path);
     let (tx, rx) = mpsc::unbounded_channel();
+    let watched = path.clone();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         let Ok(ev) = res else { return };
         if matches!(ev.kind, EventKind::Access(_)) {
             return;
         }
+        // Read afresh per event: a swap changes where the links point.
+        let names = watched_names(&watched);
         if ev
             .paths
             .iter()
-            .any(|p| p.file_name() == Some(name.as_os_str()))
+            .any(|p| p.file_name().is_some_and(|n| names.iter().any(|w| w == n)))
         {
             let _ = tx.send(());
         }
@@ -182,20 +162,60 @@ pub fn watch(shared: Arc<Shared>, stop: CancellationToken) -> Result<(), String>
         .watch(&dir, RecursiveMode::NonRecursive)
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
     tracing::info!(file = %path.display(), "watching the config file for changes");
-    tokio::spawn(debounce(shared, stop, rx, watcher, path));
+    tokio::spawn(debounce(shared, stop, rx, watcher, path, last));
     Ok(())
 }
 
+/// The names in the config file's folder whose change can change what the path reads: the
+/// file's own name, and the first component of every relative symlink target met while
+/// resolving it (`..data` for a ConfigMap volume, whose swap is a rename over `..data`).
+/// Absolute links are not followed: their folders are not watched.
+pub fn watched_names(path: &Path) -> Vec<OsString> {
+    let mut names: Vec<OsString> = path
+        .file_name()
+        .map(OsStr::to_os_string)
+        .into_iter()
+        .collect();
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let mut at = path.to_path_buf();
+    // Bounded like the kernel's own symlink limit.
+    for _ in 0..MAX_LINKS {
+        // Only a link in the folder itself names something the watch sees.
+        if at.parent() != Some(dir) {
+            break;
+        }
+        let Ok(target) = std::fs::read_link(&at) else {
+            break;
+        };
+        if target.is_absolute() {
+            break;
+        }
+        match target.components().next() {
+            Some(Component::Normal(first)) => {
+                if !names.iter().any(|n| n == first) {
+                    names.push(first.to_os_string());
+                }
+            }
+            _ => break,
+        }
+        at = dir.join(&target);
+    }
+    names
+}
+
+/// Symlink hops followed by [`watched_names`].
+const MAX_LINKS: usize = 8;
+
 async fn debounce(
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     stop: CancellationToken,
     mut rx: mpsc::UnboundedReceiver<()>,
     watcher: notify::RecommendedWatcher,
     path: PathBuf,
+    mut last: Option<Vec<u8>>,
 ) {
     // Kept alive for as long as this task runs.
     let _watcher = watcher;
-    let mut last = read(&path);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::wire::body::{self, checked_header, inner_header, op_msg_crc, RequestBody};
 use crate::wire::compressed::compress;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
-use crate::wire::{Header, OpCode, WireError, HEADER_LEN};
+use crate::wire::{Header, MsgParts, OpCode, Request, WireError, HEADER_LEN};
 
 /// What to change in a read command. Everything else is copied byte for byte.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,8 +44,8 @@ pub fn rewrite_message(
     rewrite_request(msg, &req, spec, max_message_size)
 }
 
-/// [`rewrite_message`] for a message already opened with [`command::request_body`], which
-/// saves a second decompression. `msg` must be the message `req` was made from.
+/// [`rewrite_message`] for a message already viewed with [`crate::wire::request_body`],
+/// which saves a second decompression. `msg` must be the message `req` was made from.
 pub fn rewrite_request(
     msg: &[u8],
     req: &RequestBody<'_>,
@@ -53,63 +53,97 @@ pub fn rewrite_request(
     max_message_size: usize,
 ) -> Result<Bytes, WireError> {
     let header = checked_header(msg, max_message_size)?;
-    match req {
-        RequestBody::Msg(m) => {
-            let payload = &msg[HEADER_LEN..];
-            let crc = m.checksum_present();
-            let layout = Layout::new(m.body.as_bytes(), &m.body_range, m.sections_end, crc, spec)?;
-            let total = fits(HEADER_LEN + layout.payload_len, max_message_size)?;
-            let mut out = Vec::with_capacity(total);
-            Header {
-                length: total as i32,
-                ..header
-            }
-            .put(&mut out);
-            layout.write(payload, &mut out)?;
-            if crc {
-                let sum = crc32c::crc32c(&out);
-                out.extend_from_slice(&sum.to_le_bytes());
-            }
-            debug_assert_eq!(out.len(), total);
-            Ok(Bytes::from(out))
-        }
+    let parts = match req {
+        RequestBody::Msg(m) => MsgParts {
+            payload: &msg[HEADER_LEN..],
+            compressor: None,
+            flags: m.flags,
+            body_range: m.body_range.clone(),
+            sections_end: m.sections_end,
+        },
         RequestBody::Decompressed {
             payload,
             compressor,
             flags,
             body_range,
             sections_end,
-        } => {
-            let body = payload
-                .get(body_range.clone())
-                .ok_or(WireError::Truncated("op_msg body"))?;
-            let crc = flags & crate::wire::opmsg::CHECKSUM_PRESENT != 0;
-            let layout = Layout::new(body, body_range, *sections_end, crc, spec)?;
-            let inner_len = layout.payload_len;
-            fits(HEADER_LEN + inner_len, max_message_size)?;
-            let mut inner = Vec::with_capacity(inner_len);
-            layout.write(payload, &mut inner)?;
-            if crc {
-                let sum = op_msg_crc(&inner_header(&header, inner_len), &inner);
-                inner.extend_from_slice(&sum.to_le_bytes());
-            }
-            let data = compress(*compressor, &inner)?;
-            let total = fits(HEADER_LEN + 9 + data.len(), max_message_size)?;
-            let mut out = Vec::with_capacity(total);
-            Header {
-                length: total as i32,
-                ..header
-            }
-            .put(&mut out);
-            out.extend_from_slice(&OpCode::MSG.to_le_bytes());
-            out.extend_from_slice(&(inner_len as i32).to_le_bytes());
-            out.push(*compressor);
-            out.extend_from_slice(&data);
-            Ok(Bytes::from(out))
-        }
+        } => MsgParts {
+            payload,
+            compressor: Some(*compressor),
+            flags: *flags,
+            body_range: body_range.clone(),
+            sections_end: *sections_end,
+        },
         // There is no "not an OP_MSG" variant; this is the closest.
-        RequestBody::NotCommand => Err(WireError::BadInnerOpcode(header.op_code)),
+        RequestBody::NotCommand => return Err(WireError::BadInnerOpcode(header.op_code)),
+    };
+    rewrite_parts(&header, &parts, spec, max_message_size)
+}
+
+/// Rewrites a request opened once ([`Request`]): no header read, no decompression (an
+/// OP_COMPRESSED must have been inflated). What the relay uses, for a first send and a retry.
+pub fn rewrite(
+    req: &Request,
+    spec: &RewriteSpec,
+    max_message_size: usize,
+) -> Result<Bytes, WireError> {
+    match req.parts() {
+        Some(parts) => rewrite_parts(req.header(), &parts, spec, max_message_size),
+        None => Err(WireError::BadInnerOpcode(req.header().op_code)),
     }
+}
+
+/// The new message: `header` with its length fixed, the spliced payload, the checksum
+/// recomputed when there is one; compressed again when the original was.
+fn rewrite_parts(
+    header: &Header,
+    parts: &MsgParts<'_>,
+    spec: &RewriteSpec,
+    max_message_size: usize,
+) -> Result<Bytes, WireError> {
+    let body = parts
+        .payload
+        .get(parts.body_range.clone())
+        .ok_or(WireError::Truncated("op_msg body"))?;
+    let crc = parts.flags & crate::wire::opmsg::CHECKSUM_PRESENT != 0;
+    let layout = Layout::new(body, &parts.body_range, parts.sections_end, crc, spec)?;
+    let Some(compressor) = parts.compressor else {
+        let total = fits(HEADER_LEN + layout.payload_len, max_message_size)?;
+        let mut out = Vec::with_capacity(total);
+        Header {
+            length: total as i32,
+            ..*header
+        }
+        .put(&mut out);
+        layout.write(parts.payload, &mut out)?;
+        if crc {
+            let sum = crc32c::crc32c(&out);
+            out.extend_from_slice(&sum.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), total);
+        return Ok(Bytes::from(out));
+    };
+    let inner_len = layout.payload_len;
+    fits(HEADER_LEN + inner_len, max_message_size)?;
+    let mut inner = Vec::with_capacity(inner_len);
+    layout.write(parts.payload, &mut inner)?;
+    if crc {
+        let sum = op_msg_crc(&inner_header(header, inner_len), &inner);
+        inner.extend_from_slice(&sum.to_le_bytes());
+    }
+    let data = compress(compressor, &inner)?;
+    let total = fits(HEADER_LEN + 9 + data.len(), max_message_size)?;
+    let mut out = Vec::with_capacity(total);
+    Header {
+        length: total as i32,
+        ..*header
+    }
+    .put(&mut out);
+    out.extend_from_slice(&OpCode::MSG.to_le_bytes());
+    out.extend_from_slice(&(inner_len as i32).to_le_bytes());
+    out.push(compressor);
+    out.extend_from_slice(&data);
+    Ok(Bytes::from(out))
 }
 
 /// Checks a message size against the limit (and i32).

@@ -3,94 +3,28 @@
 //! upstream health checker, the write-stall watch and the config file watcher.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::breaker::Breakers;
 use crate::config::{Config, ConfigError};
-use crate::metrics::Metrics;
-use crate::reload::{self, ReloadStatus};
-use crate::stall::StallWatch;
+use crate::handles::Handles;
 use crate::tls::Stream;
-use crate::upstream::Upstreams;
-use crate::{admin, health, session, stall};
+use crate::{admin, health, reload, session, stall};
 
-/// State every session shares: the live config, the breakers and the upstreams.
-#[derive(Debug)]
-pub struct Shared {
-    pub config: ArcSwap<Config>,
-    pub breakers: Breakers,
-    pub upstreams: Upstreams,
-    pub metrics: Metrics,
-    /// The write-progress watch: its signals, and whether fallback breakers are held.
-    pub stall: StallWatch,
-    /// The address clients connect to, once bound.
-    pub local_addr: OnceLock<SocketAddr>,
-    /// When this proxy started (wall clock, for `/status`).
-    pub started: SystemTime,
-    /// The outcome of the last config load (start or reload).
-    pub reload_status: Mutex<ReloadStatus>,
-    /// Bumped after every config swap, so sessions re-read the config only when it changed
-    /// (a relaxed load of a read-mostly word, instead of a shared refcount per request).
-    config_generation: AtomicU64,
-    next_conn: AtomicU64,
-    next_request_id: AtomicI32,
-}
-
-impl Shared {
-    pub fn new(config: Arc<Config>) -> Shared {
-        Shared {
-            upstreams: Upstreams::new(config.upstreams.clone()),
-            config: ArcSwap::new(config),
-            breakers: Breakers::default(),
-            metrics: Metrics::new(),
-            stall: StallWatch::new(),
-            local_addr: OnceLock::new(),
-            started: SystemTime::now(),
-            reload_status: Mutex::new(ReloadStatus::started()),
-            config_generation: AtomicU64::new(0),
-            next_conn: AtomicU64::new(1),
-            next_request_id: AtomicI32::new(1),
-        }
-    }
-
-    /// Swaps in a new config; sessions pick it up from their next request.
-    pub fn set_config(&self, config: Arc<Config>) {
-        self.config.store(config);
-        self.config_generation.fetch_add(1, Ordering::Release);
-    }
-
-    /// Changes whenever the config is swapped.
-    pub fn config_generation(&self) -> u64 {
-        self.config_generation.load(Ordering::Acquire)
-    }
-
-    /// A requestID for a message the proxy originates (error replies).
-    pub fn request_id(&self) -> i32 {
-        self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX
-    }
-
-    /// The outcome of the last config load.
-    pub fn reload_status(&self) -> ReloadStatus {
-        self.reload_status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
+/// How long a stop waits for sessions after killing them (they end at once; see
+/// `session::relay`).
+const KILL_WAIT: Duration = Duration::from_secs(1);
 
 /// A running proxy.
 pub struct Running {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     stop: CancellationToken,
     join: JoinHandle<()>,
     admin_join: Option<JoinHandle<()>>,
@@ -107,7 +41,8 @@ impl Running {
         self.admin_addr
     }
 
-    pub fn shared(&self) -> &Arc<Shared> {
+    /// The handles this proxy's tasks share (config, breakers, upstreams, metrics, ...).
+    pub fn shared(&self) -> &Arc<Handles> {
         &self.shared
     }
 
@@ -172,12 +107,24 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
         tracing::warn!(server_name = ?t.server_name, "upstream_tls.insecure_skip_verify = true: mongos certificates are NOT verified (labs only)");
     }
     let from_file = config.source.is_file();
-    let shared = Arc::new(Shared::new(config));
-    let _ = shared.local_addr.set(addr);
+    let shared = Arc::new(Handles::new(config));
+    shared.runtime.set_local_addr(addr);
     let stop = CancellationToken::new();
     tracing::info!(listen = %addr, tls = shared.config.load().tls.is_some(), upstreams = ?shared.upstreams.addrs(), "staleguard listening");
-    tokio::spawn(health::run(shared.clone(), stop.clone()));
-    stall::start(shared.clone(), stop.clone());
+    let checker = health::Checker {
+        config: shared.config.clone(),
+        upstreams: shared.upstreams.clone(),
+        metrics: shared.metrics.clone(),
+        ids: shared.ids.clone(),
+    };
+    tokio::spawn(checker.run(stop.clone()));
+    let watch = stall::Ctx {
+        config: shared.config.clone(),
+        stall: shared.stall.clone(),
+        metrics: shared.metrics.clone(),
+        breakers: shared.breakers.clone(),
+    };
+    stall::start(watch, stop.clone());
     if from_file {
         if let Err(e) = reload::watch(shared.clone(), stop.clone()) {
             tracing::warn!(error = %e, "config file changes will not be noticed; SIGHUP still reloads");
@@ -200,7 +147,7 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
 
 async fn accept_loop(
     listener: TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<Handles>,
     stop: CancellationToken,
     done: CancellationToken,
 ) {
@@ -213,11 +160,16 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     let _ = socket.set_nodelay(true);
-                    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+                    let id = shared.ids.next_conn();
                     let sess = session::Session::new(shared.clone(), peer, id, stop.clone(), kill.clone());
-                    let shared = shared.clone();
+                    let (shared, kill) = (shared.clone(), kill.clone());
                     tracker.spawn(async move {
-                        if let Some(stream) = handshake(&shared, socket, peer, id).await {
+                        // The kill also ends a TLS handshake still under way.
+                        let stream = tokio::select! {
+                            s = handshake(&shared, socket, peer, id) => s,
+                            _ = kill.cancelled() => None,
+                        };
+                        if let Some(stream) = stream {
                             sess.run(stream).await;
                         }
                     });
@@ -240,7 +192,17 @@ async fn accept_loop(
             "shutdown deadline passed, closing remaining sessions"
         );
         kill.cancel();
-        tracker.wait().await;
+        // Sessions end at the kill whatever their peers do (they never wait on a write);
+        // this bound only keeps a stop finite should one not.
+        if tokio::time::timeout(KILL_WAIT, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::error!(
+                sessions = tracker.len(),
+                "sessions still running after the kill; stopping without them"
+            );
+        }
     }
     tracing::info!("stopped");
     done.cancel();
@@ -248,7 +210,7 @@ async fn accept_loop(
 
 /// The client-facing TLS handshake when `[tls]` is set (bounded by `connect_timeout`).
 async fn handshake(
-    shared: &Shared,
+    shared: &Handles,
     socket: tokio::net::TcpStream,
     peer: SocketAddr,
     id: u64,

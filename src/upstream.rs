@@ -1,5 +1,5 @@
 //! Connecting to mongos: round-robin over the configured routers, healthy ones first
-//! (health comes from `health`), over TCP or TLS (`[upstream_tls]`).
+//! (health is recorded here by the `health` checker), over TCP or TLS (`[upstream_tls]`).
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,12 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpStream;
-use tokio_util::codec::FramedRead;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::tls::{Stream, UpstreamTls};
-use crate::wire::MessageCodec;
 
 #[derive(Debug, thiserror::Error)]
 #[error("no upstream reachable: {}", .attempts.join("; "))]
@@ -60,22 +58,12 @@ pub struct HealthInfo {
     pub since: SystemTime,
 }
 
-/// The health checker's own connection to an upstream, kept between checks, and what its
-/// handshake learned (see `health`).
-#[derive(Debug)]
-pub(crate) struct ProbeConn {
-    pub(crate) frames: FramedRead<Stream, MessageCodec>,
-    /// The server answered the legacy hello with `helloOk: true`: check with `hello`.
-    pub(crate) hello_ok: bool,
-}
-
 /// One mongos router.
 #[derive(Debug)]
 pub struct Upstream {
     pub addr: String,
     health: AtomicU8,
     info: Mutex<HealthInfo>,
-    pub(crate) probe: tokio::sync::Mutex<Option<ProbeConn>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,7 +82,6 @@ impl Upstream {
                 last_error: None,
                 since: SystemTime::now(),
             }),
-            probe: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -169,6 +156,16 @@ impl Upstreams {
 
     pub fn list(&self) -> Arc<Vec<Arc<Upstream>>> {
         self.list.load_full()
+    }
+
+    /// Ready to serve: at least one upstream answered its last check (with checks off, at
+    /// least one upstream is configured).
+    pub fn any_up(&self, checks_on: bool) -> bool {
+        let list = self.list.load();
+        if !checks_on {
+            return !list.is_empty();
+        }
+        list.iter().any(|u| u.health() == Health::Up)
     }
 
     /// Replaces the list; returns the addresses that were removed.

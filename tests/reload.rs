@@ -188,7 +188,7 @@ async fn invalid_file_changes_nothing_and_shows_where() {
     assert!(msg.starts_with(&want), "{msg}");
     let m = get(admin(&env.proxy), "/metrics", &[]).await.body;
     assert!(
-        m.contains("staleguard_reloads_total{result=\"error\"}"),
+        m.contains("staleguard_reloads_total{result=\"error\"} 1"),
         "{m}"
     );
     let page = get(admin(&env.proxy), "/", &[]).await.body;
@@ -266,4 +266,163 @@ async fn driver_connection_obeys_the_new_policy_after_a_file_change() {
     assert_eq!(env.fake.connections(), connections);
     client.shutdown().await;
     env.proxy.shutdown().await;
+}
+
+// ---- how files change in the field ---------------------------------------------------
+
+/// A change must be live within this long (the "within a second").
+const WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Polls until `db`'s mode is `want`; returns how long that took, failing past 5 s.
+async fn time_until_mode(proxy: &Running, db: &str, want: Mode) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    loop {
+        let mode = proxy
+            .shared()
+            .config
+            .load()
+            .policy
+            .lookup(db, "x")
+            .map(|p| p.mode);
+        if mode == Some(want) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "{db} never became {want:?} (still {mode:?})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A ConfigMap volume as the kubelet lays it out and updates it (its atomic writer):
+/// the payload in a hidden timestamped folder, `..data` a symlink to that folder, and the
+/// user-visible `staleguard.toml -> ..data/staleguard.toml`. An update writes a new
+/// timestamped folder, points a new `..data_tmp` link at it, renames `..data_tmp` over
+/// `..data` (the atomic step), then deletes the old folder. The path staleguard was given
+/// never changes and no event ever names it.
+struct ConfigMapVolume {
+    dir: tempfile::TempDir,
+    current: String,
+    generation: u32,
+}
+
+impl ConfigMapVolume {
+    const FILE: &'static str = "staleguard.toml";
+
+    fn new(text: &str) -> ConfigMapVolume {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut v = ConfigMapVolume {
+            dir,
+            current: String::new(),
+            generation: 0,
+        };
+        let ts = v.payload(text);
+        std::os::unix::fs::symlink(&ts, v.dir.path().join("..data")).expect("..data");
+        std::os::unix::fs::symlink(
+            format!("..data/{}", Self::FILE),
+            v.dir.path().join(Self::FILE),
+        )
+        .expect("user-visible link");
+        v.current = ts;
+        v
+    }
+
+    /// The path the pod's container is given (`--config /etc/staleguard/staleguard.toml`).
+    fn path(&self) -> PathBuf {
+        self.dir.path().join(Self::FILE)
+    }
+
+    /// Writes the payload into a fresh `..YYYY_MM_DD_hh_mm_ss.N` folder; returns its name.
+    fn payload(&mut self, text: &str) -> String {
+        self.generation += 1;
+        let ts = format!(
+            "..2026_03_01_10_00_0{}.00000000{}",
+            self.generation, self.generation
+        );
+        let d = self.dir.path().join(&ts);
+        std::fs::create_dir(&d).expect("timestamped folder");
+        std::fs::write(d.join(Self::FILE), text).expect("payload");
+        ts
+    }
+
+    /// The kubelet's update, step by step.
+    fn update(&mut self, text: &str) {
+        let ts = self.payload(text);
+        let root = self.dir.path();
+        std::os::unix::fs::symlink(&ts, root.join("..data_tmp")).expect("..data_tmp");
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("swap ..data");
+        std::fs::remove_dir_all(root.join(&self.current)).expect("old payload removed");
+        self.current = ts;
+    }
+}
+
+#[tokio::test]
+async fn configmap_symlink_swap_is_reloaded_within_a_second() {
+    let fake = FakeMongos::start().await;
+    let mut volume = ConfigMapVolume::new(&text(&fake, "strict", "strict"));
+    let path = volume.path();
+    assert!(std::fs::symlink_metadata(&path)
+        .expect("link")
+        .file_type()
+        .is_symlink());
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e:?}"));
+    let proxy = staleguard::server::start(Arc::new(config))
+        .await
+        .expect("start proxy");
+
+    volume.update(&text(&fake, "fallback", "strict"));
+    let took = time_until_mode(&proxy, "pay", Mode::Fallback).await;
+    assert!(took < WITHIN, "first swap reloaded after {took:?}");
+    // The links now point elsewhere; the next swap is followed as well.
+    volume.update(&text(&fake, "passthrough", "strict"));
+    let took = time_until_mode(&proxy, "pay", Mode::Passthrough).await;
+    assert!(took < WITHIN, "second swap reloaded after {took:?}");
+    let s = get(admin(&proxy), "/status", &[]).await.json();
+    assert_eq!(s["config"]["last_reload"]["result"], "ok", "{s:#}");
+    assert_eq!(s["config"]["last_reload"]["trigger"], "file", "{s:#}");
+    let m = get(admin(&proxy), "/metrics", &[]).await.body;
+    assert!(
+        m.contains("staleguard_reloads_total{result=\"ok\"} 2"),
+        "one reload per swap: {m}"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn file_replaced_by_rename_is_reloaded_within_a_second() {
+    let env = env("strict", "strict").await;
+    // `write` makes a new file beside it and renames it over the config, as editors and
+    // configuration tools do: the inode changes, the name does not.
+    let inode =
+        |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).expect("stat"));
+    let before = inode(&env.path);
+    write(&env.path, &text(&env.fake, "fallback", "strict"));
+    assert_ne!(inode(&env.path), before, "a new file took the name");
+    let took = time_until_mode(&env.proxy, "pay", Mode::Fallback).await;
+    assert!(took < WITHIN, "reloaded after {took:?}");
+    // And again: the watch is on the folder, so the replaced file is still followed.
+    write(&env.path, &text(&env.fake, "fallback", "passthrough"));
+    let took = time_until_mode(&env.proxy, "shop", Mode::Passthrough).await;
+    assert!(took < WITHIN, "second replace reloaded after {took:?}");
+    env.proxy.shutdown().await;
+}
+
+#[test]
+fn watched_names_follow_the_configmap_links() {
+    let mut volume = ConfigMapVolume::new("listen = \"127.0.0.1:0\"\n");
+    let names = |p: &Path| -> Vec<String> {
+        staleguard::reload::watched_names(p)
+            .iter()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(names(&volume.path()), ["staleguard.toml", "..data"]);
+    volume.update("listen = \"127.0.0.1:0\"\n");
+    assert_eq!(names(&volume.path()), ["staleguard.toml", "..data"]);
+    // A plain file: only its own name.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(&plain, "").expect("write");
+    assert_eq!(names(&plain), ["plain.toml"]);
 }

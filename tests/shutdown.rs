@@ -10,6 +10,7 @@ use bson::rawdoc;
 use staleguard::config::Config;
 use support::mongos::{FakeMongos, Hooked};
 use support::raw::{self, RawClient};
+use tokio::io::AsyncWriteExt;
 
 async fn proxy(fake: &FakeMongos, grace: Duration) -> staleguard::server::Running {
     let mut cfg = Config::for_upstreams("127.0.0.1:0", vec![fake.addr().to_string()]);
@@ -92,5 +93,64 @@ async fn request_outliving_the_deadline_is_cut() {
     assert!(
         busy.expect_closed().await.is_empty(),
         "no reply after the cut"
+    );
+}
+
+/// A client and a mongos that both stop reading: big messages fill the socket buffers both
+/// ways, so every write the session has to make waits. The stop still finishes at its
+/// deadline (the session never waits on a write in a way that hides the kill).
+#[tokio::test]
+async fn peers_that_stop_reading_cannot_hold_a_stop() {
+    const BIG: usize = 16 << 20;
+    let grace = Duration::from_millis(500);
+    let big = |id: i32| {
+        raw::msg(
+            id,
+            0,
+            &rawdoc! {"ping": 1, "pad": "x".repeat(BIG), "$db": "admin"},
+        )
+    };
+    let mongos = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let mut cfg = Config::for_upstreams(
+        "127.0.0.1:0",
+        vec![mongos.local_addr().expect("addr").to_string()],
+    );
+    cfg.shutdown_timeout = grace;
+    cfg.health_interval = None;
+    let p = staleguard::server::start(Arc::new(cfg))
+        .await
+        .expect("proxy starts");
+    let client = tokio::net::TcpStream::connect(p.local_addr())
+        .await
+        .expect("connect");
+    let (_never_read, mut client_out) = client.into_split();
+    let (mut upstream, _) = mongos.accept().await.expect("the proxy dials mongos");
+    // The client sends two big requests and reads nothing; mongos reads nothing.
+    let requests = big(1).to_vec();
+    let more = big(2).to_vec();
+    let _client = tokio::spawn(async move {
+        let _ = client_out.write_all(&requests).await;
+        let _ = client_out.write_all(&more).await;
+        std::future::pending::<()>().await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Then mongos sends a big message of its own: the proxy's way to the client fills too.
+    let reply = big(3).to_vec();
+    let _mongos = tokio::spawn(async move {
+        let _ = upstream.write_all(&reply).await;
+        std::future::pending::<()>().await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    tokio::time::timeout(grace + Duration::from_secs(10), p.shutdown())
+        .await
+        .expect("the stop finishes although neither peer reads");
+    let took = started.elapsed();
+    // Requests were in flight, so the stop waited for its deadline, and not much longer.
+    assert!(
+        took >= grace - Duration::from_millis(50) && took < grace + Duration::from_secs(2),
+        "stop took {took:?} with shutdown_timeout {grace:?}"
     );
 }

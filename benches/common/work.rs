@@ -7,23 +7,23 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use staleguard::command::classify;
-use staleguard::wire::request_body;
-use staleguard::wire::{MessageCodec, DEFAULT_MAX_MESSAGE_SIZE};
+use staleguard::command::classify_request;
+use staleguard::wire::{MessageCodec, Request, DEFAULT_MAX_MESSAGE_SIZE};
 use tokio_util::codec::Decoder;
 
 pub const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;
 
-/// Cuts one frame off the read buffer (`MessageCodec`), views its body (`request_body`,
-/// decompressing OP_COMPRESSED) and classifies it, as `Session::on_request` does.
+/// Cuts one frame off the read buffer (`MessageCodec`), opens it once (`wire::Request`,
+/// decompressing OP_COMPRESSED) and classifies it from there (`classify_request`), as the
+/// session's request side does.
 pub fn decode_classify(codec: &mut MessageCodec, buf: &mut BytesMut) -> usize {
     let frame = codec
         .decode(buf)
         .expect("valid frame")
         .expect("whole frame in the buffer");
-    let req = request_body(&frame, MAX).expect("valid request");
-    let body = req.body().expect("a command body");
-    let info = classify(body).expect("classifiable");
+    let mut req = Request::new(frame, MAX).expect("valid request");
+    req.inflate(MAX).expect("valid compressed request");
+    let info = classify_request(&req).expect("classifiable");
     info.name.len() + info.other_namespaces.len() + usize::from(info.read_pref.is_some())
 }
 

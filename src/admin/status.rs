@@ -7,9 +7,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::breaker::State;
-use crate::health;
+use crate::handles::Handles;
 use crate::policy::{Mode, NsPolicy};
-use crate::server::Shared;
 use crate::stall::Evidence;
 
 #[derive(Debug, Serialize)]
@@ -130,11 +129,18 @@ pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
+/// Ready to serve: at least one upstream answered its last health check (with checks off:
+/// at least one upstream is configured).
+pub fn ready(shared: &Handles) -> bool {
+    let checks_on = shared.config.load().health_interval.is_some();
+    shared.upstreams.any_up(checks_on)
+}
+
 /// Takes the snapshot. `listening` is false once the proxy is stopping.
-pub fn collect(shared: &Shared, listening: bool) -> Status {
+pub fn collect(shared: &Handles, listening: bool) -> Status {
     let config = shared.config.load_full();
     let now = SystemTime::now();
-    let reload = shared.reload_status();
+    let reload = shared.runtime.reload_status();
     let upstreams = shared
         .upstreams
         .list()
@@ -153,18 +159,18 @@ pub fn collect(shared: &Shared, listening: bool) -> Status {
         .collect();
     Status {
         version: env!("CARGO_PKG_VERSION"),
-        started_at: rfc3339(shared.started),
+        started_at: rfc3339(shared.runtime.started),
         uptime_seconds: now
-            .duration_since(shared.started)
+            .duration_since(shared.runtime.started)
             .unwrap_or_default()
             .as_secs(),
         listen: shared
-            .local_addr
-            .get()
+            .runtime
+            .local_addr()
             .map_or_else(|| config.listen.clone(), |a| a.to_string()),
         tls: config.tls.is_some(),
         upstream_tls: config.upstream_tls.is_some(),
-        ready: listening && health::any_up(shared),
+        ready: listening && ready(shared),
         config: ConfigStatus {
             file: config.source.display().to_string(),
             last_reload: ReloadView {
@@ -185,7 +191,7 @@ pub fn collect(shared: &Shared, listening: bool) -> Status {
     }
 }
 
-fn write_stall(shared: &Shared, config: &crate::config::Config) -> WriteStallStatus {
+fn write_stall(shared: &Handles, config: &crate::config::Config) -> WriteStallStatus {
     let now = Instant::now();
     let ago = |since: Option<Instant>| since.map(|s| now.saturating_duration_since(s).as_secs());
     let c = &config.stall;
@@ -239,7 +245,7 @@ fn write_stall(shared: &Shared, config: &crate::config::Config) -> WriteStallSta
     }
 }
 
-fn namespaces(shared: &Shared, table: &crate::policy::PolicyTable) -> Vec<NsStatus> {
+fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsStatus> {
     let now = Instant::now();
     let wall = SystemTime::now();
     let mut rows: Vec<NsStatus> = Vec::new();

@@ -6,6 +6,7 @@
 //! reason    Reason, Admission: the breaker's state as decide's input
 //! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
+//! judge     the reply side: how a tracked read ended (+ the time) → Verdict
 //! legacy    OP_QUERY on databases with governed namespaces → refusal (OP_REPLY)
 //! ```
 //!
@@ -14,12 +15,14 @@
 //! the session applies what these functions return.
 
 mod decide;
+mod judge;
 mod legacy;
 mod outcome;
 mod reason;
 mod table;
 
 pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Refusal, Target};
+pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Verdict};
 pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
 pub use outcome::{
     apply_dry_run, fail_fast_reply, legacy_refusal_reply, refusal_reply, rewrite_spec, ErrorReply,

@@ -7,7 +7,6 @@
 //!
 //! [`RuleState::step`] is the rule, pure; the rest polls and reports.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
@@ -17,10 +16,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Evidence, Observation, SignalKind};
+use super::{Ctx, Evidence, Observation, SignalKind};
 use crate::config::ShardsConfig;
 use crate::metrics::ShardLabel;
-use crate::server::Shared;
 
 const IDLE: Duration = Duration::from_secs(1);
 
@@ -144,7 +142,7 @@ struct Poller {
     state: RuleState,
 }
 
-pub async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+pub async fn run(shared: Ctx, stop: CancellationToken) {
     let mut built: Option<ShardsConfig> = None;
     let mut pollers: Vec<Poller> = Vec::new();
     loop {
@@ -284,7 +282,7 @@ impl Poller {
         }
     }
 
-    async fn poll(&mut self, shared: &Shared, c: &ShardsConfig, rule: Rule) {
+    async fn poll(&mut self, shared: &Ctx, c: &ShardsConfig, rule: Rule) {
         let Some(client) = &self.client else { return };
         let admin = client.database("admin");
         let asked = admin.run_command(doc! { "serverStatus": 1 });
@@ -382,7 +380,7 @@ impl Poller {
     }
 
     /// Every input of the rule, and its state, as metrics.
-    fn export(&self, shared: &Shared, reading: &ShardReading, latency_ms: Option<f64>) {
+    fn export(&self, shared: &Ctx, reading: &ShardReading, latency_ms: Option<f64>) {
         let m = &shared.metrics.stall;
         let label = ShardLabel {
             shard: self.set_name.clone().unwrap_or_else(|| self.hosts.clone()),
@@ -408,7 +406,7 @@ impl Poller {
     }
 
     /// A failed poll changes no condition; it is counted and shown.
-    fn poll_failed(&mut self, shared: &Shared, error: String) {
+    fn poll_failed(&mut self, shared: &Ctx, error: String) {
         let label = ShardLabel {
             shard: self.set_name.clone().unwrap_or_else(|| self.hosts.clone()),
         };

@@ -15,10 +15,9 @@ use mongodb::Client;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{lock, Evidence, Observation, SignalKind};
+use super::{lock, Ctx, Evidence, Observation, SignalKind};
 use crate::config::{Config, ProbeConfig};
 use crate::metrics::{ProbeLabel, ProbeResult};
-use crate::server::Shared;
 
 /// How often a disabled probe looks at the config again.
 const IDLE: Duration = Duration::from_secs(1);
@@ -32,7 +31,7 @@ struct Built {
     connect_timeout: Duration,
 }
 
-pub async fn run(shared: Arc<Shared>, stop: CancellationToken) {
+pub async fn run(shared: Ctx, stop: CancellationToken) {
     let mut built: Option<Built> = None;
     let mut clients: HashMap<String, Client> = HashMap::new();
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -166,7 +165,7 @@ fn client(
 }
 
 struct ProbeTask {
-    shared: Arc<Shared>,
+    shared: Ctx,
     client: Client,
     upstream: String,
     id: String,

@@ -58,20 +58,27 @@ impl RequestBody<'_> {
 /// matches the bytes we have.
 pub fn checked_header(msg: &[u8], max: usize) -> Result<Header, WireError> {
     let h = Header::parse(msg).ok_or(WireError::Truncated("message header"))?;
+    check_length(&h, msg.len(), max)?;
+    Ok(h)
+}
+
+/// Checks an already read header: `16 <= messageLength <= max`, and equal to `len`, the
+/// bytes we have.
+pub fn check_length(h: &Header, len: usize, max: usize) -> Result<(), WireError> {
     if h.length < HEADER_LEN as i32 || h.length as i64 > max as i64 {
         return Err(WireError::BadLength {
             len: h.length as i64,
             max,
         });
     }
-    if h.length as usize != msg.len() {
+    if h.length as usize != len {
         return Err(WireError::Overrun {
             what: "message",
             len: h.length as i64,
-            room: msg.len(),
+            room: len,
         });
     }
-    Ok(h)
+    Ok(())
 }
 
 /// The CRC-32C of an OP_MSG given as a header (possibly reconstructed, for a decompressed

@@ -45,6 +45,7 @@ impl<'a> Compressed<'a> {
     /// Decompresses the wrapped payload, refusing anything whose declared size exceeds `max`
     /// and anything that does not decompress to exactly the declared size.
     pub fn decompress(&self, max: usize) -> Result<Vec<u8>, WireError> {
+        crate::counters::decompressed();
         let declared = self.uncompressed_size;
         if declared < 0 || declared as i64 > max as i64 {
             return Err(WireError::BadLength {

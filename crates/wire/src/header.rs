@@ -55,6 +55,7 @@ impl Header {
     /// Reads the header at the front of a message; `None` if fewer than 16 bytes.
     #[inline]
     pub fn parse(msg: &[u8]) -> Option<Header> {
+        crate::counters::header_parsed();
         Some(Header {
             length: read_i32(msg, 0)?,
             request_id: read_i32(msg, 4)?,

@@ -6,22 +6,27 @@
 //!
 //! Everything here works on borrowed bytes of a whole received message (header included).
 //! Views check every declared length against the enclosing one and never copy; only
-//! decompression and the builders allocate.
+//! decompression and the builders allocate. The relay opens each message once: a request as
+//! a [`Request`] (header, OP_MSG view, decompression kept for a retry, command name), a
+//! reply as a [`Reply`] (header, then its status when a tracked read needs it).
 
 pub mod body;
 pub mod codec;
 pub mod compressed;
+pub mod counters;
 pub mod header;
 pub mod legacy;
 pub mod opmsg;
 pub mod reply;
+pub mod request;
 pub mod scan;
 pub mod status;
 
 pub use body::{request_body, RequestBody};
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};
-pub use status::{inspect_reply, ReplyStatus};
+pub use request::{MsgParts, Request};
+pub use status::{inspect_reply, Reply, ReplyStatus};
 
 /// Default for `max_message_size`: mongos's `maxMessageSizeBytes`.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;

@@ -47,6 +47,15 @@ impl<'a> Elements<'a> {
         })
     }
 
+    /// Continues a scan of `doc` at `at`, the `end` of an element an earlier scan of the same
+    /// document yielded (so the first element is not read twice). An `at` that is not an
+    /// element boundary gives errors or nonsense elements, never a panic.
+    pub fn resume(doc: &'a [u8], at: usize) -> Result<Elements<'a>, Malformed> {
+        let mut elems = Elements::new(doc)?;
+        elems.at = at.max(4);
+        Ok(elems)
+    }
+
     /// The next element, `None` at the end; after an error the scan stays at the error.
     #[inline(always)]
     pub fn next_elem(&mut self) -> Result<Option<Elem<'a>>, Malformed> {

@@ -1,11 +1,13 @@
 //! What a reply says about the command's outcome: top-level `ok`, `code`, `codeName`.
 
-use crate::body::checked_header;
+use bytes::Bytes;
+
+use crate::body::{check_length, checked_header};
 use crate::compressed::Compressed;
 use crate::legacy::OpReply;
-use crate::opmsg::OpMsg;
+use crate::opmsg::{self, OpMsg};
 use crate::scan::{self, int_value, Elements};
-use crate::{OpCode, WireError, HEADER_LEN};
+use crate::{Header, OpCode, WireError, HEADER_LEN};
 
 /// What a reply says about the command's outcome.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,6 +25,59 @@ pub struct ReplyStatus {
 /// a large `cursor` is skipped by its length. The checksum is not verified (the client does).
 pub fn inspect_reply(msg: &[u8], max_message_size: usize) -> Result<ReplyStatus, WireError> {
     let header = checked_header(msg, max_message_size)?;
+    status_after_header(&header, msg, max_message_size)
+}
+
+/// A reply message with its header read once: what the relay asks of every reply (which
+/// request it answers, whether more follow) and, for a tracked read, its status.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    frame: Bytes,
+    /// `None` for a frame shorter than a header (never one the codec cut).
+    header: Option<Header>,
+}
+
+impl Reply {
+    pub fn new(frame: Bytes) -> Reply {
+        let header = Header::parse(&frame);
+        Reply { frame, header }
+    }
+
+    /// The requestID this reply answers (0 without a header).
+    pub fn response_to(&self) -> i32 {
+        self.header.map_or(0, |h| h.response_to)
+    }
+
+    /// An OP_MSG with `moreToCome`: an exhaust stream goes on after it.
+    pub fn more_to_come(&self) -> bool {
+        self.frame.len() > 20
+            && self.header.is_some_and(|h| h.op_code == OpCode::MSG)
+            && opmsg::flags_of(&self.frame) & opmsg::MORE_TO_COME != 0
+    }
+
+    /// What [`inspect_reply`] says, without reading the header again.
+    pub fn status(&self, max_message_size: usize) -> Result<ReplyStatus, WireError> {
+        let header = self.header.ok_or(WireError::Truncated("message header"))?;
+        check_length(&header, self.frame.len(), max_message_size)?;
+        status_after_header(&header, &self.frame, max_message_size)
+    }
+
+    /// The message as it arrived.
+    pub fn frame(&self) -> &Bytes {
+        &self.frame
+    }
+
+    pub fn into_frame(self) -> Bytes {
+        self.frame
+    }
+}
+
+/// [`inspect_reply`] past the (checked) header.
+fn status_after_header(
+    header: &Header,
+    msg: &[u8],
+    max_message_size: usize,
+) -> Result<ReplyStatus, WireError> {
     let payload = &msg[HEADER_LEN..];
     match header.op_code {
         OpCode::MSG => reply_status(OpMsg::parse(payload)?.body.as_bytes()),

@@ -1,0 +1,389 @@
+//! The reply side's judgement: what the way a tracked read ended means for its namespace's
+//! breaker, and whether the read goes again. Pure, like `policy::decide` on the request side:
+//! the read, how it ended and the time in, a [`Verdict`] out; no I/O, no shared state. The
+//! session only applies verdicts.
+//!
+//! The evidence rules live here and nowhere else: which codes count, when a slow reply
+//! counts, what a client that gave up counts as, when a read is sent again.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::reason::Reason;
+use super::table::{Causal, NsPolicy};
+use crate::rewrite::RewriteSpec;
+use crate::wire::ReplyStatus;
+
+/// A tracked read as the judge sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Read<'t> {
+    pub policy: &'t NsPolicy,
+    /// When the read was sent (its first attempt).
+    pub started: Instant,
+    /// `maxTimeMS` in force as first sent (the client's, or the cap); the retry's budget.
+    pub max_time_ms: Option<i64>,
+    /// The breaker's half-open probe.
+    pub probe: bool,
+    /// A trigger error is answered by sending the read again with `available`.
+    pub retry: bool,
+    /// This is the resend: its first attempt was judged already.
+    pub retried: bool,
+}
+
+/// How a tracked read ended.
+#[derive(Debug, Clone, Copy)]
+pub enum Ending<'s> {
+    /// The upstream replied; what the reply says.
+    Reply(&'s ReplyStatus),
+    /// The upstream replied with something whose status cannot be read.
+    Unreadable,
+    /// The client closed its connection before the reply (its driver gave up).
+    ClientGone,
+    /// The upstream connection ended before the reply.
+    UpstreamGone,
+}
+
+/// What a failure is made of: the breaker's reason, and the evidence for the log, the
+/// breaker's last-transition text and the trigger-error metric.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure<'s> {
+    pub reason: Reason,
+    pub evidence: Evidence<'s>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Evidence<'s> {
+    /// A trigger error code in the reply.
+    Code {
+        code: i32,
+        code_name: Option<&'s str>,
+    },
+    /// A reply (success or a non-trigger error) slower than the namespace's `slow_read`.
+    Slow { elapsed: Duration, limit: Duration },
+    /// The client left before the reply, after waiting this long.
+    ClientGaveUp { waited: Duration },
+}
+
+/// What to do about a tracked read that ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict<'s> {
+    /// A success for the breaker (a half-open probe closes it).
+    Success,
+    /// A failure for the breaker; whatever the upstream said goes to the client.
+    /// `out_of_time`: a resend was due, but the read's `maxTimeMS` is spent.
+    Fail {
+        failure: Failure<'s>,
+        out_of_time: bool,
+    },
+    /// A failure for the breaker, and the read is sent again rewritten by `spec`; the
+    /// client never sees this reply.
+    Retry {
+        failure: Failure<'s>,
+        spec: RewriteSpec,
+    },
+    /// Nothing for the breaker.
+    Ignore(Ignored),
+}
+
+/// Why a read's end counts for nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// The resend ended: the read was counted on its first reply, not twice. `trigger`: the
+    /// resend failed with that trigger code too.
+    Retried { trigger: Option<i32> },
+    /// The reply's status cannot be read; a half-open probe gives its slot back.
+    Unreadable { release_probe: bool },
+    /// The upstream connection ended: that is the upstream's failure, not the namespace's.
+    UpstreamGone,
+}
+
+/// Judges how a tracked read ended, at `now`.
+pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'s> {
+    let elapsed = now.saturating_duration_since(read.started);
+    match ending {
+        Ending::UpstreamGone => Verdict::Ignore(Ignored::UpstreamGone),
+        Ending::Unreadable => Verdict::Ignore(Ignored::Unreadable {
+            release_probe: read.probe,
+        }),
+        // Its first attempt's error was counted; the read is not counted twice.
+        Ending::ClientGone if read.retried => Verdict::Ignore(Ignored::Retried { trigger: None }),
+        // The driver's socket timeout: counts as a time-limit error.
+        Ending::ClientGone => Verdict::Fail {
+            failure: Failure {
+                reason: Reason::TimeLimit,
+                evidence: Evidence::ClientGaveUp { waited: elapsed },
+            },
+            out_of_time: false,
+        },
+        Ending::Reply(status) => judge_reply(read, status, elapsed),
+    }
+}
+
+fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) -> Verdict<'s> {
+    let policy = read.policy;
+    let trigger = status.code.filter(|&c| !status.ok && policy.is_trigger(c));
+    if read.retried {
+        // The breaker counts failing reads, not attempts.
+        return Verdict::Ignore(Ignored::Retried { trigger });
+    }
+    if let Some(code) = trigger {
+        let failure = Failure {
+            reason: Reason::of_code(code),
+            evidence: Evidence::Code {
+                code,
+                code_name: status.code_name.as_deref(),
+            },
+        };
+        if !read.retry {
+            return Verdict::Fail {
+                failure,
+                out_of_time: false,
+            };
+        }
+        // The resend carries what is left of the read's time limit.
+        let spent = elapsed.as_millis().min(i64::MAX as u128) as i64;
+        let remaining = read.max_time_ms.map(|m| m - spent);
+        if remaining.is_some_and(|r| r <= 0) {
+            return Verdict::Fail {
+                failure,
+                out_of_time: true,
+            };
+        }
+        let spec = RewriteSpec {
+            available: true,
+            drop_after_cluster_time: policy.causal == Causal::Drop,
+            max_time_ms: remaining,
+        };
+        return Verdict::Retry { failure, spec };
+    }
+    match policy.slow_read.filter(|&limit| elapsed > limit) {
+        Some(limit) => Verdict::Fail {
+            failure: Failure {
+                reason: Reason::TimeLimit,
+                evidence: Evidence::Slow { elapsed, limit },
+            },
+            out_of_time: false,
+        },
+        None => Verdict::Success,
+    }
+}
+
+impl Evidence<'_> {
+    /// The `code` label of the trigger-error metric.
+    pub fn label(&self) -> String {
+        match self {
+            Evidence::Code { code, .. } => code.to_string(),
+            Evidence::Slow { .. } => "slow".to_string(),
+            Evidence::ClientGaveUp { .. } => "timeout".to_string(),
+        }
+    }
+}
+
+/// The text the breaker keeps as the cause of its last transition.
+impl fmt::Display for Evidence<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Evidence::Code { code, code_name } => match code_name {
+                Some(name) if !name.is_empty() => write!(f, "{code} {name}"),
+                _ => write!(f, "{code}"),
+            },
+            Evidence::Slow { elapsed, limit } => write!(
+                f,
+                "slow reply ({} ms > {} ms)",
+                elapsed.as_millis(),
+                limit.as_millis()
+            ),
+            Evidence::ClientGaveUp { waited } => {
+                write!(f, "client gave up after {} ms", waited.as_millis())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Mode;
+
+    const STALE: i32 = 13388;
+    const MAX_TIME: i32 = 50;
+
+    fn policy(mode: Mode) -> NsPolicy {
+        let mut p = NsPolicy::with_defaults("demo.inventory", mode);
+        p.slow_read = Some(Duration::from_millis(200));
+        p
+    }
+
+    fn status(ok: bool, code: Option<i32>, name: Option<&str>) -> ReplyStatus {
+        ReplyStatus {
+            ok,
+            code,
+            code_name: name.map(str::to_string),
+        }
+    }
+
+    fn code(reason: Reason, code: i32, name: &str) -> Failure<'_> {
+        Failure {
+            reason,
+            evidence: Evidence::Code {
+                code,
+                code_name: Some(name),
+            },
+        }
+    }
+
+    /// One row: a read (fallback reads retry, strict ones do not) that ended `after` its
+    /// start, and the verdict it must get.
+    struct Row<'s> {
+        what: &'static str,
+        mode: Mode,
+        probe: bool,
+        retried: bool,
+        max_time_ms: Option<i64>,
+        ending: Ending<'s>,
+        after: Duration,
+        want: Verdict<'s>,
+    }
+
+    fn check(rows: &[Row<'_>]) {
+        let start = Instant::now();
+        for r in rows {
+            let p = policy(r.mode);
+            let read = Read {
+                policy: &p,
+                started: start,
+                max_time_ms: r.max_time_ms,
+                probe: r.probe,
+                retry: r.mode == Mode::Fallback,
+                retried: r.retried,
+            };
+            let got = judge(&read, r.ending, start + r.after);
+            assert_eq!(got, r.want, "{}", r.what);
+        }
+    }
+
+    #[test]
+    fn decision_table_reply_side() {
+        let stale = status(false, Some(STALE), Some("StaleConfig"));
+        let time_limit = status(false, Some(MAX_TIME), Some("MaxTimeMSExpired"));
+        let other = status(false, Some(11000), Some("DuplicateKey"));
+        let ok = status(true, None, None);
+        let ms = Duration::from_millis;
+        let available = |max_time_ms| RewriteSpec {
+            available: true,
+            drop_after_cluster_time: true,
+            max_time_ms,
+        };
+        let fail = |failure| Verdict::Fail {
+            failure,
+            out_of_time: false,
+        };
+        let slow = |elapsed| {
+            fail(Failure {
+                reason: Reason::TimeLimit,
+                evidence: Evidence::Slow {
+                    elapsed,
+                    limit: ms(200),
+                },
+            })
+        };
+        let gave_up = |waited| {
+            fail(Failure {
+                reason: Reason::TimeLimit,
+                evidence: Evidence::ClientGaveUp { waited },
+            })
+        };
+        #[rustfmt::skip]
+        let rows = [
+            // Trigger code.
+            Row { what: "fallback, trigger: resend with available, no budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Retry { failure: code(Reason::StaleRouting, STALE, "StaleConfig"), spec: available(None) } },
+            Row { what: "fallback, trigger: the resend gets what is left of maxTimeMS", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&time_limit), after: ms(120), want: Verdict::Retry { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), spec: available(Some(380)) } },
+            Row { what: "fallback, trigger, maxTimeMS spent: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(100), ending: Ending::Reply(&time_limit), after: ms(100), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: true } },
+            Row { what: "strict, trigger: counted, the error goes to the client", mode: Mode::Strict, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&stale), after: ms(30), want: fail(code(Reason::StaleRouting, STALE, "StaleConfig")) },
+            Row { what: "the resend's trigger error is not counted again", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Ignore(Ignored::Retried { trigger: Some(STALE) }) },
+            // Other error.
+            Row { what: "other error: a success for the breaker", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&other), after: ms(30), want: Verdict::Success },
+            Row { what: "slow other error: a time-limit error", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&other), after: ms(250), want: slow(ms(250)) },
+            Row { what: "unreadable reply: nothing counted", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Unreadable, after: ms(30), want: Verdict::Ignore(Ignored::Unreadable { release_probe: false }) },
+            // Success.
+            Row { what: "success", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Success },
+            Row { what: "the resend's success", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Ignore(Ignored::Retried { trigger: None }) },
+            // Slow reply.
+            Row { what: "slow success: a time-limit error", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(201), want: slow(ms(201)) },
+            Row { what: "exactly slow_read is not slow", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(200), want: Verdict::Success },
+            // Client gone.
+            Row { what: "client gave up: a time-limit error", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: gave_up(ms(40)) },
+            Row { what: "client gave up on the resend: counted once already", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: Verdict::Ignore(Ignored::Retried { trigger: None }) },
+            // Upstream gone.
+            Row { what: "upstream gone: nothing counted", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::UpstreamGone, after: ms(40), want: Verdict::Ignore(Ignored::UpstreamGone) },
+            // Probe result (the session passes `probe` to the breaker with the verdict).
+            Row { what: "probe success closes", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Success },
+            Row { what: "strict probe, trigger: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: fail(code(Reason::StaleRouting, STALE, "StaleConfig")) },
+            Row { what: "fallback probe, trigger: re-opens and resends", mode: Mode::Fallback, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Retry { failure: code(Reason::StaleRouting, STALE, "StaleConfig"), spec: available(None) } },
+            Row { what: "slow probe: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(300), want: slow(ms(300)) },
+            Row { what: "probe whose client gave up: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: gave_up(ms(40)) },
+            Row { what: "unreadable probe reply: the probe slot is given back", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Unreadable, after: ms(30), want: Verdict::Ignore(Ignored::Unreadable { release_probe: true }) },
+        ];
+        check(&rows);
+    }
+
+    #[test]
+    fn causal_skip_keeps_after_cluster_time_on_resend() {
+        let mut p = policy(Mode::Fallback);
+        p.causal = Causal::Skip;
+        let start = Instant::now();
+        let read = Read {
+            policy: &p,
+            started: start,
+            max_time_ms: None,
+            probe: false,
+            retry: true,
+            retried: false,
+        };
+        let stale = status(false, Some(STALE), None);
+        match judge(&read, Ending::Reply(&stale), start) {
+            Verdict::Retry { spec, .. } => assert!(!spec.drop_after_cluster_time),
+            other => panic!("expected a retry, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn evidence_text_and_labels() {
+        let named = Evidence::Code {
+            code: STALE,
+            code_name: Some("StaleConfig"),
+        };
+        assert_eq!(
+            (named.to_string(), named.label()),
+            ("13388 StaleConfig".to_string(), "13388".to_string())
+        );
+        let unnamed = Evidence::Code {
+            code: 50,
+            code_name: None,
+        };
+        assert_eq!(unnamed.to_string(), "50");
+        let slow = Evidence::Slow {
+            elapsed: Duration::from_millis(250),
+            limit: Duration::from_millis(200),
+        };
+        assert_eq!(
+            (slow.to_string(), slow.label()),
+            (
+                "slow reply (250 ms > 200 ms)".to_string(),
+                "slow".to_string()
+            )
+        );
+        let gone = Evidence::ClientGaveUp {
+            waited: Duration::from_millis(40),
+        };
+        assert_eq!(
+            (gone.to_string(), gone.label()),
+            (
+                "client gave up after 40 ms".to_string(),
+                "timeout".to_string()
+            )
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! One client connection: its own upstream connection, and the relay between the two.
+//!
+//! ```text
+//! mod       the session's state, pairing with an upstream, why a session ends
+//! relay     the loop: reads both ways, writes that never block it, stop and kill
+//! outbox    what waits to be written to one peer
+//! request   the request side: open once, gates, decide, apply
+//! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
+//! counters  per-session counts, batched into the shared metrics
+//! ```
+//!
+//! Requests are classified and decided on as they arrive; replies are looked at only when
+//! they answer a tracked read or write. A message that is not rewritten leaves as the very
+//! `Bytes` that arrived. Writes (for the write-stall watch) cost a command-name read and a
+//! small per-session list; other commands pay nothing more.
+
+mod counters;
+mod outbox;
+mod relay;
+mod reply;
+mod request;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::Config;
+use crate::handles::Handles;
+use crate::stall::WriteTracker;
+use crate::tls::Stream;
+use crate::wire::codec::FrameError;
+use crate::wire::WireError;
+
+use counters::Counters;
+use outbox::Outbox;
+use reply::Tracked;
+
+/// Why a session ended, and which side caused it.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client sent a malformed message: {0}")]
+    ClientProtocol(WireError),
+    #[error("client i/o: {0}")]
+    ClientIo(std::io::Error),
+    #[error("upstream sent a malformed message: {0}")]
+    UpstreamProtocol(WireError),
+    #[error("upstream i/o: {0}")]
+    UpstreamIo(std::io::Error),
+}
+
+impl SessionError {
+    /// The client just went away: a reset or a broken pipe (Node.js's `client.close()`
+    /// resets its sockets), or a stream cut without a TLS close_notify between two messages
+    /// (`at_message_boundary`: nothing of a next message had arrived). Such an end is logged
+    /// like a clean close, not as a warning.
+    pub fn is_client_close(&self, at_message_boundary: bool) -> bool {
+        use std::io::ErrorKind;
+        let SessionError::ClientIo(e) = self else {
+            return false;
+        };
+        match e.kind() {
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+                true
+            }
+            ErrorKind::UnexpectedEof => at_message_boundary,
+            _ => false,
+        }
+    }
+}
+
+pub struct Session {
+    shared: Arc<Handles>,
+    /// The config as of the current request (reloads apply from the next request on).
+    config: Arc<Config>,
+    config_generation: u64,
+    peer: SocketAddr,
+    id: u64,
+    stop: CancellationToken,
+    kill: CancellationToken,
+    /// Tracked reads waiting for their reply.
+    pending: Vec<Tracked>,
+    /// Requests sent that still expect a final reply (for a graceful stop).
+    outstanding: u32,
+    /// The last reply relayed had moreToCome (an exhaust stream is running).
+    streaming: bool,
+    /// When the oldest request still waiting for its first reply was forwarded.
+    waiting_since: Option<Instant>,
+    /// Counts not yet added to the shared metrics.
+    counters: Counters,
+    /// Reused for the "db.coll" key of governed reads.
+    ns_buf: String,
+    /// The upstream this client is paired with (its configured address).
+    upstream: String,
+    /// Writes sent and not answered yet (write-stall watch).
+    writes: WriteTracker,
+    /// Messages waiting to be written, per peer: the loop never waits on a write.
+    to_upstream: Outbox,
+    to_client: Outbox,
+}
+
+impl Session {
+    pub fn new(
+        shared: Arc<Handles>,
+        peer: SocketAddr,
+        id: u64,
+        stop: CancellationToken,
+        kill: CancellationToken,
+    ) -> Session {
+        let config_generation = shared.config.generation();
+        let config = shared.config.load_full();
+        Session {
+            shared,
+            config,
+            config_generation,
+            peer,
+            id,
+            stop,
+            kill,
+            pending: Vec::new(),
+            outstanding: 0,
+            streaming: false,
+            waiting_since: None,
+            counters: Counters::default(),
+            ns_buf: String::new(),
+            upstream: String::new(),
+            writes: WriteTracker::default(),
+            to_upstream: Outbox::default(),
+            to_client: Outbox::default(),
+        }
+    }
+
+    pub async fn run(self, client: Stream) {
+        let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.id);
+        self.relay(client).instrument(span).await
+    }
+
+    async fn relay(self, client: Stream) {
+        // A stop past its deadline also ends a session still dialing its upstream.
+        let connected = tokio::select! {
+            c = self.shared.upstreams.connect(&self.config, &self.shared.metrics) => c,
+            _ = self.kill.cancelled() => {
+                tracing::debug!("shutdown deadline passed while connecting upstream");
+                return;
+            }
+        };
+        let (upstream, upstream_addr) = match connected {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::error!(error = %e, "closing client: no upstream reachable");
+                return;
+            }
+        };
+        tracing::debug!(upstream = %upstream_addr, "paired");
+        let m = &self.shared.metrics;
+        m.client_connections.inc();
+        m.client_connections_total.inc();
+        let latency = m
+            .upstream_latency
+            .get_or_create(&crate::metrics::UpstreamLabel {
+                upstream: upstream_addr.to_string(),
+            })
+            .clone();
+        let shared = self.shared.clone();
+        let mut this = self;
+        this.counters.set_latency(latency);
+        this.upstream = upstream_addr;
+        match (client, upstream) {
+            // Plain TCP keeps its lock-free owned halves.
+            (Stream::Plain(c), Stream::Plain(u)) => {
+                let (cr, cw) = c.into_split();
+                let (ur, uw) = u.into_split();
+                this.pump(cr, cw, ur, uw).await;
+            }
+            (c, u) => {
+                let (cr, cw) = tokio::io::split(c);
+                let (ur, uw) = tokio::io::split(u);
+                this.pump(cr, cw, ur, uw).await;
+            }
+        }
+        shared.metrics.client_connections.dec();
+    }
+
+    /// Picks up a reloaded config, from the next request on.
+    fn refresh_config(&mut self) {
+        let generation = self.shared.config.generation();
+        if generation != self.config_generation {
+            self.config = self.shared.config.load_full();
+            self.config_generation = generation;
+        }
+    }
+
+    fn policy_active(&self) -> bool {
+        !self.config.policy.is_passthrough_only()
+    }
+}
+
+fn client_err(e: FrameError) -> SessionError {
+    match e {
+        FrameError::Wire(w) => SessionError::ClientProtocol(w),
+        FrameError::Io(io) => SessionError::ClientIo(io),
+    }
+}
+
+fn upstream_err(e: FrameError) -> SessionError {
+    match e {
+        FrameError::Wire(w) => SessionError::UpstreamProtocol(w),
+        FrameError::Io(io) => SessionError::UpstreamIo(io),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::WireError;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_client_going_away_is_a_normal_close() {
+        let client = |kind| SessionError::ClientIo(Error::new(kind, "x"));
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::BrokenPipe,
+        ] {
+            assert!(client(kind).is_client_close(false), "{kind:?}");
+        }
+        assert!(client(ErrorKind::UnexpectedEof).is_client_close(true));
+        // Cut in the middle of a message, or any other failure: worth a warning.
+        assert!(!client(ErrorKind::UnexpectedEof).is_client_close(false));
+        assert!(!client(ErrorKind::Other).is_client_close(true));
+        assert!(!SessionError::ClientProtocol(WireError::Truncated("x")).is_client_close(true));
+        let upstream = SessionError::UpstreamIo(Error::new(ErrorKind::ConnectionReset, "x"));
+        assert!(!upstream.is_client_close(true));
+    }
+}

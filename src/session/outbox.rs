@@ -1,0 +1,119 @@
+//! What waits to be written to one peer. The relay never waits on a write: it writes what
+//! the socket takes, keeps the rest here in order, and stops reading what would add to an
+//! outbox that is already full. A peer that stops reading therefore stalls only the
+//! direction that feeds it, never the loop, the other direction or a stop.
+
+use std::collections::VecDeque;
+use std::io;
+
+use bytes::{Buf, Bytes};
+use futures::FutureExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// Past this many bytes waiting, the relay reads nothing more that could add to them (the
+/// socket buffers give the slack; this bounds what one session holds on top).
+const ROOM: usize = 64 * 1024;
+
+#[derive(Debug, Default)]
+pub(super) struct Outbox {
+    queue: VecDeque<Bytes>,
+    /// Bytes in `queue` not written yet.
+    bytes: usize,
+    /// Written but not flushed (TLS may hold records until flushed).
+    unflushed: bool,
+}
+
+impl Outbox {
+    pub(super) fn push(&mut self, msg: Bytes) {
+        self.bytes += msg.len();
+        self.queue.push_back(msg);
+    }
+
+    /// Everything is written and flushed.
+    pub(super) fn is_idle(&self) -> bool {
+        self.queue.is_empty() && !self.unflushed
+    }
+
+    /// Below the bound: reading what may add to this outbox can go on.
+    pub(super) fn has_room(&self) -> bool {
+        self.bytes < ROOM
+    }
+
+    /// One step: one write of the oldest message, or a flush once all is written.
+    /// Cancel-safe: dropped before it completes, it has written nothing.
+    pub(super) async fn step<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+        let Some(front) = self.queue.front_mut() else {
+            w.flush().await?;
+            self.unflushed = false;
+            return Ok(());
+        };
+        let n = w.write_buf(front).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        self.bytes -= n;
+        self.unflushed = true;
+        if !front.has_remaining() {
+            self.queue.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Writes what `w` takes now, without waiting: the common case sends a message in the
+    /// loop turn that produced it. Polling with a no-op waker is fine here, because the loop
+    /// polls every pending write with its own waker right after.
+    pub(super) fn write_now<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+        while !self.is_idle() {
+            match self.step(w).now_or_never() {
+                Some(done) => done?,
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes and flushes everything, waiting as long as it takes (callers bound it).
+    pub(super) async fn drain<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+        while !self.is_idle() {
+            self.step(w).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn writes_in_order_and_keeps_what_the_peer_does_not_take() {
+        let (mut w, mut r) = tokio::io::duplex(8);
+        let mut out = Outbox::default();
+        out.push(Bytes::from_static(b"hello "));
+        out.push(Bytes::from_static(b"world"));
+        out.write_now(&mut w).unwrap();
+        // The pipe holds 8 bytes: the rest waits, and the outbox says so.
+        assert!(!out.is_idle());
+        assert_eq!(out.bytes, 3);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut r, &mut got)
+                .await
+                .unwrap();
+            got
+        });
+        out.drain(&mut w).await.unwrap();
+        assert!(out.is_idle() && out.has_room());
+        drop(w);
+        assert_eq!(reader.await.unwrap(), b"hello world");
+    }
+
+    #[test]
+    fn full_past_the_bound() {
+        let mut out = Outbox::default();
+        out.push(Bytes::from(vec![0; ROOM - 1]));
+        assert!(out.has_room());
+        out.push(Bytes::from_static(b"x"));
+        assert!(!out.has_room());
+    }
+}

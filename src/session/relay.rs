@@ -1,0 +1,162 @@
+//! The relay loop: reads both ways, hands each message to the request or reply side, and
+//! writes what they queue without ever waiting on a write (see `outbox`). A stop lets
+//! requests in flight finish; the kill (the stop's deadline) ends the session whatever the
+//! peers do, reading or not.
+
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
+
+use super::counters::FLUSH_AFTER;
+use super::{client_err, upstream_err, Session, SessionError};
+use crate::wire::MessageCodec;
+
+/// Initial read-buffer size per direction; grows to the message size when needed.
+const READ_BUFFER: usize = 8 * 1024;
+
+impl Session {
+    /// Relays until either side ends, the client misbehaves, or the proxy stops.
+    ///
+    /// One `select!` over every event the session waits on; its arms only dispatch, which
+    /// is why the function is this long.
+    pub async fn pump<CR, CW, UR, UW>(mut self, cr: CR, mut cw: CW, ur: UR, mut uw: UW)
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        UR: AsyncRead + Unpin,
+        UW: AsyncWrite + Unpin,
+    {
+        let max = self.config.max_message_size;
+        let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
+        let mut ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
+        let mut draining = false;
+        let (kill, stop) = (self.kill.clone(), self.stop.clone());
+        // Built once: re-creating them per loop turn registers with the tokens' shared Notify
+        // on every message.
+        let killed = kill.cancelled();
+        let stopping = stop.cancelled();
+        // Batched metrics reach the shared counters within FLUSH_AFTER even when the
+        // session goes quiet: armed once per batch, not per message.
+        let flush_timer = tokio::time::sleep(FLUSH_AFTER);
+        tokio::pin!(killed, stopping, flush_timer);
+        let mut flush_armed = true;
+        let end: Result<&str, SessionError> = loop {
+            if draining && self.drained() {
+                break Ok("proxy stopping");
+            }
+            if self.counters.is_dirty() && !flush_armed {
+                flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
+                flush_armed = true;
+            }
+            // A full outbox stops the reads that feed it (a request may be answered by the
+            // proxy itself, so client reads wait on both).
+            let read_client = self.to_upstream.has_room() && self.to_client.has_room();
+            let read_upstream = self.to_client.has_room();
+            tokio::select! {
+                _ = &mut killed => break Ok("shutdown deadline passed"),
+                _ = &mut flush_timer, if flush_armed => {
+                    flush_armed = false;
+                    self.counters.flush(&self.shared.metrics);
+                }
+                _ = &mut stopping, if !draining => draining = true,
+                w = self.to_upstream.step(&mut uw), if !self.to_upstream.is_idle() => {
+                    if let Err(e) = w {
+                        break Err(SessionError::UpstreamIo(e));
+                    }
+                }
+                w = self.to_client.step(&mut cw), if !self.to_client.is_idle() => {
+                    if let Err(e) = w {
+                        break Err(SessionError::ClientIo(e));
+                    }
+                }
+                req = cr.next(), if read_client => match req {
+                    Some(Ok(msg)) => {
+                        if let Err(e) = self.on_request(msg) {
+                            break Err(e);
+                        }
+                    }
+                    Some(Err(e)) => break Err(client_err(e)),
+                    None => {
+                        self.client_gone();
+                        break Ok("client closed");
+                    }
+                },
+                rep = ur.next(), if read_upstream => match rep {
+                    Some(Ok(msg)) => self.on_reply(msg),
+                    Some(Err(e)) => break Err(upstream_err(e)),
+                    None => {
+                        self.upstream_gone();
+                        break Ok("upstream closed");
+                    }
+                },
+            }
+            if let Err(e) = self.write_now(&mut cw, &mut uw) {
+                break Err(e);
+            }
+        };
+        self.finish(end, cr.read_buffer().is_empty());
+        self.close(&mut cw, &mut uw).await;
+    }
+
+    /// What is queued still goes out, and both sides are closed, unless the kill comes
+    /// first (a peer that does not read cannot hold the session past it).
+    async fn close<C, U>(&mut self, cw: &mut C, uw: &mut U)
+    where
+        C: AsyncWrite + Unpin,
+        U: AsyncWrite + Unpin,
+    {
+        let kill = self.kill.clone();
+        let close = async {
+            let _ = self.to_client.drain(cw).await;
+            let _ = self.to_upstream.drain(uw).await;
+            let _ = cw.shutdown().await;
+            let _ = uw.shutdown().await;
+        };
+        tokio::select! {
+            biased;
+            _ = close => {}
+            _ = kill.cancelled() => {}
+        }
+    }
+
+    /// Everything in flight is answered and written (or an exhaust stream runs, which a
+    /// stop cuts at once).
+    fn drained(&self) -> bool {
+        (self.outstanding == 0 || self.streaming)
+            && self.to_client.is_idle()
+            && self.to_upstream.is_idle()
+    }
+
+    /// Writes what the handlers queued, as far as the sockets take it now.
+    fn write_now<C, U>(&mut self, cw: &mut C, uw: &mut U) -> Result<(), SessionError>
+    where
+        C: AsyncWrite + Unpin,
+        U: AsyncWrite + Unpin,
+    {
+        self.to_upstream
+            .write_now(uw)
+            .map_err(SessionError::UpstreamIo)?;
+        self.to_client.write_now(cw).map_err(SessionError::ClientIo)
+    }
+
+    /// Logs why the session ended and adds its last counts to the shared metrics.
+    /// `at_message_boundary`: no part of a next request had arrived.
+    fn finish(&mut self, end: Result<&str, SessionError>, at_message_boundary: bool) {
+        if !self.writes.is_empty() {
+            // Not progress: the watch notes it, nothing clears on it.
+            self.writes.abandon();
+        }
+        match end {
+            Ok(why) => tracing::debug!(reason = why, "session closed"),
+            Err(e) if e.is_client_close(at_message_boundary) => {
+                tracing::debug!(error = %e, "session closed: client went away")
+            }
+            Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
+                tracing::warn!(error = %e, "closing client")
+            }
+            Err(e) => tracing::warn!(error = %e, "closing client because its upstream failed"),
+        }
+        self.counters.flush(&self.shared.metrics);
+    }
+}

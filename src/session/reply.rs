@@ -1,0 +1,206 @@
+//! The reply side: every reply's header is read once (`wire::Reply`); a reply to a tracked
+//! read (or a read that ended without one: client gone, upstream gone) is judged by
+//! `policy::judge` (pure), and the session applies the verdict: the breaker, the metrics,
+//! the log, and a resend rewritten from the request opened when it arrived.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::Session;
+use crate::policy::{self, Ending, Evidence, Failure, Ignored, NsPolicy, Verdict};
+use crate::rewrite::{self, RewriteSpec};
+use crate::wire::{Reply, Request};
+
+/// A read whose reply the session inspects.
+#[derive(Debug)]
+pub(super) struct Tracked {
+    pub(super) request_id: i32,
+    pub(super) ns: String,
+    pub(super) command: String,
+    pub(super) policy: Arc<NsPolicy>,
+    /// The client's request as opened on arrival (a retry is rewritten from it, with no
+    /// second header read or decompression).
+    pub(super) original: Request,
+    pub(super) started: Instant,
+    /// `maxTimeMS` in force for the read as sent (client's, or the cap).
+    pub(super) max_time_ms: Option<i64>,
+    pub(super) probe: bool,
+    pub(super) retry: bool,
+    pub(super) retried: bool,
+}
+
+impl Tracked {
+    fn read(&self) -> policy::Read<'_> {
+        policy::Read {
+            policy: &self.policy,
+            started: self.started,
+            max_time_ms: self.max_time_ms,
+            probe: self.probe,
+            retry: self.retry,
+            retried: self.retried,
+        }
+    }
+}
+
+impl Session {
+    /// One reply from the upstream.
+    pub(super) fn on_reply(&mut self, msg: bytes::Bytes) {
+        if let Some(t) = self.waiting_since.take() {
+            self.counters.round_trip(&self.shared.metrics, t.elapsed());
+        }
+        let reply = Reply::new(msg);
+        if self.pending.is_empty() && self.writes.is_empty() {
+            return self.send_to_client(reply);
+        }
+        let response_to = reply.response_to();
+        if !self.writes.is_empty() {
+            let max = self.config.max_message_size;
+            let ok = || reply.status(max).is_ok_and(|s| s.ok);
+            let (watch, now) = (&self.shared.stall, Instant::now());
+            if self.writes.answered(watch, response_to, ok, now) {
+                return self.send_to_client(reply);
+            }
+        }
+        let tracked = self
+            .pending
+            .iter()
+            .position(|t| t.request_id == response_to);
+        if let Some(i) = tracked {
+            let t = self.pending.swap_remove(i);
+            if self.inspect(t, &reply) {
+                // Swallowed: a resend went out instead.
+                return;
+            }
+        }
+        self.send_to_client(reply)
+    }
+
+    /// Judges the reply to a tracked read; returns true when a resend replaces it.
+    fn inspect(&mut self, t: Tracked, reply: &Reply) -> bool {
+        let now = Instant::now();
+        let status = reply.status(self.config.max_message_size);
+        let ending = match &status {
+            Ok(s) => Ending::Reply(s),
+            Err(e) => {
+                tracing::warn!(ns = %t.ns, error = %e, "cannot read reply to a tracked read");
+                Ending::Unreadable
+            }
+        };
+        let verdict = policy::judge(&t.read(), ending, now);
+        self.apply_verdict(t, verdict, now)
+    }
+
+    /// The client left with tracked reads unanswered.
+    pub(super) fn client_gone(&mut self) {
+        self.judge_all(Ending::ClientGone);
+    }
+
+    /// The upstream connection ended with tracked reads unanswered.
+    pub(super) fn upstream_gone(&mut self) {
+        self.judge_all(Ending::UpstreamGone);
+    }
+
+    fn judge_all(&mut self, ending: Ending<'_>) {
+        let now = Instant::now();
+        for t in std::mem::take(&mut self.pending) {
+            let verdict = policy::judge(&t.read(), ending, now);
+            self.apply_verdict(t, verdict, now);
+        }
+    }
+
+    /// Carries out a verdict; returns true when a resend went out in place of the reply.
+    fn apply_verdict(&mut self, t: Tracked, verdict: Verdict<'_>, now: Instant) -> bool {
+        match verdict {
+            Verdict::Success => {
+                self.shared.breakers.record_success(&t.ns, t.probe, now);
+                false
+            }
+            Verdict::Fail {
+                failure,
+                out_of_time,
+            } => {
+                self.count_failure(&t, &failure, now);
+                if out_of_time {
+                    tracing::info!(ns = %t.ns, "no time left to retry, returning the error");
+                }
+                false
+            }
+            Verdict::Retry { failure, spec } => {
+                self.count_failure(&t, &failure, now);
+                self.resend(t, &failure, &spec)
+            }
+            Verdict::Ignore(Ignored::Retried {
+                trigger: Some(code),
+            }) => {
+                // Whatever the resend got goes to the client.
+                tracing::info!(ns = %t.ns, command = %t.command, code, "resend failed too; returning its error");
+                false
+            }
+            Verdict::Ignore(Ignored::Unreadable {
+                release_probe: true,
+            }) => {
+                self.shared.breakers.release_probe(&t.ns);
+                false
+            }
+            Verdict::Ignore(_) => false,
+        }
+    }
+
+    /// A failure for `t`'s breaker: logged, counted in the trigger-error metric, recorded.
+    fn count_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
+        let (ns, command) = (&t.ns, &t.command);
+        match failure.evidence {
+            Evidence::Code { code, code_name } => {
+                let elapsed_ms = now.saturating_duration_since(t.started).as_millis() as u64;
+                tracing::info!(ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
+            }
+            Evidence::Slow { elapsed, .. } => {
+                tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
+            }
+            Evidence::ClientGaveUp { waited } => {
+                tracing::info!(ns = %ns, command = %command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
+            }
+        }
+        self.shared
+            .metrics
+            .trigger_error(ns, &failure.evidence.label());
+        let what = failure.evidence.to_string();
+        self.shared
+            .breakers
+            .record_failure(ns, &t.policy, failure.reason, &what, t.probe, now);
+    }
+
+    /// Sends `t` again rewritten by `spec` (from the request opened on arrival); false when
+    /// the rewrite fails and the error goes to the client instead.
+    fn resend(&mut self, mut t: Tracked, failure: &Failure<'_>, spec: &RewriteSpec) -> bool {
+        let code = match failure.evidence {
+            Evidence::Code { code, .. } => Some(code),
+            _ => None,
+        };
+        match rewrite::rewrite(&t.original, spec, self.config.max_message_size) {
+            Ok(out) => {
+                tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
+                self.shared.metrics.rewrite(&t.ns, "retry");
+                t.retried = true;
+                t.probe = false;
+                self.pending.push(t);
+                self.to_upstream.push(out);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(ns = %t.ns, error = %e, "cannot rewrite for retry, returning the error");
+                false
+            }
+        }
+    }
+
+    fn send_to_client(&mut self, reply: Reply) {
+        let more = reply.more_to_come();
+        self.streaming = more;
+        if !more {
+            self.outstanding = self.outstanding.saturating_sub(1);
+        }
+        self.to_client.push(reply.into_frame());
+    }
+}

@@ -1,0 +1,202 @@
+//! The tick: every `TICK`, judge the passive signal of every upstream, then act
+//! (`on_write_stall`).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    lock, passive_stalled, Ctx, Evidence, Observation, PassiveSample, SignalKind, StallWatch,
+    UpstreamWrites, TICK,
+};
+use crate::config::{Config, Mode, StallAction};
+use crate::metrics::{UpstreamLabel, UpstreamResult};
+
+pub(super) async fn tick(shared: Ctx, stop: CancellationToken) {
+    let mut every = tokio::time::interval(TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let config = shared.config.load_full();
+        judge_passive(&shared, &config, Instant::now());
+        act(&shared, &config, Instant::now());
+    }
+}
+
+/// The passive signal of every upstream, judged now.
+fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
+    let watch = &shared.stall;
+    let m = &shared.metrics.stall;
+    if !config.stall.passive {
+        watch.retain(&shared.metrics, SignalKind::Passive, |_| false);
+        return;
+    }
+    watch.upstreams.retain(|addr, _| {
+        let keep = config.upstreams.contains(addr);
+        if !keep {
+            let label = UpstreamLabel {
+                upstream: addr.clone(),
+            };
+            m.writes_in_flight.remove(&label);
+            m.oldest_write.remove(&label);
+        }
+        keep
+    });
+    watch.retain(&shared.metrics, SignalKind::Passive, |t| {
+        config.upstreams.iter().any(|u| u == t)
+    });
+    for addr in &config.upstreams {
+        let up = watch.upstream(addr);
+        let s = up.sample(watch.clock(now));
+        export_passive(shared, addr, &up, &s);
+        let mut eval = lock(&up.eval);
+        let stalled = passive_stalled(&s, config.stall.stall_after, config.stall.min_in_flight);
+        let raised = if eval.raised {
+            // Only a completed write clears it: clients giving up is not progress.
+            s.completed == eval.completed_at_raise
+        } else {
+            stalled
+        };
+        if raised && !eval.raised {
+            eval.completed_at_raise = s.completed;
+        }
+        eval.raised = raised;
+        drop(eval);
+        let since = passive_since(watch, &s, now);
+        watch.update(
+            &shared.metrics,
+            SignalKind::Passive,
+            addr,
+            &format!("upstream {addr}"),
+            Observation {
+                raised,
+                since,
+                summary: passive_summary(&s, config.stall.stall_after),
+                evidence: Evidence {
+                    writes_in_flight: Some(s.in_flight),
+                    oldest_write_seconds: s.oldest_age.map(|d| d.as_secs_f64()),
+                    last_completion_seconds_ago: s.since_completion.map(|d| d.as_secs_f64()),
+                    writes_completed: Some(s.completed),
+                    writes_abandoned: Some(s.abandoned),
+                    ..Evidence::default()
+                },
+            },
+        );
+    }
+}
+
+/// When writes stopped completing: the last completion, or the oldest waiting write if it
+/// came later.
+fn passive_since(watch: &StallWatch, s: &PassiveSample, now: Instant) -> Instant {
+    let last = s.since_completion.map(|d| now - d.min(now - watch.epoch));
+    let oldest = s.oldest_age.map(|d| now - d.min(now - watch.epoch));
+    match (last, oldest) {
+        (Some(a), Some(b)) => a.max(b),
+        (a, b) => a.or(b).unwrap_or(now),
+    }
+}
+
+fn passive_summary(s: &PassiveSample, stall_after: Duration) -> String {
+    let waiting = match (s.in_flight, s.oldest_age) {
+        (0, _) => "no write waiting".to_string(),
+        (n, Some(a)) => format!(
+            "{n} write{} waiting, the oldest for {:.1} s",
+            if n == 1 { "" } else { "s" },
+            a.as_secs_f64()
+        ),
+        (n, None) => format!("{n} writes waiting"),
+    };
+    let done = match s.since_completion {
+        None => "none completed yet".to_string(),
+        Some(d) if d >= stall_after => format!("none completed for {:.1} s", d.as_secs_f64()),
+        Some(d) => format!("last completed {:.1} s ago", d.as_secs_f64()),
+    };
+    let left = if s.abandoned > 0 {
+        format!("; {} abandoned by clients that gave up", s.abandoned)
+    } else {
+        String::new()
+    };
+    format!("{waiting}; {done}{left}")
+}
+
+fn export_passive(shared: &Ctx, addr: &str, up: &UpstreamWrites, s: &PassiveSample) {
+    let m = &shared.metrics.stall;
+    let label = UpstreamLabel {
+        upstream: addr.to_string(),
+    };
+    m.writes_in_flight
+        .get_or_create(&label)
+        .set(i64::from(s.in_flight));
+    m.oldest_write
+        .get_or_create(&label)
+        .set(s.oldest_age.map_or(0.0, |d| d.as_secs_f64()));
+    let mut eval = lock(&up.eval);
+    for (i, (result, now)) in [
+        ("completed", s.completed),
+        ("failed", s.failed),
+        ("abandoned", s.abandoned),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let delta = now.saturating_sub(eval.exported[i]);
+        if delta > 0 || eval.exported[i] == 0 {
+            m.write_replies
+                .get_or_create(&UpstreamResult {
+                    upstream: addr.to_string(),
+                    result,
+                })
+                .inc_by(delta);
+        }
+        eval.exported[i] = now;
+    }
+}
+
+/// `on_write_stall`: holds fallback breakers open while any signal is raised; releases
+/// them into an ordinary cooldown when every signal has cleared.
+fn act(shared: &Ctx, config: &Config, now: Instant) {
+    let watch = &shared.stall;
+    let raised = watch.first_raised();
+    let acting = config.stall.on_write_stall == StallAction::OpenFallbackBreakers;
+    match raised {
+        Some(signal) if acting => {
+            let why = signal
+                .headline()
+                .unwrap_or_else(|| "write stall suspected".to_string());
+            let why = format!("write stall suspected: {why}");
+            let exact = config
+                .policy
+                .entries()
+                .iter()
+                .filter(|p| p.mode == Mode::Fallback && !p.pattern.ends_with('*'))
+                .map(|p| p.pattern.clone());
+            let with_breaker = shared.breakers.snapshot().into_iter().filter_map(|b| {
+                let fallback =
+                    b.ns.split_once('.')
+                        .and_then(|(db, coll)| config.policy.lookup(db, coll))
+                        .is_some_and(|p| p.mode == Mode::Fallback);
+                (fallback && !b.held).then_some(b.ns)
+            });
+            let namespaces: Vec<String> = exact.chain(with_breaker).collect();
+            shared
+                .breakers
+                .hold_fallback(namespaces.iter().map(String::as_str), &why, now);
+            if !watch.holding.swap(true, Ordering::SeqCst) {
+                tracing::warn!(
+                    action = "open_fallback_breakers",
+                    "write stall: holding the breakers of fallback namespaces open"
+                );
+            }
+        }
+        _ => {
+            if watch.holding.swap(false, Ordering::SeqCst) {
+                shared.breakers.end_hold(now);
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The small handles of state that several tasks share, defined low so that whoever needs
+//! one is given it: the live config with its generation, the id counters, and the runtime
+//! facts `/status` shows (start time, listening address, last config load).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+use arc_swap::{ArcSwap, Guard};
+
+use crate::config::Config;
+
+/// The config in force, swapped whole on reload. Readers take an `Arc` of it (or a
+/// short-lived guard); a session keeps its own copy and re-reads only when the generation
+/// moved.
+#[derive(Debug)]
+pub struct LiveConfig {
+    config: ArcSwap<Config>,
+    /// Bumped after every swap (a relaxed load of a read-mostly word, instead of a shared
+    /// refcount per request).
+    generation: AtomicU64,
+}
+
+impl LiveConfig {
+    pub fn new(config: Arc<Config>) -> LiveConfig {
+        LiveConfig {
+            config: ArcSwap::new(config),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// A short-lived view of the config in force.
+    pub fn load(&self) -> Guard<Arc<Config>> {
+        self.config.load()
+    }
+
+    /// The config in force, to keep.
+    pub fn load_full(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Changes whenever the config is swapped.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Swaps in a new config; sessions pick it up from their next request.
+    pub fn swap(&self, config: Arc<Config>) {
+        self.config.store(config);
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Ids the proxy hands out: connection ids (for logs) and requestIDs of the messages it
+/// originates (error replies, health checks).
+#[derive(Debug)]
+pub struct Ids {
+    next_conn: AtomicU64,
+    next_request_id: AtomicI32,
+}
+
+impl Default for Ids {
+    fn default() -> Self {
+        Ids {
+            next_conn: AtomicU64::new(1),
+            next_request_id: AtomicI32::new(1),
+        }
+    }
+}
+
+impl Ids {
+    /// The id of a new client connection.
+    pub fn next_conn(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A requestID for a message the proxy originates.
+    pub fn request_id(&self) -> i32 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX
+    }
+}
+
+/// The outcome of the last config load, for `/status`.
+#[derive(Debug, Clone)]
+pub struct ReloadStatus {
+    pub ok: bool,
+    /// `start`, `signal`, `file`, `api`.
+    pub trigger: String,
+    pub at: SystemTime,
+    /// Errors (`file:line: key: message`) when not ok; warnings when ok.
+    pub messages: Vec<String>,
+}
+
+impl ReloadStatus {
+    pub fn started() -> ReloadStatus {
+        ReloadStatus {
+            ok: true,
+            trigger: "start".to_string(),
+            at: SystemTime::now(),
+            messages: Vec::new(),
+        }
+    }
+}
+
+/// Facts about this running proxy that the admin endpoint reports.
+#[derive(Debug)]
+pub struct Runtime {
+    /// When this proxy started (wall clock).
+    pub started: SystemTime,
+    /// The address clients connect to, once bound.
+    local_addr: OnceLock<SocketAddr>,
+    reload_status: Mutex<ReloadStatus>,
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime {
+            started: SystemTime::now(),
+            local_addr: OnceLock::new(),
+            reload_status: Mutex::new(ReloadStatus::started()),
+        }
+    }
+}
+
+impl Runtime {
+    /// The address clients connect to, once bound.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local_addr.get().copied()
+    }
+
+    /// Records the bound address (once; later calls change nothing).
+    pub fn set_local_addr(&self, addr: SocketAddr) {
+        let _ = self.local_addr.set(addr);
+    }
+
+    /// The outcome of the last config load.
+    pub fn reload_status(&self) -> ReloadStatus {
+        self.reload_status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_reload_status(&self, s: ReloadStatus) {
+        *self.reload_status.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+}
