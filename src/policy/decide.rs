@@ -468,7 +468,7 @@ mod tests {
         let mut ping = rawdoc! {"ping": 1, "$db": "demo"};
         ping.append(bson::raw::cstr!("ping"), 1);
         assert_eq!(
-            run(&ping, Admission::Closed).map(|(ns, d)| (ns, d)),
+            run(&ping, Admission::Closed),
             Some((
                 "demo.$cmd".to_string(),
                 Decision::Refuse(Refusal::Duplicate("ping"))
