@@ -7,6 +7,7 @@
 //! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
 //! judge     the reply side: how a tracked read ended (+ the time) → Verdict
+//! legacy    OP_QUERY on databases with governed namespaces → refusal (OP_REPLY)
 //! ```
 //!
 //! Everything here is a pure function over values: no I/O, no shared state, the clock passed
@@ -15,13 +16,17 @@
 
 mod decide;
 mod judge;
+mod legacy;
 mod outcome;
 mod reason;
 mod table;
 
-pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Target};
+pub use decide::{capped_max_time, decide, resolve, Decision, ReadKind, Refusal, Target};
 pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Verdict};
-pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
+pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
+pub use outcome::{
+    apply_dry_run, fail_fast_reply, legacy_refusal_reply, refusal_reply, rewrite_spec, ErrorReply,
+};
 pub use reason::{Admission, Reason};
 pub use table::{
     Causal, Mode, NsPolicy, PolicyTable, DEFAULT_MIN_CONNECTIONS, DEFAULT_MIN_WAIT,

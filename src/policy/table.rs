@@ -347,6 +347,30 @@ impl PolicyTable {
         self.find(db, coll).map(|i| &self.entries[i])
     }
 
+    /// The fallback or strict entry that can govern some namespace of database `db` (strict
+    /// ones first, then file order); with `strict_only`, strict entries alone. `None` when
+    /// every pattern that can match in `db` is passthrough, or none can. A `*` pattern counts
+    /// unless a `db.*` pattern shadows it. Not on the per-read path: it walks `db`'s rules.
+    pub fn acting_in_db(&self, db: &str, strict_only: bool) -> Option<&Arc<NsPolicy>> {
+        let rules = self.dbs.get(db);
+        let own = rules.into_iter().flat_map(|r| {
+            r.exact
+                .values()
+                .chain(r.prefixes.iter().map(|(_, i)| i))
+                .chain(r.whole.iter())
+        });
+        let all = self.all.filter(|_| rules.is_none_or(|r| r.whole.is_none()));
+        own.copied()
+            .chain(all)
+            .filter(|&i| match self.entries[i].mode {
+                Mode::Strict => true,
+                Mode::Fallback => !strict_only,
+                Mode::Passthrough => false,
+            })
+            .min_by_key(|&i| (self.entries[i].mode != Mode::Strict, i))
+            .map(|i| &self.entries[i])
+    }
+
     /// Every entry, in file order.
     pub fn entries(&self) -> &[Arc<NsPolicy>] {
         &self.entries
@@ -396,6 +420,34 @@ mod tests {
         ] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn acting_in_db() {
+        let t = PolicyTable::from_policies(vec![
+            NsPolicy::with_defaults("demo.inv", Mode::Fallback),
+            NsPolicy::with_defaults("demo.secret*", Mode::Strict),
+            NsPolicy::with_defaults("open.*", Mode::Passthrough),
+            NsPolicy::with_defaults("side.x", Mode::Passthrough),
+            NsPolicy::with_defaults("*", Mode::Fallback),
+        ])
+        .expect("table");
+        let pat = |db: &str, strict: bool| t.acting_in_db(db, strict).map(|p| p.pattern.as_str());
+        assert_eq!(pat("demo", false), Some("demo.secret*"), "strict first");
+        assert_eq!(pat("demo", true), Some("demo.secret*"));
+        // `open.*` shadows `*` for every collection of `open`.
+        assert_eq!(pat("open", false), None);
+        // `side.x` is passthrough, but `*` still covers the other collections of `side`.
+        assert_eq!(pat("side", false), Some("*"));
+        assert_eq!(pat("side", true), None);
+        assert_eq!(pat("elsewhere", false), Some("*"));
+        let none = PolicyTable::from_policies(vec![NsPolicy::with_defaults("pay.*", Mode::Strict)])
+            .expect("table");
+        assert_eq!(none.acting_in_db("demo", false).map(|p| p.mode), None);
+        assert_eq!(
+            none.acting_in_db("pay", true).map(|p| p.mode),
+            Some(Mode::Strict)
+        );
     }
 
     #[test]

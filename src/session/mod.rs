@@ -57,6 +57,26 @@ pub enum SessionError {
     UpstreamIo(std::io::Error),
 }
 
+impl SessionError {
+    /// The client just went away: a reset or a broken pipe (Node.js's `client.close()`
+    /// resets its sockets), or a stream cut without a TLS close_notify between two messages
+    /// (`at_message_boundary`: nothing of a next message had arrived). Such an end is logged
+    /// like a clean close, not as a warning.
+    pub fn is_client_close(&self, at_message_boundary: bool) -> bool {
+        use std::io::ErrorKind;
+        let SessionError::ClientIo(e) = self else {
+            return false;
+        };
+        match e.kind() {
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+                true
+            }
+            ErrorKind::UnexpectedEof => at_message_boundary,
+            _ => false,
+        }
+    }
+}
+
 pub struct Session {
     shared: Arc<Handles>,
     /// The config as of the current request (reloads apply from the next request on).
@@ -288,5 +308,31 @@ fn upstream_err(e: FrameError) -> SessionError {
     match e {
         FrameError::Wire(w) => SessionError::UpstreamProtocol(w),
         FrameError::Io(io) => SessionError::UpstreamIo(io),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::WireError;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_client_going_away_is_a_normal_close() {
+        let client = |kind| SessionError::ClientIo(Error::new(kind, "x"));
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::BrokenPipe,
+        ] {
+            assert!(client(kind).is_client_close(false), "{kind:?}");
+        }
+        assert!(client(ErrorKind::UnexpectedEof).is_client_close(true));
+        // Cut in the middle of a message, or any other failure: worth a warning.
+        assert!(!client(ErrorKind::UnexpectedEof).is_client_close(false));
+        assert!(!client(ErrorKind::Other).is_client_close(true));
+        assert!(!SessionError::ClientProtocol(WireError::Truncated("x")).is_client_close(true));
+        let upstream = SessionError::UpstreamIo(Error::new(ErrorKind::ConnectionReset, "x"));
+        assert!(!upstream.is_client_close(true));
     }
 }

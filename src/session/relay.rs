@@ -50,7 +50,7 @@ impl Session {
     {
         if let Some(first) = first {
             if let Err(e) = self.on_request(first) {
-                self.finish(Err(e));
+                self.finish(Err(e), true);
                 return self.close(&mut cw, &mut uw).await;
             }
         }
@@ -136,7 +136,7 @@ impl Session {
                 break Err(e);
             }
         };
-        self.finish(end);
+        self.finish(end, cr.read_buffer().is_empty());
         self.close(&mut cw, &mut uw).await;
     }
 
@@ -182,13 +182,17 @@ impl Session {
     }
 
     /// Logs why the session ended and adds its last counts to the shared metrics.
-    fn finish(&mut self, end: Result<&str, SessionError>) {
+    /// `at_message_boundary`: no part of a next request had arrived.
+    fn finish(&mut self, end: Result<&str, SessionError>, at_message_boundary: bool) {
         if !self.writes.is_empty() {
             // Not progress: the watch notes it, nothing clears on it.
             self.writes.abandon();
         }
         match end {
             Ok(why) => tracing::debug!(reason = why, "session closed"),
+            Err(e) if e.is_client_close(at_message_boundary) => {
+                tracing::debug!(error = %e, "session closed: client went away")
+            }
             Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
                 tracing::warn!(error = %e, "closing client")
             }

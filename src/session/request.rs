@@ -22,8 +22,10 @@ enum Gate {
     Pass { expects_reply: bool },
     /// A write the write-stall watch follows, then forwarded untouched.
     Write,
-    /// A read a policy may govern.
+    /// A command a policy may govern (every command but the writes).
     Read,
+    /// A legacy OP_QUERY refused on a database with governed namespaces.
+    Legacy(policy::LegacyRefusal),
 }
 
 /// A governed request, with what was decided about it.
@@ -50,6 +52,7 @@ impl Session {
                 self.pass(req.into_frame(), true);
             }
             Gate::Read => self.govern(req)?,
+            Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
         }
         Ok(())
     }
@@ -68,9 +71,16 @@ impl Session {
         if let Some(gate) = self.gate_compressed(req, policy_active, watch_writes)? {
             return Ok(gate);
         }
-        req.inflate(self.config.max_message_size)
-            .map_err(SessionError::ClientProtocol)?;
+        let max = self.config.max_message_size;
+        req.inflate(max).map_err(SessionError::ClientProtocol)?;
         if !req.is_command() {
+            // A legacy opcode, or OP_COMPRESSED wrapping one (not decompressed by `inflate`).
+            if policy_active {
+                let judged = policy::judge_op_query(req.frame(), &self.config.policy, max);
+                if let Some(r) = judged.map_err(SessionError::ClientProtocol)? {
+                    return Ok(Gate::Legacy(r));
+                }
+            }
             return Ok(Gate::Pass {
                 expects_reply: true,
             });
@@ -82,11 +92,9 @@ impl Session {
         }
         Ok(match req.command_name() {
             Ok(Some(name)) if watch_writes && stall::is_write_command(name) => Gate::Write,
-            Ok(Some(name))
-                if policy_active && (command::is_read_command(name) || name == "explain") =>
-            {
-                Gate::Read
-            }
+            // Every other command: a repeated policy-relevant field or a client's own
+            // `available` is refused whatever the command (see `policy::resolve`).
+            Ok(Some(name)) if policy_active && !stall::is_write_command(name) => Gate::Read,
             Ok(_) => Gate::Pass {
                 expects_reply: true,
             },
@@ -95,7 +103,7 @@ impl Session {
     }
 
     /// A compressed request's gate from the first few hundred decompressed bytes: only a
-    /// read some policy may govern is decompressed whole (a small message declaring tens of
+    /// command some policy may act on is decompressed whole (a small message declaring tens of
     /// megabytes must not cost that much work to be told apart). `None`: open it whole.
     fn gate_compressed(
         &self,
@@ -117,7 +125,10 @@ impl Session {
             Gate::Pass { expects_reply }
         } else if watch_writes && stall::is_write_command(name) {
             Gate::Write
-        } else if policy_active && (command::is_read_command(name) || name == "explain") {
+        } else if policy_active {
+            // Every non-write command is classified under an acting policy (a repeated
+            // policy-relevant field or a client's own `available` is refused whatever the
+            // command), so it is opened whole, as uncompressed ones are.
             return Ok(None);
         } else {
             Gate::Pass { expects_reply }
@@ -178,7 +189,7 @@ impl Session {
     }
 
     /// Carries out a decision.
-    fn apply(&mut self, decision: Decision, g: Governed<'_, '_>) {
+    fn apply(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
         let Governed {
             req,
             info,
@@ -209,10 +220,10 @@ impl Session {
                 tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(req.request_id(), &reply);
             }
-            Decision::Refuse => {
-                let reply = policy::refusal_reply(ns);
+            Decision::Refuse(why) => {
+                let reply = policy::refusal_reply(ns, why);
                 self.counters.refusal(&self.shared.metrics, ns);
-                tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
+                tracing::debug!(ns = %ns, command = info.name, code = reply.code, why = ?why, "refused");
                 self.reply_error(req.request_id(), &reply);
             }
         }
@@ -308,6 +319,14 @@ impl Session {
             }
         }
         self.to_upstream.push(msg);
+    }
+
+    /// Answers legacy OP_QUERY `request_id` with the OP_REPLY of `refusal`, sending nothing.
+    fn refuse_legacy(&mut self, request_id: i32, refusal: &policy::LegacyRefusal) {
+        self.counters.refusal(&self.shared.metrics, &refusal.ns);
+        tracing::debug!(ns = %refusal.ns, code = refusal.reply.code, "refused: legacy OP_QUERY on a database with governed namespaces");
+        let out = refusal.to_message(self.shared.ids.request_id(), request_id);
+        self.to_client.push(out);
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.
