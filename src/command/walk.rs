@@ -41,16 +41,30 @@ impl<'a> Walk<'a, '_> {
                 continue;
             };
             // A stage is exactly one field (the server rejects more); a repeated stage name
-            // is a duplicate, another field makes the stage unreadable.
-            if let Some(extra) = fields.next_elem()? {
-                if extra.key == spec.key {
-                    let name = scan::key_str(spec.key)?;
-                    self.info.duplicate.get_or_insert(name);
-                } else {
-                    self.opaque();
-                }
+            // is a duplicate, another field makes the stage unreadable. The common case is
+            // told by the offsets alone: the first field ends at the document's final NUL.
+            if spec.end + 1 < stage.value.len() {
+                self.extra_stage_field(&spec, &mut fields)?;
             }
             self.stage(&spec, depth)?;
+        }
+        Ok(())
+    }
+
+    /// A stage document with a field after `spec` (the rest in `fields`).
+    #[cold]
+    fn extra_stage_field(
+        &mut self,
+        spec: &Elem<'a>,
+        fields: &mut Elements<'a>,
+    ) -> Result<(), ClassifyError> {
+        while let Some(extra) = fields.next_elem()? {
+            if extra.key == spec.key {
+                let name = scan::key_str(spec.key)?;
+                self.info.duplicate.get_or_insert(name);
+            } else {
+                self.opaque();
+            }
         }
         Ok(())
     }
