@@ -12,13 +12,27 @@
 //!
 //! Every transition is logged and counted here, by the method that makes it; callers get
 //! the transition back only to look at it.
+//!
+//! Evidence a client cannot fake: each trigger error comes with the id of the client
+//! connection whose read met it. A connection counts at most `per_connection` errors within
+//! `window`, and the breaker opens only when `threshold` counted errors within `window` come
+//! from at least `min_connections` connections (a failed half-open probe re-opens it alone:
+//! the breaker already opened on such evidence). The window keeps at most
+//! `max(threshold, min_connections * per_connection)` entries, so memory is bounded.
+//!
+//! The map holds at most `max` breakers, exactly: a slot is reserved before a breaker is
+//! inserted. When it is full, the closed breaker (not held) idle the longest is evicted to
+//! make room; open, half-open and held breakers are never evicted.
 
 mod hold;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dashmap::mapref::entry::Entry;
+use dashmap::mapref::one::RefMut;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
@@ -64,8 +78,11 @@ pub struct Transition {
 #[derive(Debug)]
 struct Breaker {
     state: State,
-    /// Trigger errors inside the window, oldest first (at most `threshold` kept).
-    errors: VecDeque<Instant>,
+    /// Counted trigger errors inside the window, oldest first, with the client connection
+    /// each came from (at most `max(threshold, min_connections * per_connection)` kept).
+    errors: VecDeque<(Instant, u64)>,
+    /// The last error counted or refused, or the creation: how long it has been idle.
+    last_seen: Instant,
     opened_at: Instant,
     reason: Reason,
     /// When the half-open probe was let through, if one is out.
@@ -85,6 +102,7 @@ impl Breaker {
         Breaker {
             state: State::Closed,
             errors: VecDeque::new(),
+            last_seen: now,
             opened_at: now,
             reason: Reason::StaleRouting,
             probe_since: None,
@@ -124,6 +142,98 @@ impl Breaker {
         self.probe_since = None;
         self.move_to(State::Open, why, now)
     }
+
+    /// What an eligible read meets now. `Instant + cooldown` is checked: a deadline past
+    /// the clock's range is never reached.
+    /// An opening lasts [`Breaker::cooldown`]; a probe that never reports is given up
+    /// after the full `cooldown`.
+    fn waiting(&self, policy: &NsPolicy, now: Instant) -> Wait {
+        let until = |from: Instant, cooldown: Duration| match from.checked_add(cooldown) {
+            Some(at) if now >= at => Wait::Probe,
+            Some(at) => Wait::For(at - now),
+            None => Wait::For(cooldown),
+        };
+        match self.state {
+            State::Closed => Wait::Closed,
+            // Unknown while held: the cooldown starts when the write stall clears.
+            State::Open if self.held => Wait::For(policy.cooldown),
+            State::Open => until(self.opened_at, self.cooldown(policy)),
+            State::HalfOpen => match self.probe_since {
+                Some(since) => until(since, policy.cooldown),
+                None => Wait::Probe,
+            },
+        }
+    }
+
+    fn admission(&self, probe_in: Duration) -> Admission {
+        Admission::Open {
+            reason: self.reason,
+            probe_in,
+            errors: self.errors.len() as u32,
+        }
+    }
+
+    /// Counts a trigger error from connection `conn` unless that connection already
+    /// counted `per_connection` within the window; false when it was not counted.
+    fn count(&mut self, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
+        self.last_seen = now;
+        let window = policy.window;
+        while self
+            .errors
+            .front()
+            .is_some_and(|&(t, _)| now.saturating_duration_since(t) > window)
+        {
+            self.errors.pop_front();
+        }
+        let from_conn = self.errors.iter().filter(|&&(_, c)| c == conn).count();
+        if from_conn >= policy.per_connection.max(1) as usize {
+            return false;
+        }
+        self.errors.push_back((now, conn));
+        while self.errors.len() > keep(policy) {
+            self.errors.pop_front();
+        }
+        true
+    }
+
+    /// The window holds enough to open: `threshold` errors from `min_connections`
+    /// connections.
+    fn enough(&self, policy: &NsPolicy) -> bool {
+        self.errors.len() >= policy.threshold as usize
+            && distinct_at_least(&self.errors, policy.min_connections as usize)
+    }
+}
+
+/// The window entries a breaker keeps: enough to hold `threshold` errors, and (as each
+/// connection holds at most `per_connection`) enough to hold `min_connections` connections.
+fn keep(policy: &NsPolicy) -> usize {
+    let per_conns = policy.min_connections as usize * policy.per_connection.max(1) as usize;
+    (policy.threshold.max(1) as usize).max(per_conns)
+}
+
+/// At least `n` distinct connections among `errors` (n is at most `MAX_MIN_CONNECTIONS`).
+fn distinct_at_least(errors: &VecDeque<(Instant, u64)>, n: usize) -> bool {
+    let mut seen = [0u64; crate::policy::MAX_MIN_CONNECTIONS as usize];
+    let mut found = 0;
+    for &(_, conn) in errors {
+        if found >= n {
+            break;
+        }
+        if !seen[..found].contains(&conn) && found < seen.len() {
+            seen[found] = conn;
+            found += 1;
+        }
+    }
+    found >= n
+}
+
+/// What a breaker lets an eligible read do now.
+enum Wait {
+    Closed,
+    /// Act as open; a probe is let through in this long.
+    For(Duration),
+    /// The cooldown is over: this read may be the probe.
+    Probe,
 }
 
 /// The cooldown after `step` failed probes: `min_cooldown` doubled `step` times, at most
@@ -167,12 +277,15 @@ impl Snapshot {
     }
 }
 
-/// All breakers. Bounded: past `max` namespaces, new ones are not tracked (they behave as
-/// closed), so a flood of random names cannot grow memory.
+/// All breakers. Bounded exactly by `max`: when full, the closed breaker idle the longest
+/// makes room; when every breaker is open or held, a new namespace is not tracked (behaves
+/// as closed). A flood of random names can neither grow memory nor keep new namespaces out.
 #[derive(Debug)]
 pub struct Breakers {
     map: DashMap<String, Breaker>,
     max: usize,
+    /// Slots taken in `map` (reserved before an insert, so the bound is exact).
+    taken: AtomicUsize,
     /// Where transitions are counted (`breaker_state`).
     metrics: Arc<Metrics>,
     /// While the write-stall watch holds fallback breakers open: why (see `hold`).
@@ -198,6 +311,7 @@ impl Breakers {
         Breakers {
             map: DashMap::new(),
             max,
+            taken: AtomicUsize::new(0),
             metrics,
             hold: Mutex::new(None),
         }
@@ -236,25 +350,10 @@ impl Breakers {
             let Some(b) = self.map.get(ns) else {
                 return (Admission::Closed, None);
             };
-            let open = |probe_in| Admission::Open {
-                reason: b.reason,
-                probe_in,
-                errors: b.errors.len() as u32,
-            };
-            match b.state {
-                State::Closed => return (Admission::Closed, None),
-                // Unknown while held: the cooldown starts when the write stall clears.
-                State::Open if b.held => return (open(policy.cooldown), None),
-                State::Open if now < b.opened_at + b.cooldown(policy) => {
-                    return (open(b.opened_at + b.cooldown(policy) - now), None)
-                }
-                State::HalfOpen => match b.probe_since {
-                    Some(since) if now < since + policy.cooldown => {
-                        return (open(since + policy.cooldown - now), None)
-                    }
-                    _ => {}
-                },
-                State::Open => {}
+            match b.waiting(policy, now) {
+                Wait::Closed => return (Admission::Closed, None),
+                Wait::For(probe_in) => return (b.admission(probe_in), None),
+                Wait::Probe => {}
             }
         }
         // Something changes: take the write lock and decide again (another session may have
@@ -262,61 +361,32 @@ impl Breakers {
         let Some(mut b) = self.map.get_mut(ns) else {
             return (Admission::Closed, None);
         };
-        match b.state {
-            State::Closed => (Admission::Closed, None),
-            State::Open if b.held => (
-                Admission::Open {
-                    reason: b.reason,
-                    // Unknown: the cooldown starts when the write stall clears.
-                    probe_in: policy.cooldown,
-                    errors: b.errors.len() as u32,
-                },
-                None,
-            ),
-            State::Open => {
-                let reopen = b.opened_at + b.cooldown(policy);
-                if now >= reopen {
-                    let why = if b.early {
-                        "write stall cleared: early probe"
-                    } else {
-                        "cooldown elapsed"
-                    };
-                    b.early = false;
-                    let t = b.move_to(State::HalfOpen, why.into(), now);
-                    b.probe_since = Some(now);
-                    (Admission::Probe, Some(t))
+        match b.waiting(policy, now) {
+            Wait::Closed => (Admission::Closed, None),
+            Wait::For(probe_in) => (b.admission(probe_in), None),
+            Wait::Probe if b.state == State::Open => {
+                let why = if b.early {
+                    "write stall cleared: early probe"
                 } else {
-                    let errors = b.errors.len() as u32;
-                    (
-                        Admission::Open {
-                            reason: b.reason,
-                            probe_in: reopen - now,
-                            errors,
-                        },
-                        None,
-                    )
-                }
+                    "cooldown elapsed"
+                };
+                b.early = false;
+                let t = b.move_to(State::HalfOpen, why.into(), now);
+                b.probe_since = Some(now);
+                (Admission::Probe, Some(t))
             }
-            State::HalfOpen => match b.probe_since {
-                // A probe that never reported (its client vanished without us noticing) is
-                // given up after one cooldown, so the breaker cannot stick half-open.
-                Some(since) if now < since + policy.cooldown => (
-                    Admission::Open {
-                        reason: b.reason,
-                        probe_in: since + policy.cooldown - now,
-                        errors: b.errors.len() as u32,
-                    },
-                    None,
-                ),
-                _ => {
-                    b.probe_since = Some(now);
-                    (Admission::Probe, None)
-                }
-            },
+            // A probe that never reported (its client vanished without us noticing) is
+            // given up after one cooldown, so the breaker cannot stick half-open.
+            Wait::Probe => {
+                b.probe_since = Some(now);
+                (Admission::Probe, None)
+            }
         }
     }
 
-    /// Counts a trigger error on `ns`. `probe` says the request was the half-open probe.
+    /// Counts a trigger error on `ns`, met by a read of client connection `conn`. `probe`
+    /// says the request was the half-open probe.
+    #[allow(clippy::too_many_arguments)]
     pub fn record_failure(
         &self,
         ns: &str,
@@ -324,12 +394,14 @@ impl Breakers {
         reason: Reason,
         what: &str,
         probe: bool,
+        conn: u64,
         now: Instant,
     ) -> Option<Transition> {
-        let t = self.count_failure(ns, policy, reason, what, probe, now);
+        let t = self.count_failure(ns, policy, reason, what, probe, conn, now);
         self.report(ns, t)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn count_failure(
         &self,
         ns: &str,
@@ -337,53 +409,95 @@ impl Breakers {
         reason: Reason,
         what: &str,
         probe: bool,
+        conn: u64,
         now: Instant,
     ) -> Option<Transition> {
-        let mut b = match self.map.get_mut(ns) {
-            Some(b) => b,
-            None => {
-                if self.map.len() >= self.max {
-                    return None;
-                }
-                self.map
-                    .entry(ns.to_string())
-                    .or_insert_with(|| Breaker::new(now));
-                self.map.get_mut(ns)?
+        let mut b = self.slot(ns, now)?;
+        if b.state == State::HalfOpen && probe {
+            // The probe is one read sent on the breaker's own terms: its failure re-opens.
+            b.count(policy, conn, now);
+            b.step = b.step.saturating_add(1);
+            let next = backoff(policy, b.step);
+            let why = format!(
+                "probe failed: {what}; next probe in {}",
+                humantime::format_duration(next)
+            );
+            return Some(b.open(reason, why, now));
+        }
+        if !b.count(policy, conn, now) {
+            self.metrics.limits.ignored("per_connection");
+            return None;
+        }
+        if b.state != State::Closed || !b.enough(policy) {
+            return None;
+        }
+        b.step = 0;
+        let why = format!(
+            "{} trigger errors within {:?} (last: {what})",
+            b.errors.len(),
+            policy.window
+        );
+        Some(b.open(reason, why, now))
+    }
+
+    /// The breaker of `ns`, created if needed within the bound (see [`Breakers`]); `None`
+    /// when the map is full of breakers that cannot be evicted.
+    fn slot(&self, ns: &str, now: Instant) -> Option<RefMut<'_, String, Breaker>> {
+        loop {
+            if let Some(b) = self.map.get_mut(ns) {
+                return Some(b);
             }
+            if self.reserve() {
+                let b = match self.map.entry(ns.to_string()) {
+                    Entry::Occupied(e) => {
+                        // Created meanwhile by another session: the slot goes back.
+                        self.taken.fetch_sub(1, Ordering::AcqRel);
+                        e.into_ref()
+                    }
+                    Entry::Vacant(v) => v.insert(Breaker::new(now)),
+                };
+                let taken = self.taken.load(Ordering::Acquire);
+                self.metrics.limits.breakers.set(taken as i64);
+                return Some(b);
+            }
+            if !self.evict_idlest() {
+                self.metrics.limits.hit("max_breakers");
+                return None;
+            }
+        }
+    }
+
+    /// Takes one of the `max` slots, if one is free.
+    fn reserve(&self) -> bool {
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Removes the closed, unheld breaker idle the longest; false when there is none.
+    fn evict_idlest(&self) -> bool {
+        let idlest = self
+            .map
+            .iter()
+            .filter(|e| e.state == State::Closed && !e.held)
+            .min_by_key(|e| e.last_seen)
+            .map(|e| e.key().clone());
+        let Some(ns) = idlest else {
+            return false;
         };
-        let window = policy.window;
-        while b
-            .errors
-            .front()
-            .is_some_and(|&t| now.saturating_duration_since(t) > window)
-        {
-            b.errors.pop_front();
+        // Still closed and unheld? (It may have moved since the scan.)
+        let removed = self
+            .map
+            .remove_if(&ns, |_, b| b.state == State::Closed && !b.held);
+        if removed.is_some() {
+            self.taken.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.limits.hit("max_breakers");
+            tracing::debug!(ns = %ns, "breaker map full: idle closed breaker evicted");
         }
-        b.errors.push_back(now);
-        while b.errors.len() > policy.threshold.max(1) as usize {
-            b.errors.pop_front();
-        }
-        match b.state {
-            State::Closed if b.errors.len() >= policy.threshold as usize => {
-                b.step = 0;
-                let why = format!(
-                    "{} trigger errors within {:?} (last: {what})",
-                    b.errors.len(),
-                    window
-                );
-                Some(b.open(reason, why, now))
-            }
-            State::HalfOpen if probe => {
-                b.step = b.step.saturating_add(1);
-                let next = backoff(policy, b.step);
-                let why = format!(
-                    "probe failed: {what}; next probe in {}",
-                    humantime::format_duration(next)
-                );
-                Some(b.open(reason, why, now))
-            }
-            _ => None,
-        }
+        // Either way something changed; the caller tries again.
+        true
     }
 
     /// Reports a read on `ns` that answered without a trigger error.
@@ -461,7 +575,15 @@ impl Breakers {
 
     /// Drops breakers whose namespace no longer has an acting policy (after a reload).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.map.retain(|k, _| keep(k));
+        self.map.retain(|k, _| {
+            let kept = keep(k);
+            if !kept {
+                self.taken.fetch_sub(1, Ordering::AcqRel);
+            }
+            kept
+        });
+        let taken = self.taken.load(Ordering::Acquire);
+        self.metrics.limits.breakers.set(taken as i64);
     }
 }
 
@@ -488,11 +610,146 @@ mod tests {
             attempt_share: 0.5,
             attempt_limit: Some(Duration::from_millis(500)),
             primary_rung: false,
+            min_wait: Duration::from_secs(1),
+            // The transition tests below count errors of one connection; the connection
+            // rules have tests of their own.
+            min_connections: 1,
+            per_connection: 1000,
         }
     }
 
     fn fail(b: &Breakers, p: &NsPolicy, now: Instant, probe: bool) -> Option<Transition> {
-        b.record_failure("demo.inv", p, Reason::StaleRouting, "13388", probe, now)
+        b.record_failure("demo.inv", p, Reason::StaleRouting, "13388", probe, 1, now)
+    }
+
+    fn fail_from(b: &Breakers, p: &NsPolicy, conn: u64, now: Instant) -> Option<Transition> {
+        b.record_failure(
+            "demo.inv",
+            p,
+            Reason::StaleRouting,
+            "13388",
+            false,
+            conn,
+            now,
+        )
+    }
+
+    fn defaults() -> NsPolicy {
+        NsPolicy::with_defaults("demo.inv", Mode::Fallback)
+    }
+
+    #[test]
+    fn one_connection_alone_never_opens() {
+        let b = Breakers::default();
+        let p = defaults();
+        let t0 = Instant::now();
+        for i in 0..50 {
+            assert!(fail_from(&b, &p, 7, t0 + Duration::from_millis(i)).is_none());
+        }
+        assert_eq!(b.state("demo.inv"), State::Closed);
+        // Counted once in the window (per_connection = 1).
+        assert_eq!(b.snapshot()[0].errors_in_window, 1);
+    }
+
+    #[test]
+    fn threshold_errors_from_enough_connections_open() {
+        let b = Breakers::default();
+        let p = defaults();
+        let t0 = Instant::now();
+        // Two connections, each counted once: 2 < threshold 3.
+        assert!(fail_from(&b, &p, 1, t0).is_none());
+        assert!(fail_from(&b, &p, 2, t0).is_none());
+        assert!(fail_from(&b, &p, 2, t0).is_none());
+        let t = fail_from(&b, &p, 3, t0).expect("third connection opens");
+        assert_eq!(t.to, State::Open);
+    }
+
+    #[test]
+    fn per_connection_cap_and_min_connections_together() {
+        let b = Breakers::default();
+        let mut p = defaults();
+        p.per_connection = 3;
+        p.min_connections = 2;
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            assert!(fail_from(&b, &p, 1, t0).is_none(), "one connection");
+        }
+        assert!(
+            fail_from(&b, &p, 2, t0).is_some(),
+            "3 from one + 1 from another"
+        );
+    }
+
+    #[test]
+    fn window_memory_is_bounded_by_the_policy() {
+        let b = Breakers::default();
+        let mut p = defaults();
+        p.min_connections = 100;
+        let t0 = Instant::now();
+        for conn in 0..10_000u64 {
+            fail_from(&b, &p, conn, t0);
+        }
+        // max(threshold 3, 100 connections x 1) entries, not 10,000.
+        assert_eq!(b.snapshot()[0].errors_in_window, 100);
+        assert_eq!(b.state("demo.inv"), State::Open);
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_alone() {
+        let b = Breakers::default();
+        let p = defaults();
+        let t0 = Instant::now();
+        for conn in 1..=3 {
+            fail_from(&b, &p, conn, t0);
+        }
+        let later = t0 + p.cooldown;
+        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
+        let t = b.record_failure("demo.inv", &p, Reason::TimeLimit, "50", true, 9, later);
+        assert_eq!(t.expect("reopens").to, State::Open);
+    }
+
+    #[test]
+    fn a_cooldown_past_the_clock_never_overflows() {
+        let b = Breakers::default();
+        let mut p = defaults();
+        p.min_connections = 1;
+        p.threshold = 1;
+        let t0 = Instant::now();
+        fail_from(&b, &p, 1, t0);
+        p.cooldown = Duration::MAX;
+        assert!(matches!(
+            b.admit("demo.inv", &p, t0 + Duration::from_secs(1)).0,
+            Admission::Open { probe_in, .. } if probe_in == Duration::MAX
+        ));
+    }
+
+    #[test]
+    fn a_full_map_evicts_the_idlest_closed_breaker() {
+        let b = Breakers::new(3);
+        let mut p = defaults();
+        p.min_connections = 1;
+        p.threshold = 1;
+        let t0 = Instant::now();
+        // One open breaker, two closed ones (threshold 2 for them).
+        b.record_failure("a.open", &p, Reason::TimeLimit, "50", false, 1, t0);
+        let mut closed = p.clone();
+        closed.threshold = 2;
+        b.record_failure("a.old", &closed, Reason::TimeLimit, "50", false, 1, t0);
+        let t1 = t0 + Duration::from_millis(5);
+        b.record_failure("a.new", &closed, Reason::TimeLimit, "50", false, 1, t1);
+        // A new namespace takes the slot of the idlest closed one and can open.
+        let t2 = t0 + Duration::from_millis(10);
+        let t = b.record_failure("a.fresh", &p, Reason::TimeLimit, "50", false, 1, t2);
+        assert_eq!(t.expect("opens").to, State::Open);
+        assert_eq!(b.len(), 3);
+        let names: Vec<String> = b.snapshot().into_iter().map(|s| s.ns).collect();
+        assert_eq!(names, ["a.fresh", "a.new", "a.open"]);
+        // Full of open breakers: a new one is not tracked.
+        b.record_failure("a.new", &p, Reason::TimeLimit, "50", false, 2, t2);
+        assert!(b
+            .record_failure("a.x", &p, Reason::TimeLimit, "50", false, 1, t2)
+            .is_none());
+        assert_eq!(b.len(), 3);
     }
 
     #[test]
@@ -719,7 +976,7 @@ mod tests {
         let p = policy();
         let now = Instant::now();
         for ns in ["a.x", "a.y", "a.z"] {
-            b.record_failure(ns, &p, Reason::TimeLimit, "50", false, now);
+            b.record_failure(ns, &p, Reason::TimeLimit, "50", false, 1, now);
         }
         assert_eq!(b.len(), 2);
         assert_eq!(b.state("a.z"), State::Closed);

@@ -150,7 +150,14 @@ fn stall_after(phase: Duration) -> Duration {
     Duration::from_millis(ms / 100 * 100).max(Duration::from_millis(100))
 }
 
-fn proxy_config(cluster: &sim::SimHandle, phase: Duration) -> String {
+/// The demo's evidence floor: its clock is compressed (phases of seconds, a payment
+/// `maxTimeMS` that may be below a second), so `min_wait` is the payment service's own
+/// time limit when that is below the 1 s default: its reads cut by that limit still count.
+fn min_wait(payment_max_time: Duration) -> Duration {
+    payment_max_time.min(crate::policy::DEFAULT_MIN_WAIT)
+}
+
+fn proxy_config(cluster: &sim::SimHandle, phase: Duration, payment_max_time: Duration) -> String {
     let sim = cluster.addr();
     let node = |n: &str| {
         cluster
@@ -159,6 +166,7 @@ fn proxy_config(cluster: &sim::SimHandle, phase: Duration) -> String {
     };
     let (a0, b0) = (node("a0"), node("b0"));
     let after = humantime::format_duration(stall_after(phase));
+    let min_wait = humantime::format_duration(min_wait(payment_max_time));
     format!(
         r#"listen = "127.0.0.1:0"
 upstreams = ["{sim}"]
@@ -177,6 +185,7 @@ baseline = "5s"
 threshold = 3
 window = "10s"
 cooldown = "4s"
+min_wait = "{min_wait}"
 
 [[namespaces]]
 pattern = "demo.store_inventory"
@@ -200,7 +209,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
         ..SimConfig::default()
     })
     .await?;
-    let cfg_text = proxy_config(&cluster, opts.phase);
+    let cfg_text = proxy_config(&cluster, opts.phase, opts.payment_max_time);
     let cfg = Config::parse(&cfg_text, std::path::Path::new("<demo>"))
         .map_err(|e| format!("demo config: {e:?}"))?;
     let proxy = crate::server::start(Arc::new(cfg)).await?;

@@ -8,7 +8,7 @@ use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::stall::StallWatch;
-use crate::state::{Ids, LiveConfig, Runtime};
+use crate::state::{ClientSlots, Ids, LiveConfig, Runtime};
 use crate::upstream::Upstreams;
 
 #[derive(Debug)]
@@ -26,11 +26,14 @@ pub struct Handles {
     pub ids: Arc<Ids>,
     /// Start time, listening address, last config load (for `/status`).
     pub runtime: Arc<Runtime>,
+    /// Client connections open now (`max_connections`).
+    pub clients: Arc<ClientSlots>,
 }
 
 impl Handles {
     pub fn new(config: Arc<Config>) -> Handles {
         let metrics = Arc::new(Metrics::new());
+        crate::state::publish_limits(&metrics, &config, DEFAULT_MAX_BREAKERS);
         Handles {
             upstreams: Arc::new(Upstreams::new(config.upstreams.clone())),
             config: Arc::new(LiveConfig::new(config)),
@@ -42,6 +45,7 @@ impl Handles {
             stall: Arc::new(StallWatch::new()),
             ids: Arc::default(),
             runtime: Arc::default(),
+            clients: Arc::default(),
         }
     }
 }

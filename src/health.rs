@@ -1,13 +1,13 @@
-//! Upstream health: every `health_interval`, a `hello` on a dedicated connection per
-//! upstream (kept here between checks, opened again after a config swap), answered within
-//! `health_timeout`. The result, recorded on the `Upstream`, steers `Upstreams::connect`
+//! Upstream health: every `health_interval`, a hello on a dedicated connection per
+//! upstream (kept here between checks, opened again after a config swap; the legacy
+//! `isMaster` until the server offers `hello`), answered within `health_timeout`. The result, recorded on the `Upstream`, steers `Upstreams::connect`
 //! (down ones are tried last) and shows in metrics (`upstream_up`) and `/status`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::rawdoc;
+use bson::{rawdoc, RawDocumentBuf};
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
@@ -19,10 +19,16 @@ use crate::metrics::Metrics;
 use crate::state::{Ids, LiveConfig};
 use crate::tls::Stream;
 use crate::upstream::{self, Upstream, Upstreams};
-use crate::wire::{reply, Header, MessageCodec};
+use crate::wire::opmsg::OpMsg;
+use crate::wire::{reply, Header, MessageCodec, HEADER_LEN};
 
-/// The checker's own connection to an upstream, kept between checks.
-type Conn = FramedRead<Stream, MessageCodec>;
+/// The checker's own connection to an upstream, kept between checks, and what its
+/// handshake learned.
+struct Conn {
+    frames: FramedRead<Stream, MessageCodec>,
+    /// The server answered the legacy hello with `helloOk: true`: check with `hello`.
+    hello_ok: bool,
+}
 
 /// While checks are off, how often the config is looked at again.
 const OFF_RECHECK: Duration = Duration::from_secs(1);
@@ -137,7 +143,10 @@ impl Checker {
     }
 }
 
-/// Sends `{hello: 1, $db: "admin"}` and waits for an `ok: 1` answer; returns its round trip.
+/// One check on the upstream's kept connection, with the handshake drivers use: the legacy
+/// hello (`isMaster` with `helloOk: true`) until the server answers `helloOk: true`, then
+/// `hello` on that connection (see [`check_command`]). Waits for an `ok: 1` answer; returns
+/// its round trip.
 async fn hello(
     slot: &mut Option<Conn>,
     addr: &str,
@@ -148,23 +157,25 @@ async fn hello(
         let stream = upstream::dial(addr, config.health_timeout, config.upstream_tls.as_ref())
             .await
             .map_err(|e| e.to_string())?;
-        *slot = Some(FramedRead::new(
-            stream,
-            MessageCodec::new(config.max_message_size),
-        ));
+        *slot = Some(Conn {
+            frames: FramedRead::new(stream, MessageCodec::new(config.max_message_size)),
+            hello_ok: false,
+        });
     }
     let Some(conn) = slot.as_mut() else {
         return Err("no connection".to_string());
     };
-    let msg = reply::op_msg(request_id, 0, 0, &rawdoc! { "hello": 1, "$db": "admin" });
+    let msg = reply::op_msg(request_id, 0, 0, &check_command(conn.hello_ok));
     let sent = Instant::now();
+    let frames = &mut conn.frames;
     let outcome = async {
-        conn.get_mut()
+        frames
+            .get_mut()
             .write_all(&msg)
             .await
             .map_err(|e| format!("send hello: {e}"))?;
         loop {
-            let reply = match conn.next().await {
+            let reply = match frames.next().await {
                 Some(Ok(r)) => r,
                 Some(Err(e)) => return Err(format!("read hello reply: {e}")),
                 None => return Err("connection closed before the hello reply".to_string()),
@@ -185,7 +196,10 @@ async fn hello(
     };
     let latency = sent.elapsed();
     match crate::wire::inspect_reply(&reply, config.max_message_size) {
-        Ok(s) if s.ok => Ok(latency),
+        Ok(s) if s.ok => {
+            conn.hello_ok = conn.hello_ok || offers_hello(&reply);
+            Ok(latency)
+        }
         Ok(s) => Err(format!(
             "hello answered ok: 0 (code {}, {})",
             s.code.unwrap_or(0),
@@ -195,5 +209,51 @@ async fn hello(
             *slot = None;
             Err(format!("malformed hello reply: {e}"))
         }
+    }
+}
+
+/// The check to send: `{hello: 1}` once the server offered it (`helloOk`), otherwise the
+/// legacy hello `{isMaster: 1, helloOk: true}`, which every server answers (`hello` is unknown
+/// to 4.0 before 4.0.21 and to 4.2.0–4.2.9). OP_MSG with `$db`, which servers accept from 3.6
+/// on (OP_QUERY would only matter for servers before 3.6, which drivers no longer support).
+pub fn check_command(hello_ok: bool) -> RawDocumentBuf {
+    if hello_ok {
+        rawdoc! { "hello": 1, "$db": "admin" }
+    } else {
+        rawdoc! { "isMaster": 1, "helloOk": true, "$db": "admin" }
+    }
+}
+
+/// The reply (an OP_MSG) says `helloOk: true`: the server knows `hello`.
+pub fn offers_hello(reply: &[u8]) -> bool {
+    reply
+        .get(HEADER_LEN..)
+        .and_then(|payload| OpMsg::parse(payload).ok())
+        .is_some_and(|m| m.body.get_bool("helloOk").is_ok_and(|b| b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_hello_until_offered() {
+        let first = check_command(false);
+        assert_eq!(first.get_i32("isMaster").ok(), Some(1));
+        assert_eq!(first.get_bool("helloOk").ok(), Some(true));
+        assert!(first.get("hello").ok().flatten().is_none());
+        let then = check_command(true);
+        assert_eq!(then.get_i32("hello").ok(), Some(1));
+        assert_eq!(then.get_str("$db").ok(), Some("admin"));
+        let offered = reply::op_msg(
+            1,
+            2,
+            0,
+            &rawdoc! { "ismaster": true, "helloOk": true, "ok": 1.0 },
+        );
+        assert!(offered.len() > HEADER_LEN && offers_hello(&offered));
+        let old = reply::op_msg(1, 2, 0, &rawdoc! { "ismaster": true, "ok": 1.0 });
+        assert!(!offers_hello(&old));
+        assert!(!offers_hello(b"short"));
     }
 }

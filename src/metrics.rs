@@ -18,9 +18,11 @@ use prometheus_client::registry::Registry;
 
 mod ladder;
 pub mod latency;
+mod limits;
 mod stall;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
+pub use limits::{LimitLabel, LimitMetrics, WhyLabel, IGNORED, LIMITS};
 pub use stall::{
     ProbeLabel, ProbeResult, ShardLabel, SignalKind, SignalLabel, StallMetrics, UpstreamResult,
 };
@@ -136,6 +138,8 @@ pub struct Metrics {
     pub stall: StallMetrics,
     /// The primary ladder and the orphan estimate.
     pub ladder: LadderMetrics,
+    /// The resource limits and the evidence set aside.
+    pub limits: LimitMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -180,6 +184,7 @@ impl Metrics {
             ns_count: AtomicUsize::new(0),
             stall: StallMetrics::default(),
             ladder: LadderMetrics::default(),
+            limits: LimitMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -254,6 +259,7 @@ impl Metrics {
             );
             m.stall.register(&mut r);
             m.ladder.register(&mut r);
+            m.limits.register(&mut r);
         }
         // Both outcomes exist from the start at 0, so the first failed reload is an
         // increase that `increase()`/`rate()` can see (a series born at 1 is not).

@@ -62,6 +62,7 @@ pub fn reload(shared: &Handles, trigger: &str) -> Result<(), Vec<ConfigError>> {
     let entries = new.policy.entries().len();
     // Sessions pick it up from their next request; the health checker reconnects with the
     // new settings (e.g. `[upstream_tls]`) from its next round.
+    crate::state::publish_limits(&shared.metrics, &new, crate::breaker::DEFAULT_MAX_BREAKERS);
     shared.config.swap(Arc::new(new));
     shared.metrics.reload(true);
     tracing::info!(trigger, file = %old.source.display(), entries, "config reloaded");

@@ -6,7 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -16,6 +18,14 @@ use crate::handles::Handles;
 use crate::tls::Stream;
 use crate::{admin, health, reload, session, stall};
 
+/// Connections past `max_connections` being refused at once (each waits up to
+/// `REFUSE_WAIT` for a first message to answer); past this many they are closed at once.
+const REFUSING: usize = 64;
+/// How long a refused connection is given to send its first message (to get an error reply
+/// rather than a bare close).
+const REFUSE_WAIT: Duration = Duration::from_secs(1);
+/// The largest first message a refused connection is read for (a handshake is far smaller).
+const REFUSE_READ: usize = 16 * 1024;
 /// How long a stop waits for sessions after killing them (they end at once; see
 /// `session::relay`).
 const KILL_WAIT: Duration = Duration::from_secs(1);
@@ -152,6 +162,7 @@ async fn accept_loop(
     done: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
+    let refusing = Arc::new(Semaphore::new(REFUSING));
     // `stop` asks sessions to finish what is in flight; `kill` ends them outright.
     let kill = CancellationToken::new();
     loop {
@@ -160,10 +171,17 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     let _ = socket.set_nodelay(true);
+                    let max = shared.config.load().limits.max_connections;
+                    let Some(slot) = shared.clients.acquire(max) else {
+                        refuse(&shared, &refusing, socket, peer, max);
+                        continue;
+                    };
                     let id = shared.ids.next_conn();
                     let sess = session::Session::new(shared.clone(), peer, id, stop.clone(), kill.clone());
                     let (shared, kill) = (shared.clone(), kill.clone());
                     tracker.spawn(async move {
+                        // The connection's place is held until its session ends.
+                        let _slot = slot;
                         // The kill also ends a TLS handshake still under way.
                         let stream = tokio::select! {
                             s = handshake(&shared, socket, peer, id) => s,
@@ -228,4 +246,55 @@ async fn handshake(
     shared.metrics.tls_failure("client");
     tracing::warn!(client.addr = %peer, id, error = %error, "client TLS handshake failed, closing");
     None
+}
+
+/// A connection past `max_connections`: answered with an error reply when its first message
+/// (a driver's handshake) arrives within `REFUSE_WAIT`, closed otherwise. Existing clients
+/// are not touched.
+fn refuse(
+    shared: &Arc<Handles>,
+    refusing: &Arc<Semaphore>,
+    socket: TcpStream,
+    peer: SocketAddr,
+    max: usize,
+) {
+    shared.metrics.limits.hit("max_connections");
+    tracing::warn!(client.addr = %peer, max_connections = max, "refusing client: max_connections reached");
+    let Ok(permit) = refusing.clone().try_acquire_owned() else {
+        return;
+    };
+    let errmsg =
+        format!("staleguard: too many connections (max_connections = {max}); try again later");
+    let request_id = shared.ids.request_id();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut socket = socket;
+        let reply =
+            tokio::time::timeout(REFUSE_WAIT, refusal(&mut socket, request_id, &errmsg)).await;
+        if let Ok(Some(reply)) = reply {
+            let _ = tokio::time::timeout(REFUSE_WAIT, socket.write_all(&reply)).await;
+        }
+        let _ = socket.shutdown().await;
+    });
+}
+
+/// The error reply to a refused connection's first message: OP_MSG for OP_MSG, OP_REPLY for
+/// a legacy OP_QUERY handshake; `None` for anything else or a message too large to wait for.
+async fn refusal(socket: &mut TcpStream, request_id: i32, errmsg: &str) -> Option<bytes::Bytes> {
+    use crate::wire::{reply, Header, OpCode, HEADER_LEN};
+    let mut head = [0u8; HEADER_LEN];
+    socket.read_exact(&mut head).await.ok()?;
+    let h = Header::parse(&head)?;
+    if h.length < HEADER_LEN as i32 || h.length as usize > REFUSE_READ {
+        return None;
+    }
+    let mut rest = vec![0u8; h.length as usize - HEADER_LEN];
+    socket.read_exact(&mut rest).await.ok()?;
+    // HostUnreachable: a driver marks this server unknown and tries again later.
+    let body = reply::error_body(6, "HostUnreachable", errmsg);
+    match h.op_code {
+        OpCode::MSG => Some(reply::op_msg(request_id, h.request_id, 0, &body)),
+        OpCode::QUERY => Some(reply::op_reply(request_id, h.request_id, &body)),
+        _ => None,
+    }
 }

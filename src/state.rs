@@ -1,15 +1,17 @@
 //! The small handles of state that several tasks share, defined low so that whoever needs
 //! one is given it: the live config with its generation, the id counters, and the runtime
-//! facts `/status` shows (start time, listening address, last config load).
+//! facts `/status` shows (start time, listening address, last config load), and the count
+//! of client connections that `max_connections` bounds.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use arc_swap::{ArcSwap, Guard};
 
 use crate::config::Config;
+use crate::metrics::Metrics;
 
 /// The config in force, swapped whole on reload. Readers take an `Arc` of it (or a
 /// short-lived guard); a session keeps its own copy and re-reads only when the generation
@@ -145,4 +147,55 @@ impl Runtime {
     pub fn set_reload_status(&self, s: ReloadStatus) {
         *self.reload_status.lock().unwrap_or_else(|p| p.into_inner()) = s;
     }
+}
+
+/// Client connections open now, bounded by `max_connections`: a connection holds a
+/// [`ClientSlot`] for its whole life.
+#[derive(Debug, Default)]
+pub struct ClientSlots {
+    open: Arc<AtomicUsize>,
+}
+
+/// One client connection's place; given back when dropped.
+#[derive(Debug)]
+pub struct ClientSlot {
+    open: Arc<AtomicUsize>,
+}
+
+impl ClientSlots {
+    /// A place for one more client connection, if fewer than `max` are open.
+    pub fn acquire(&self, max: usize) -> Option<ClientSlot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ClientSlot {
+                open: self.open.clone(),
+            })
+    }
+
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Shows the configured limits in `/metrics` (at start and after each reload).
+pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
+    let l = &config.limits;
+    let m = &metrics.limits;
+    m.set("max_connections", l.max_connections as f64);
+    m.set("message_timeout", l.message_timeout.as_secs_f64());
+    m.set(
+        "idle_timeout",
+        l.idle_timeout.map_or(0.0, |d| d.as_secs_f64()),
+    );
+    m.set("max_pending_reads", l.max_pending_reads as f64);
+    m.set("max_breakers", max_breakers as f64);
 }

@@ -880,3 +880,169 @@ proptest! {
         exercise_message(&msg);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Repeated policy-relevant fields (issue 11, item 2): found in the same pass.
+
+/// `base` with `key: v1` and `key: v2` appended.
+fn twice(base: RawDocumentBuf, key: &str, v1: bson::RawBson, v2: bson::RawBson) -> RawDocumentBuf {
+    let mut out = base;
+    let key = bson::raw::CString::try_from(key.to_string()).expect("key");
+    out.append(key.clone(), v1);
+    out.append(key, v2);
+    out
+}
+
+#[test]
+fn repeated_fields_are_found_by_path() {
+    use bson::RawBson as B;
+    let s = |v: &str| B::String(v.to_string());
+    let d = |v: RawDocumentBuf| B::Document(v);
+    let find = || rawdoc! { "find": "c" };
+    let cases: Vec<(RawDocumentBuf, &str)> = vec![
+        (twice(find(), "$db", s("pay"), s("demo")), "$db"),
+        (
+            twice(
+                find(),
+                "readConcern",
+                d(rawdoc! {"level": "available"}),
+                d(rawdoc! {}),
+            ),
+            "readConcern",
+        ),
+        (
+            twice(find(), "$readPreference", d(rawdoc! {}), d(rawdoc! {})),
+            "$readPreference",
+        ),
+        (
+            twice(find(), "maxTimeMS", B::Int32(1), B::Int32(2)),
+            "maxTimeMS",
+        ),
+        (
+            twice(find(), "autocommit", B::Boolean(false), B::Boolean(false)),
+            "autocommit",
+        ),
+        (
+            twice(
+                find(),
+                "startTransaction",
+                B::Boolean(true),
+                B::Boolean(true),
+            ),
+            "startTransaction",
+        ),
+        (twice(rawdoc! {}, "find", s("a"), s("b")), "find"),
+        (
+            rawdoc! { "find": "c", "readConcern": twice(rawdoc! {}, "level", s("available"), s("local")) },
+            "readConcern.level",
+        ),
+        (
+            rawdoc! { "find": "c", "readConcern": twice(rawdoc! {}, "atClusterTime", B::Timestamp(ts()), B::Timestamp(ts())) },
+            "readConcern.atClusterTime",
+        ),
+        (
+            rawdoc! { "find": "c", "$readPreference": twice(rawdoc! {}, "mode", s("primary"), s("secondary")) },
+            "$readPreference.mode",
+        ),
+        (
+            twice(
+                rawdoc! { "aggregate": "c", "cursor": {} },
+                "pipeline",
+                B::Array(Default::default()),
+                B::Array(Default::default()),
+            ),
+            "pipeline",
+        ),
+        (
+            rawdoc! { "explain": twice(rawdoc! { "find": "c" }, "readConcern", d(rawdoc! {}), d(rawdoc! {})) },
+            "explain.readConcern",
+        ),
+        (
+            rawdoc! { "explain": twice(rawdoc! {}, "find", s("a"), s("b")) },
+            "find",
+        ),
+    ];
+    for (body, path) in &cases {
+        let info = classify(body).expect("classifies");
+        assert_eq!(info.duplicate, Some(*path), "{body:?}");
+    }
+    let first_db = classify(&cases[0].0).unwrap();
+    assert_eq!(
+        (first_db.first_db, first_db.db),
+        (Some("pay"), Some("demo"))
+    );
+}
+
+#[test]
+fn repeated_namespace_keys_in_pipeline_stages_are_found() {
+    use bson::RawBson as B;
+    let s = |v: &str| B::String(v.to_string());
+    let agg = |stage: RawDocumentBuf| rawdoc! { "aggregate": "c", "pipeline": [ stage ], "cursor": {}, "$db": "d" };
+    let cases = [
+        (
+            agg(rawdoc! { "$lookup": twice(rawdoc! { "as": "j" }, "from", s("x"), s("y")) }),
+            "$lookup.from",
+        ),
+        (
+            agg(
+                rawdoc! { "$lookup": { "from": twice(rawdoc! {}, "db", s("a"), s("b")), "as": "j" } },
+            ),
+            "$lookup.from.db",
+        ),
+        (
+            agg(
+                rawdoc! { "$lookup": twice(rawdoc! { "from": "x" }, "pipeline", B::Array(Default::default()), B::Array(Default::default())) },
+            ),
+            "$lookup.pipeline",
+        ),
+        (
+            agg(rawdoc! { "$graphLookup": twice(rawdoc! {}, "from", s("x"), s("y")) }),
+            "$graphLookup.from",
+        ),
+        (
+            agg(rawdoc! { "$unionWith": twice(rawdoc! {}, "coll", s("x"), s("y")) }),
+            "$unionWith.coll",
+        ),
+        (
+            agg(twice(rawdoc! {}, "$unionWith", s("x"), s("y"))),
+            "$unionWith",
+        ),
+    ];
+    for (body, path) in &cases {
+        let info = classify(body).expect("classifies");
+        assert_eq!(info.duplicate, Some(*path), "{body:?}");
+    }
+    // Both occurrences are namespaces the command touches.
+    let info = classify(&cases[0].0).unwrap();
+    assert_eq!(info.other_namespaces, vec![ns("d", "x"), ns("d", "y")]);
+    let info = classify(&cases[1].0).unwrap();
+    assert!(
+        info.opaque_stage,
+        "a `from` document without coll is unreadable"
+    );
+    // A stage of two different fields (rejected by the server) is unreadable, not a repeat.
+    let two_fields = agg(rawdoc! { "$match": {}, "$unionWith": "x" });
+    let info = classify(&two_fields).unwrap();
+    assert_eq!(info.duplicate, None);
+    assert!(info.opaque_stage);
+}
+
+#[test]
+fn driver_shaped_commands_have_no_duplicate() {
+    let bodies = [
+        rawdoc! {
+            "find": "c", "filter": { "find": 1, "$db": 2 }, "readConcern": { "level": "local", "afterClusterTime": ts() },
+            "$db": "d", "lsid": { "id": 1 }, "$readPreference": { "mode": "secondary", "tags": [ {} ] },
+            "autocommit": false, "startTransaction": true, "maxTimeMS": 5,
+        },
+        rawdoc! {
+            "aggregate": "c", "cursor": {}, "$db": "d",
+            "pipeline": [ { "$lookup": { "from": "x", "as": "a", "pipeline": [ { "$unionWith": { "coll": "y", "pipeline": [] } } ] } },
+                          { "$lookup": { "from": "z", "as": "b" } }, { "$facet": { "a": [], "b": [] } } ],
+        },
+        rawdoc! { "explain": { "find": "c", "readConcern": {} }, "readConcern": {}, "$db": "d" },
+    ];
+    for b in &bodies {
+        assert_eq!(classify(b).unwrap().duplicate, None, "{b:?}");
+    }
+}

@@ -730,6 +730,9 @@ mode = "passthrough"
         "trigger_codes",
         "max_time",
         "slow_read",
+        "min_wait",
+        "min_connections",
+        "per_connection",
         "dry_run",
         "causal",
         "min_cooldown",
@@ -758,6 +761,9 @@ mode = "passthrough"
             "13388,63,150,249,50,262,89,133,202",
             "2s",
             "750ms",
+            "1s",
+            "2",
+            "1",
             "false",
             "drop",
             "1s",
@@ -767,7 +773,7 @@ mode = "passthrough"
         ]
     );
     assert_eq!(
-        cells(lines[header + 2])[..13],
+        cells(lines[header + 2])[..16],
         [
             "1",
             "11",
@@ -780,6 +786,9 @@ mode = "passthrough"
             "13388,63,150,249,50,262,89,133,202",
             "2s",
             "-",
+            "1s",
+            "2",
+            "1",
             "true",
             "-"
         ]
@@ -1060,6 +1069,44 @@ fn ladder_errors_name_line_and_key() {
     );
 }
 
+// ----------------------------------------------------------------------------- evidence and limits
+
+#[test]
+fn evidence_settings_default_and_override() {
+    let c = ok(r#"[defaults]
+min_wait = "2s"
+per_connection = 2
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+min_connections = 3
+[[namespaces]]
+pattern = "demo.x"
+mode = "fallback"
+min_wait = "0s"
+"#);
+    let pay = c.policy.lookup("pay", "t").unwrap();
+    assert_eq!(
+        (pay.min_wait, pay.min_connections, pay.per_connection),
+        (Duration::from_secs(2), 3, 2)
+    );
+    let demo = c.policy.lookup("demo", "x").unwrap();
+    assert_eq!(
+        (demo.min_wait, demo.min_connections, demo.per_connection),
+        (Duration::ZERO, 2, 2)
+    );
+    let built_in =
+        staleguard::policy::NsPolicy::with_defaults("a.b", staleguard::policy::Mode::Strict);
+    assert_eq!(
+        (
+            built_in.min_wait,
+            built_in.min_connections,
+            built_in.per_connection
+        ),
+        (Duration::from_secs(1), 2, 1)
+    );
+}
+
 #[test]
 fn budget_and_cooldown_errors() {
     let e = |body: &str| {
@@ -1137,4 +1184,40 @@ fn ladder_guard_errors() {
             .map(|(_, key)| key.as_str()),
         Some("ladder_guard.max_queued")
     );
+}
+
+#[test]
+fn evidence_settings_are_validated_with_their_lines() {
+    assert_eq!(
+        errs("[defaults]\nmin_connections = 0\nper_connection = 1001\n[[namespaces]]\npattern = \"a.b\"\nmode = \"strict\"\nmin_wait = \"soon\"\n"),
+        [k(2, "defaults.min_connections"), k(3, "defaults.per_connection"), k(7, "namespaces[0].min_wait")]
+    );
+    let e =
+        one_err("[[namespaces]]\npattern = \"a.b\"\nmode = \"passthrough\"\nmin_connections = 2\n");
+    assert_eq!(
+        (e.line, e.key.as_str()),
+        (4, "namespaces[0].min_connections")
+    );
+}
+
+#[test]
+fn a_huge_cooldown_is_refused_at_load() {
+    // Parsed, then `Instant + cooldown` overflowed (a panic) before durations were bounded.
+    let e = one_err(
+        "[[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\ncooldown = \"500000000years\"\n",
+    );
+    assert_eq!((e.line, e.key.as_str()), (4, "namespaces[0].cooldown"));
+    assert!(
+        e.message.contains("longest") || e.message.contains("longer"),
+        "{}",
+        e.message
+    );
+    // Every duration has the same bound: a day is the most.
+    for key in ["connect_timeout", "shutdown_timeout", "health_interval"] {
+        let e = one_err(&format!("{key} = \"25h\"\n"));
+        assert_eq!((e.line, e.key.as_str()), (1, key));
+    }
+    let e = one_err("[defaults]\nwindow = \"2days\"\n");
+    assert_eq!(e.key, "defaults.window");
+    ok("[defaults]\ncooldown = \"24h\"\n");
 }

@@ -164,3 +164,56 @@ async fn an_unreachable_upstream_is_down_with_the_reason() {
     assert_eq!(b.pings(), 3);
     p.shutdown().await;
 }
+
+/// The commands a fake received on its health-check connections, in order (names only).
+fn hello_names(fake: &FakeMongos) -> Vec<String> {
+    fake.received_commands()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| matches!(n.as_str(), "hello" | "isMaster" | "ismaster"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_server_that_does_not_know_hello_is_checked_with_the_legacy_hello() {
+    // MongoDB 4.0 before 4.0.21 and 4.2.0 to 4.2.9: no `hello`, no `helloOk` in the reply.
+    let old = FakeMongos::start().await;
+    old.set_hook(|body| {
+        let name = body.iter().next()?.ok()?.0.as_str().to_string();
+        match name.as_str() {
+            "hello" => Some(Hooked::error(
+                59,
+                "CommandNotFound",
+                "no such command: 'hello'",
+            )),
+            "isMaster" | "ismaster" => Some(Hooked::reply(rawdoc! {
+                "ismaster": true, "msg": "isdbgrid", "maxWireVersion": 8, "ok": 1.0,
+            })),
+            _ => None,
+        }
+    });
+    let p = proxy(vec![old.addr().to_string()]).await;
+    let addr = old.addr().to_string();
+    wait_until("three checks", || hello_names(&old).len() >= 3).await;
+    assert_eq!(health_of(&p, &addr), Health::Up);
+    let names = hello_names(&old);
+    assert!(names.iter().all(|n| n == "isMaster"), "{names:?}");
+    let (_, first) = &old.received_commands()[0];
+    assert_eq!(first.get_bool("helloOk").ok(), Some(true), "{first:?}");
+    assert_eq!(first.get_str("$db").ok(), Some("admin"));
+}
+
+#[tokio::test]
+async fn a_server_that_offers_hello_is_checked_with_hello_after_the_handshake() {
+    let modern = FakeMongos::start().await;
+    let p = proxy(vec![modern.addr().to_string()]).await;
+    let addr = modern.addr().to_string();
+    wait_until("three checks", || hello_names(&modern).len() >= 3).await;
+    assert_eq!(health_of(&p, &addr), Health::Up);
+    let names = hello_names(&modern);
+    assert_eq!(
+        names[0], "isMaster",
+        "the handshake starts with the legacy hello"
+    );
+    assert!(names[1..].iter().all(|n| n == "hello"), "{names:?}");
+}

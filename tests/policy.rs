@@ -717,6 +717,12 @@ async fn unlisted_namespace_is_forwarded_byte_identical_even_during_errors() {
 // Strictest wins
 
 const STRICTEST_NAMESPACES: &str = r#"
+[defaults]
+# One driver client walks the table: its own errors and short waits must count.
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"
@@ -961,6 +967,12 @@ async fn unlisted_primary_namespace_reading_a_fallback_one_is_left_alone() {
 // Causal consistency
 
 const CAUSAL_NAMESPACES: &str = r#"
+[defaults]
+# One driver client walks the table: its own errors and short waits must count.
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"
@@ -1581,6 +1593,12 @@ async fn dry_run_counts_and_opens_but_never_acts() {
 // Timeouts count as trigger errors
 
 const TIMEOUT_NAMESPACES: &str = r#"
+[defaults]
+# One driver client walks the table: its own errors and short waits must count.
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"

@@ -57,10 +57,18 @@ const FAST: Duration = Duration::from_millis(50);
 const FAIL_FAST_READS: usize = 3;
 const SOONEST_REFUSAL: Duration = Duration::from_millis(PAYMENT_MAX_TIME_MS as u64);
 
-/// `fallback` for the inventory, `strict` for `pay.*`, with the same breaker settings.
+/// `fallback` for the inventory, `strict` for `pay.*`, with the same breaker settings. One
+/// driver client (one connection) reads in these tests, counting each error as it comes:
+/// `min_connections = 1`, `per_connection` at its largest, `min_wait = "0s"` (the evidence
+/// rules are tested in `tests/limits.rs`).
 fn namespaces(threshold: u32, cooldown: &str) -> String {
     format!(
         r#"
+[defaults]
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"

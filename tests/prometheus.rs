@@ -570,6 +570,9 @@ baseline = "2s"
 threshold = 3
 window = "10s"
 cooldown = "1s"
+# The clock here is compressed (the payment reads' maxTimeMS is 500 ms): their time limits
+# are evidence from that long on.
+min_wait = "500ms"
 
 [[namespaces]]
 pattern = "demo.store_inventory"

@@ -28,6 +28,10 @@ listen = "127.0.0.1:0"
 [defaults]
 threshold = 1
 cooldown = "60s"
+# One client opens breakers here (reload is the subject, not the evidence rules).
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
 
 [[namespaces]]
 pattern = "pay.*"
@@ -162,14 +166,14 @@ async fn invalid_file_changes_nothing_and_shows_where() {
     let mut client = RawClient::connect(env.proxy.local_addr()).await;
     assert!(reached_mongos(&mut client, 1, "pay").await);
 
-    // Line 13 is `mode = "..."` of the first entry.
+    // Line 17 is `mode = "..."` of the first entry.
     let bad = text(&env.fake, "stricter", "strict");
-    assert!(bad.lines().nth(12).is_some_and(|l| l.contains("stricter")));
+    assert!(bad.lines().nth(16).is_some_and(|l| l.contains("stricter")));
     write(&env.path, &bad);
     let errors = env.proxy.reload().expect_err("invalid config");
     assert_eq!(
         (errors[0].line, errors[0].key.as_str()),
-        (13, "namespaces[0].mode")
+        (17, "namespaces[0].mode")
     );
 
     // The old policy is in force on the open connection: strict, breaker open.
@@ -182,7 +186,7 @@ async fn invalid_file_changes_nothing_and_shows_where() {
     assert_eq!(last["result"], "error");
     let msg = last["messages"][0].as_str().unwrap_or_default();
     let want = format!(
-        "{}:13: namespaces[0].mode: unknown mode `stricter`",
+        "{}:17: namespaces[0].mode: unknown mode `stricter`",
         env.path.display()
     );
     assert!(msg.starts_with(&want), "{msg}");

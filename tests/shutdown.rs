@@ -126,8 +126,8 @@ async fn peers_that_stop_reading_cannot_hold_a_stop() {
         .await
         .expect("connect");
     let (_never_read, mut client_out) = client.into_split();
-    let (mut upstream, _) = mongos.accept().await.expect("the proxy dials mongos");
-    // The client sends two big requests and reads nothing; mongos reads nothing.
+    // The client sends two big requests and reads nothing; mongos reads nothing. (The proxy
+    // dials mongos on the client's first message.)
     let requests = big(1).to_vec();
     let more = big(2).to_vec();
     let _client = tokio::spawn(async move {
@@ -135,6 +135,7 @@ async fn peers_that_stop_reading_cannot_hold_a_stop() {
         let _ = client_out.write_all(&more).await;
         std::future::pending::<()>().await;
     });
+    let (mut upstream, _) = mongos.accept().await.expect("the proxy dials mongos");
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Then mongos sends a big message of its own: the proxy's way to the client fills too.
     let reply = big(3).to_vec();

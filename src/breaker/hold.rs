@@ -7,7 +7,7 @@ use std::sync::MutexGuard;
 
 use tokio::time::Instant;
 
-use super::{Breaker, Breakers, Reason, State, Transition};
+use super::{Breakers, Reason, State, Transition};
 
 impl Breakers {
     fn hold_reason(&self) -> MutexGuard<'_, Option<String>> {
@@ -26,13 +26,7 @@ impl Breakers {
         if self.map.get(ns).is_some_and(|b| b.held) {
             return None;
         }
-        if !self.map.contains_key(ns) && self.map.len() >= self.max {
-            return None;
-        }
-        let mut b = self
-            .map
-            .entry(ns.to_string())
-            .or_insert_with(|| Breaker::new(now));
+        let mut b = self.slot(ns, now)?;
         if b.held {
             return None;
         }

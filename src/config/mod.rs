@@ -40,6 +40,7 @@ mod stall;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
 pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
+pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
 pub use stall::{
     Credentials, ProbeConfig, Secret, ShardsConfig, StallAction, StallConfig, DEFAULT_STALL_AFTER,
@@ -105,6 +106,9 @@ pub struct Config {
     /// `[ladder_guard]`: how many primary-rung reads each upstream may carry. Reloads (the
     /// next ladder read is judged against the new limits).
     pub ladder_guard: LadderGuardConfig,
+    /// The resource limits (top-level keys `max_connections`, `message_timeout`,
+    /// `idle_timeout`, `max_pending_reads`).
+    pub limits: Limits,
 }
 
 /// `[ladder_guard]`: the per-upstream limits on reads sent to the primary rung; past
@@ -124,6 +128,44 @@ impl Default for LadderGuardConfig {
         LadderGuardConfig {
             max_in_flight: 16,
             max_per_second: 100,
+        }
+    }
+}
+
+/// Default `max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default `message_timeout`.
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `max_pending_reads`.
+pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
+
+/// What one client may hold of the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `max_connections`: client connections open at once; the next one is refused (an
+    /// error reply to its first message when it sends one within a second, else a close).
+    /// Default 10000; 1..=1000000. Reloads: applies to the next accept.
+    pub max_connections: usize,
+    /// `message_timeout`: time a client has to finish a message once its first byte
+    /// arrived; past it the client is closed. Default 30s; not zero. Reloads: applies to
+    /// each connection's next message.
+    pub message_timeout: Duration,
+    /// `idle_timeout`: a client that sends nothing for this long, with nothing in flight,
+    /// is closed. Default off (`"off"`). Reloads: applies to each connection's next message.
+    pub idle_timeout: Option<Duration>,
+    /// `max_pending_reads`: tracked reads one connection may have waiting for replies;
+    /// past it reads are forwarded untracked (no retry, no evidence). Default 1000;
+    /// 1..=100000. Reloads: applies to each connection's next message.
+    pub max_pending_reads: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            message_timeout: DEFAULT_MESSAGE_TIMEOUT,
+            idle_timeout: None,
+            max_pending_reads: DEFAULT_MAX_PENDING_READS,
         }
     }
 }
@@ -161,6 +203,7 @@ impl Config {
             policy: PolicyTable::default(),
             stall: StallConfig::off(),
             ladder_guard: LadderGuardConfig::default(),
+            limits: Limits::default(),
         }
     }
 }

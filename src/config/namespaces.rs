@@ -17,7 +17,9 @@ use toml::Spanned;
 use super::parse::duration;
 use super::spans::Ctx;
 use crate::command::ReadPrefMode;
-use crate::policy::{Causal, Mode, NsPolicy, Pattern, PolicyTable};
+use crate::policy::{
+    Causal, Mode, NsPolicy, Pattern, PolicyTable, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
+};
 
 /// One `[[namespaces]]` entry, or `[defaults]` (where `pattern` and `mode` are refused).
 #[derive(Debug, Deserialize)]
@@ -38,6 +40,9 @@ pub(super) struct RawEntry {
     attempt_share: Option<Spanned<f64>>,
     attempt_limit: Option<Spanned<String>>,
     ladder: Option<Spanned<Vec<Spanned<String>>>>,
+    min_wait: Option<Spanned<String>>,
+    min_connections: Option<Spanned<i64>>,
+    per_connection: Option<Spanned<i64>>,
 }
 
 impl RawEntry {
@@ -60,6 +65,9 @@ impl RawEntry {
             ("attempt_share", at(&self.attempt_share)),
             ("attempt_limit", at(&self.attempt_limit)),
             ("ladder", at(&self.ladder)),
+            ("min_wait", at(&self.min_wait)),
+            ("min_connections", at(&self.min_connections)),
+            ("per_connection", at(&self.per_connection)),
         ]
         .into_iter()
         .filter_map(|(k, o)| o.map(|o| (k, o)))
@@ -113,6 +121,9 @@ struct Overrides {
     attempt_limit: Option<Option<Duration>>,
     /// `ladder` has `primary`, with the line it was set on and its rungs as written.
     ladder: Option<Ladder>,
+    min_wait: Option<Duration>,
+    min_connections: Option<u32>,
+    per_connection: Option<u32>,
 }
 
 /// A `ladder` as written: which rungs, where.
@@ -144,6 +155,9 @@ impl Overrides {
         if let Some(l) = &self.ladder {
             p.primary_rung = l.primary;
         }
+        p.min_wait = self.min_wait.unwrap_or(p.min_wait);
+        p.min_connections = self.min_connections.unwrap_or(p.min_connections);
+        p.per_connection = self.per_connection.unwrap_or(p.per_connection);
     }
 }
 
@@ -275,6 +289,30 @@ fn read_overrides(ctx: &mut Ctx, e: &RawEntry, prefix: &str) -> Overrides {
             .ladder
             .as_ref()
             .and_then(|v| ladder(ctx, v, &key("ladder"))),
+        min_wait: e
+            .min_wait
+            .as_ref()
+            .and_then(|v| duration(ctx, v, &key("min_wait"), Duration::ZERO)),
+        min_connections: e
+            .min_connections
+            .as_ref()
+            .and_then(|v| count(ctx, v, &key("min_connections"), MAX_MIN_CONNECTIONS)),
+        per_connection: e
+            .per_connection
+            .as_ref()
+            .and_then(|v| count(ctx, v, &key("per_connection"), MAX_PER_CONNECTION)),
+    }
+}
+
+/// A count in `1..=max`.
+fn count(ctx: &mut Ctx, v: &Spanned<i64>, key: &str, max: u32) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if (1..=max).contains(&n) => Some(n),
+        _ => {
+            let msg = format!("{} is out of range 1..={max}", v.get_ref());
+            ctx.err(v, key, msg);
+            None
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::namespaces::{self, RawEntry};
 use super::spans::{key_at, Ctx};
-use super::{ops, stall, Config, ConfigError, LadderGuardConfig};
+use super::{ops, stall, Config, ConfigError, LadderGuardConfig, Limits};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
 
 impl Config {
@@ -72,6 +72,10 @@ struct RawConfig {
     shutdown_timeout: Option<Spanned<String>>,
     health_interval: Option<Spanned<String>>,
     health_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<i64>>,
+    message_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    max_pending_reads: Option<Spanned<i64>>,
     admin: Option<Spanned<ops::RawAdmin>>,
     tls: Option<Spanned<ops::RawTls>>,
     upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
@@ -126,6 +130,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
     let fallback_entries = namespaces::any_fallback(&raw.namespaces);
     let stall = stall::stall(ctx, raw.stall_watch.as_ref(), fallback_entries);
     let ladder_guard = ladder_guard(ctx, raw.ladder_guard.as_ref(), policy.as_ref());
+    let limits = limits(ctx, &raw);
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -142,6 +147,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         policy: policy?,
         stall: stall.ok()?,
         ladder_guard: ladder_guard?,
+        limits: limits?,
     })
 }
 
@@ -179,6 +185,54 @@ fn ladder_guard(
         }
     }
     ok.then_some(out)
+}
+
+/// `max_connections`, `message_timeout`, `idle_timeout` (`"off"` by default),
+/// `max_pending_reads`.
+fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
+    let d = Limits::default();
+    let nonzero = Duration::from_nanos(1);
+    let max_connections = raw
+        .max_connections
+        .as_ref()
+        .map_or(Some(d.max_connections), |v| {
+            count(ctx, v, "max_connections", 1_000_000)
+        });
+    let message_timeout = raw
+        .message_timeout
+        .as_ref()
+        .map_or(Some(d.message_timeout), |v| {
+            duration(ctx, v, "message_timeout", nonzero)
+        });
+    let idle_timeout = match &raw.idle_timeout {
+        None => Some(None),
+        Some(v) if v.get_ref() == "off" => Some(None),
+        Some(v) => duration(ctx, v, "idle_timeout", nonzero).map(Some),
+    };
+    let max_pending_reads = raw
+        .max_pending_reads
+        .as_ref()
+        .map_or(Some(d.max_pending_reads), |v| {
+            count(ctx, v, "max_pending_reads", 100_000)
+        });
+    Some(Limits {
+        max_connections: max_connections?,
+        message_timeout: message_timeout?,
+        idle_timeout: idle_timeout?,
+        max_pending_reads: max_pending_reads?,
+    })
+}
+
+/// A count in `1..=max`.
+fn count(ctx: &mut Ctx, v: &Spanned<i64>, key: &str, max: usize) -> Option<usize> {
+    match usize::try_from(*v.get_ref()) {
+        Ok(n) if (1..=max).contains(&n) => Some(n),
+        _ => {
+            let msg = format!("{} is out of range 1..={max}", v.get_ref());
+            ctx.err(v, key, msg);
+            None
+        }
+    }
 }
 
 /// `host:port` (or a socket address); port 0 only where `listen_side` (bind any port).
@@ -245,7 +299,12 @@ fn max_message_size(ctx: &mut Ctx, v: Option<&Spanned<i64>>) -> Option<usize> {
     }
 }
 
-/// A humantime duration of at least `min` (`min` of 1ns means "not zero").
+/// The longest duration any setting accepts: deadlines are computed as `Instant + d`, which
+/// must not overflow, and nothing the proxy waits for needs longer.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A humantime duration of at least `min` (`min` of 1ns means "not zero") and at most
+/// [`MAX_DURATION`].
 pub(super) fn duration(
     ctx: &mut Ctx,
     v: &Spanned<String>,
@@ -267,6 +326,15 @@ pub(super) fn duration(
         }
         Ok(d) if d < min => {
             let msg = format!("must be at least {}", humantime::format_duration(min));
+            ctx.err(v, key, msg);
+            None
+        }
+        Ok(d) if d > MAX_DURATION => {
+            let msg = format!(
+                "`{}` is longer than the largest accepted duration, {}",
+                v.get_ref(),
+                humantime::format_duration(MAX_DURATION)
+            );
             ctx.err(v, key, msg);
             None
         }

@@ -30,7 +30,7 @@ pub fn read_pref_names(bits: u8) -> String {
 fn policy_cells(p: &NsPolicy) -> Vec<String> {
     let mut cells = vec![p.pattern.clone(), p.mode.as_str().to_string()];
     if p.mode == Mode::Passthrough {
-        cells.extend(std::iter::repeat_n("-".to_string(), 13));
+        cells.extend(std::iter::repeat_n("-".to_string(), 16));
         return cells;
     }
     let codes: Vec<String> = p.trigger_codes.iter().map(|c| c.to_string()).collect();
@@ -42,6 +42,9 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
         codes.join(","),
         fmt_opt(p.max_time),
         fmt_opt(p.slow_read),
+        fmt_duration(p.min_wait),
+        p.min_connections.to_string(),
+        p.per_connection.to_string(),
         p.dry_run.to_string(),
         if p.mode == Mode::Strict {
             "-"
@@ -86,6 +89,15 @@ fn settings(out: &mut String, config: &Config) {
     };
     let _ = writeln!(out, "admin.token       {token}");
     let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
+    let l = &config.limits;
+    let _ = writeln!(out, "max_connections   {}", l.max_connections);
+    let _ = writeln!(out, "message_timeout   {}", fmt_duration(l.message_timeout));
+    let _ = writeln!(
+        out,
+        "idle_timeout      {}",
+        l.idle_timeout.map_or("off".to_string(), fmt_duration)
+    );
+    let _ = writeln!(out, "max_pending_reads {}", l.max_pending_reads);
     let _ = writeln!(out, "max_message_size  {}", config.max_message_size);
     let _ = writeln!(
         out,
@@ -164,6 +176,9 @@ fn namespaces(out: &mut String, t: &PolicyTable) {
         "trigger_codes",
         "max_time",
         "slow_read",
+        "min_wait",
+        "min_connections",
+        "per_connection",
         "dry_run",
         "causal",
         "min_cooldown",
@@ -274,6 +289,9 @@ pub fn explain(config: &Config, ns: &str) -> String {
             "trigger_codes",
             "max_time",
             "slow_read",
+            "min_wait",
+            "min_connections",
+            "per_connection",
             "dry_run",
             "causal",
             "min_cooldown",

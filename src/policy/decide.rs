@@ -19,6 +19,10 @@ pub struct Target<'a> {
     /// Effective mode (strictest of every namespace touched): Fallback or Strict.
     pub mode: Mode,
     pub kind: ReadKind,
+    /// Strict only because a pipeline stage could not be read (nested deeper than
+    /// `MAX_PIPELINE_DEPTH`, or of an unexpected shape) on a database that has strict
+    /// namespaces: `ns` is then the command's own namespace, not a strict one.
+    pub unreadable: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,11 +33,26 @@ pub enum ReadKind {
     AsksAvailable,
     /// A read the policy leaves alone (primary, transaction, snapshot, explain, $out, ...).
     Ineligible,
+    /// A policy-relevant field is repeated (`CommandInfo::duplicate`) and a database the
+    /// command names has fallback or strict namespaces: refused whatever the mode.
+    Duplicate,
+}
+
+/// Why a request is refused (answered with an error, not sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal<'a> {
+    /// A strict namespace asked for `readConcern: available`.
+    Available,
+    /// `available` asked with a pipeline that cannot be read fully, on a database that has
+    /// strict namespaces.
+    AvailableUnreadable,
+    /// The field at this path appears twice in its document.
+    Duplicate(&'a str),
 }
 
 /// What the session does with one request.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum Decision<'a> {
     /// Send the original bytes; do not look at the reply.
     Forward,
     /// Send (the original bytes, or with `maxTimeMS` lowered) and inspect the reply: count
@@ -72,8 +91,9 @@ pub enum Decision {
         probe_in: Duration,
         errors: u32,
     },
-    /// Reply an error at once, send nothing (strict namespace asked for `available`).
-    Refuse,
+    /// Reply an error at once, send nothing: a strict namespace asked for `available`, or
+    /// a policy-relevant field is repeated.
+    Refuse(Refusal<'a>),
 }
 
 /// What a read whose breaker is open does when its primary rung cannot answer.
@@ -97,13 +117,27 @@ fn strictness(mode: Mode) -> u8 {
     }
 }
 
-/// Finds the governing namespace of a read command. `None`: no namespace it touches has an
-/// acting policy, so the command is forwarded untouched.
+/// Finds the governing namespace of a command. `None`: nothing governs it, so it is
+/// forwarded untouched.
+///
+/// - A command with a repeated policy-relevant field is governed (to be refused) when any
+///   database it names (every `$db`, every pipeline namespace) has a fallback or strict
+///   pattern.
+/// - A read (find/aggregate/count/distinct, or explain) is governed by the strictest
+///   namespace it touches; a pipeline stage that cannot be read, on a database that has
+///   strict patterns, counts as a strict namespace.
+/// - Any other command is governed only when it asks for `readConcern: available` and
+///   names a strict namespace (to be refused).
 pub fn resolve<'a>(info: &CommandInfo<'a>, table: &PolicyTable) -> Option<Target<'a>> {
-    if !is_read_command(info.name) && !info.explain {
+    if info.duplicate.is_some() {
+        return duplicate_target(info, table);
+    }
+    let read = is_read_command(info.name) || info.explain;
+    let asks_available = info.read_concern.level == Some("available");
+    if !read && !asks_available {
         return None;
     }
-    info.db?;
+    let db = info.db?;
     let primary = info.primary_ns();
     let mut best: Option<(Ns<'a>, &Arc<NsPolicy>)> = None;
     // A passthrough entry is a promise to leave that namespace alone: a read touching one
@@ -122,25 +156,66 @@ pub fn resolve<'a>(info: &CommandInfo<'a>, table: &PolicyTable) -> Option<Target
             best = Some((*ns, p));
         }
     }
+    // What an unreadable stage reads is unknown: on a database with strict namespaces it
+    // may be one of them.
+    let mut unreadable = false;
+    if info.opaque_stage && best.is_none_or(|(_, b)| b.mode != Mode::Strict) {
+        if let Some(p) = table.acting_in_db(db, true) {
+            best = Some((primary.unwrap_or(Ns { db, coll: "$cmd" }), p));
+            unreadable = true;
+        }
+    }
     let (ns, policy) = best?;
     let mode = policy.mode;
+    let target = |kind| {
+        Some(Target {
+            ns,
+            policy: policy.clone(),
+            mode,
+            kind,
+            unreadable,
+        })
+    };
+    if !read {
+        return if mode == Mode::Strict {
+            target(ReadKind::AsksAvailable)
+        } else {
+            None
+        };
+    }
     // Fallback acts only when the primary namespace itself is fallback; a pipeline that
     // merely reads a fallback namespace from an unlisted one is left alone.
     if mode == Mode::Fallback && (primary != Some(ns) || info.opaque_stage || touches_passthrough) {
         return None;
     }
-    let kind = if info.read_concern.level == Some("available") {
+    let kind = if asks_available {
         ReadKind::AsksAvailable
+    } else if unreadable {
+        // No breaker stands for an unknown strict namespace: never relaxed, never tracked.
+        ReadKind::Ineligible
     } else if is_eligible_shape(info) && pref_allowed(info.read_pref, policy.read_preferences) {
         ReadKind::Eligible
     } else {
         ReadKind::Ineligible
     };
+    target(kind)
+}
+
+/// The target of a command with a repeated policy-relevant field: the first database it
+/// names (last `$db`, first `$db`, pipeline namespaces) that has a fallback or strict pattern.
+fn duplicate_target<'a>(info: &CommandInfo<'a>, table: &PolicyTable) -> Option<Target<'a>> {
+    let dbs = info.db.into_iter().chain(info.first_db);
+    let mut dbs = dbs.chain(info.other_namespaces.iter().map(|ns| ns.db));
+    let (db, policy) = dbs.find_map(|db| Some((db, table.acting_in_db(db, false)?)))?;
     Some(Target {
-        ns,
+        ns: Ns {
+            db,
+            coll: info.collection.unwrap_or("$cmd"),
+        },
         policy: policy.clone(),
-        mode,
-        kind,
+        mode: policy.mode,
+        kind: ReadKind::Duplicate,
+        unreadable: false,
     })
 }
 
@@ -158,10 +233,20 @@ pub fn capped_max_time(client_ms: Option<i64>, cap: Option<Duration>) -> Option<
 }
 
 /// What to do with a request, given its target and what the breaker admits.
-pub fn decide(target: &Target<'_>, info: &CommandInfo<'_>, admission: Admission) -> Decision {
+pub fn decide<'a>(
+    target: &Target<'_>,
+    info: &CommandInfo<'a>,
+    admission: Admission,
+) -> Decision<'a> {
     let p = &target.policy;
     match (target.kind, target.mode) {
-        (ReadKind::AsksAvailable, Mode::Strict) => return Decision::Refuse,
+        (ReadKind::Duplicate, _) => {
+            return Decision::Refuse(Refusal::Duplicate(info.duplicate.unwrap_or_default()))
+        }
+        (ReadKind::AsksAvailable, Mode::Strict) if target.unreadable => {
+            return Decision::Refuse(Refusal::AvailableUnreadable)
+        }
+        (ReadKind::AsksAvailable, Mode::Strict) => return Decision::Refuse(Refusal::Available),
         (ReadKind::Eligible, _) => {}
         _ => return Decision::Forward,
     }
@@ -237,7 +322,7 @@ pub fn decide(target: &Target<'_>, info: &CommandInfo<'_>, admission: Admission)
     }
 }
 
-impl Decision {
+impl Decision<'_> {
     pub fn name(&self) -> &'static str {
         match self {
             Decision::Forward => "forward",
@@ -246,7 +331,7 @@ impl Decision {
             Decision::Rewrite { .. } => "rewrite",
             Decision::Primary { .. } => "primary",
             Decision::FailFast { .. } => "fail_fast",
-            Decision::Refuse => "refuse",
+            Decision::Refuse(_) => "refuse",
         }
     }
 }
@@ -284,7 +369,7 @@ mod tests {
     }
 
     /// Classifies, resolves and decides one body; `None` when nothing governs it.
-    fn run(body: &bson::RawDocument, admission: Admission) -> Option<(String, Decision)> {
+    fn run(body: &bson::RawDocument, admission: Admission) -> Option<(String, Decision<'_>)> {
         let t = table();
         let info = classify(body).expect("classifies");
         let target = resolve(&info, &t)?;
@@ -370,11 +455,16 @@ mod tests {
         let mut fb = NsPolicy::with_defaults("demo.ladder", Mode::Fallback);
         fb.primary_rung = true;
         let t = PolicyTable::from_policies(vec![strict, fb]).expect("valid");
-        let decide_on = |body: &bson::RawDocument, a| {
+        fn decide_with<'b>(
+            t: &PolicyTable,
+            body: &'b bson::RawDocument,
+            a: Admission,
+        ) -> Decision<'b> {
             let info = classify(body).expect("classifies");
-            let target = resolve(&info, &t).expect("governed");
+            let target = resolve(&info, t).expect("governed");
             decide(&target, &info, a)
-        };
+        }
+        let decide_on = |body, a| decide_with(&t, body, a);
         let pay = rawdoc! {"find": "ladder", "$db": "pay", "maxTimeMS": 1000, "$readPreference": secondary()};
         // Closed: the first attempt keeps room for the primary rung.
         assert_eq!(
@@ -447,7 +537,7 @@ mod tests {
         let asks = rawdoc! {"find": "transactions", "$db": "pay", "readConcern": {"level": "available"}, "$readPreference": secondary()};
         assert_eq!(
             run(&asks, Admission::Closed).expect("governed").1,
-            Decision::Refuse
+            Decision::Refuse(Refusal::Available)
         );
     }
 
@@ -520,6 +610,114 @@ mod tests {
         );
         let skip = rawdoc! {"find": "causal_skip", "$db": "demo", "$readPreference": secondary(), "readConcern": {"afterClusterTime": ts}};
         assert_eq!(run(&skip, open()).expect("governed").1, Decision::Forward);
+    }
+
+    #[test]
+    fn repeated_fields_are_refused_where_a_named_database_is_governed() {
+        let mut twice_db = rawdoc! {"find": "transactions"};
+        twice_db.append(bson::raw::cstr!("$db"), "other");
+        twice_db.append(bson::raw::cstr!("$db"), "pay");
+        let (ns, d) = run(&twice_db, Admission::Closed).expect("governed");
+        assert_eq!(ns, "pay.transactions");
+        assert_eq!(d, Decision::Refuse(Refusal::Duplicate("$db")));
+        // The first `$db` counts as much as the last.
+        let mut first = rawdoc! {"find": "t"};
+        first.append(bson::raw::cstr!("$db"), "demo");
+        first.append(bson::raw::cstr!("$db"), "other");
+        assert_eq!(
+            run(&first, Admission::Closed).map(|(ns, _)| ns),
+            Some("demo.t".to_string())
+        );
+        // Any command, and a database with a fallback pattern only.
+        let mut ping = rawdoc! {"ping": 1, "$db": "demo"};
+        ping.append(bson::raw::cstr!("ping"), 1);
+        assert_eq!(
+            run(&ping, Admission::Closed),
+            Some((
+                "demo.$cmd".to_string(),
+                Decision::Refuse(Refusal::Duplicate("ping"))
+            ))
+        );
+        // No governed database: forwarded untouched.
+        let mut other = rawdoc! {"find": "t", "$db": "other"};
+        other.append(bson::raw::cstr!("maxTimeMS"), 1);
+        other.append(bson::raw::cstr!("maxTimeMS"), 2);
+        assert!(run(&other, Admission::Closed).is_none());
+    }
+
+    #[test]
+    fn any_command_asking_available_on_a_strict_namespace_is_refused() {
+        let rc = || rawdoc! {"level": "available"};
+        for body in [
+            rawdoc! {"mapReduce": "transactions", "out": {"inline": 1}, "readConcern": rc(), "$db": "pay"},
+            rawdoc! {"geoSearch": "transactions", "readConcern": rc(), "$db": "pay"},
+            rawdoc! {"listIndexes": "transactions", "readConcern": rc(), "$db": "pay"},
+        ] {
+            let (ns, d) = run(&body, Admission::Closed).expect("governed");
+            assert_eq!(
+                (ns.as_str(), d),
+                ("pay.transactions", Decision::Refuse(Refusal::Available))
+            );
+        }
+        // Fallback, passthrough, or no readConcern: not governed.
+        for body in [
+            rawdoc! {"mapReduce": "store_inventory", "readConcern": rc(), "$db": "demo"},
+            rawdoc! {"mapReduce": "audit", "readConcern": rc(), "$db": "pay"},
+            rawdoc! {"mapReduce": "transactions", "$db": "pay"},
+        ] {
+            assert!(run(&body, open()).is_none(), "{body:?}");
+        }
+    }
+
+    /// An aggregate on `coll` whose `$unionWith` pipelines nest `depth` levels.
+    fn deep(db: &str, coll: &str, depth: u32, rc: Option<&str>) -> bson::RawDocumentBuf {
+        let mut p = bson::rawdoc! {"$match": {}};
+        for _ in 0..depth {
+            let mut arr = bson::RawArrayBuf::new();
+            arr.push(p);
+            p = rawdoc! {"$unionWith": {"coll": "x", "pipeline": arr}};
+        }
+        let mut arr = bson::RawArrayBuf::new();
+        arr.push(p);
+        let mut body = rawdoc! {"aggregate": coll, "pipeline": arr, "cursor": {}, "$db": db, "$readPreference": secondary()};
+        if let Some(level) = rc {
+            body.append(bson::raw::cstr!("readConcern"), rawdoc! {"level": level});
+        }
+        body
+    }
+
+    #[test]
+    fn an_unreadable_pipeline_on_a_database_with_strict_patterns_is_strict() {
+        let t = PolicyTable::from_policies(vec![
+            NsPolicy::with_defaults("shop.stock", Mode::Fallback),
+            NsPolicy::with_defaults("shop.ledger", Mode::Strict),
+            NsPolicy::with_defaults("demo.inv", Mode::Fallback),
+        ])
+        .expect("table");
+        let too_deep = crate::command::MAX_PIPELINE_DEPTH + 1;
+        let body = deep("shop", "stock", too_deep, Some("available"));
+        let info = classify(&body).expect("classifies");
+        assert!(info.opaque_stage);
+        let target = resolve(&info, &t).expect("governed");
+        assert_eq!((target.mode, target.unreadable), (Mode::Strict, true));
+        assert_eq!(
+            decide(&target, &info, Admission::Closed),
+            Decision::Refuse(Refusal::AvailableUnreadable)
+        );
+        // Without `available`: never relaxed, never tracked (no breaker stands for it).
+        let body = deep("shop", "stock", too_deep, None);
+        let info = classify(&body).expect("classifies");
+        let target = resolve(&info, &t).expect("governed");
+        assert_eq!(target.kind, ReadKind::Ineligible);
+        assert_eq!(decide(&target, &info, open()), Decision::Forward);
+        // Readable depth on the fallback namespace: an ordinary fallback read.
+        let body = deep("shop", "stock", 3, None);
+        let info = classify(&body).expect("classifies");
+        assert_eq!(resolve(&info, &t).map(|t| t.mode), Some(Mode::Fallback));
+        // A database without strict patterns: left alone, as before.
+        let body = deep("demo", "inv", too_deep, Some("available"));
+        let info = classify(&body).expect("classifies");
+        assert!(resolve(&info, &t).is_none());
     }
 
     #[test]

@@ -5,6 +5,18 @@
 //!
 //! The evidence rules live here and nowhere else: which codes count, when a slow reply
 //! counts, what a client that gave up counts as, when a read is sent again.
+//!
+//! A client's word alone is no evidence about the cluster (the breaker adds the rule that
+//! errors come from `min_connections` connections, at most `per_connection` each). Here,
+//! with `floor` the namespace's [`NsPolicy::evidence_floor`] (`min_wait`, or `max_time`
+//! when shorter):
+//! - a client that gave up counts only after waiting at least `floor`;
+//! - a slow reply counts only when slower than both `slow_read` and `floor`;
+//! - a time-limit code the read's own `maxTimeMS` can cause (MaxTimeMSExpired 50,
+//!   ExceededTimeLimit 262) counts only when that limit, as sent, was at least `floor`.
+//!
+//! A read set aside this way changes nothing for the breaker (a half-open probe gives its
+//! slot back), and its reply goes to the client as it came.
 
 use std::fmt;
 use std::time::Duration;
@@ -99,7 +111,14 @@ pub enum Ignored {
     Unreadable { release_probe: bool },
     /// The upstream connection ended: that is the upstream's failure, not the namespace's.
     UpstreamGone,
+    /// No evidence: the client gave up, or the reply was slow, before `floor`.
+    ShortWait { release_probe: bool },
+    /// No evidence: a time-limit error caused by the read's own `maxTimeMS`, below `floor`.
+    ShortTimeLimit { release_probe: bool },
 }
+
+/// Codes a read's own `maxTimeMS` can cause.
+const OWN_TIME_LIMIT: [i32; 2] = [50, 262];
 
 /// Judges how a tracked read ended, at `now`.
 pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'s> {
@@ -111,6 +130,12 @@ pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'
         }),
         // Its first attempt's error was counted; the read is not counted twice.
         Ending::ClientGone if read.retried => Verdict::Ignore(Ignored::Retried { trigger: None }),
+        // A client that leaves at once proves nothing about the cluster.
+        Ending::ClientGone if elapsed < read.policy.evidence_floor() => {
+            Verdict::Ignore(Ignored::ShortWait {
+                release_probe: read.probe,
+            })
+        }
         // The driver's socket timeout: counts as a time-limit error.
         Ending::ClientGone => Verdict::Fail {
             failure: Failure {
@@ -130,7 +155,14 @@ fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) 
         // The breaker counts failing reads, not attempts.
         return Verdict::Ignore(Ignored::Retried { trigger });
     }
+    let floor = policy.evidence_floor();
     if let Some(code) = trigger {
+        let own_limit = read.max_time_ms.filter(|_| OWN_TIME_LIMIT.contains(&code));
+        if own_limit.is_some_and(|ms| (ms as u128) < floor.as_millis()) {
+            return Verdict::Ignore(Ignored::ShortTimeLimit {
+                release_probe: read.probe,
+            });
+        }
         let failure = Failure {
             reason: Reason::of_code(code),
             evidence: Evidence::Code {
@@ -160,6 +192,8 @@ fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) 
         return Verdict::Retry { failure, spec };
     }
     match policy.slow_read.filter(|&limit| elapsed > limit) {
+        // Slower than slow_read but within the floor: an ordinary answer.
+        Some(_) if elapsed < floor => Verdict::Success,
         Some(limit) => Verdict::Fail {
             failure: Failure {
                 reason: Reason::TimeLimit,
@@ -214,7 +248,158 @@ mod tests {
     fn policy(mode: Mode) -> NsPolicy {
         let mut p = NsPolicy::with_defaults("demo.inventory", mode);
         p.slow_read = Some(Duration::from_millis(200));
+        // The table below is about codes and timing, not the evidence floor (tested apart).
+        p.min_wait = Duration::from_millis(10);
         p
+    }
+
+    fn read(p: &NsPolicy, started: Instant, max_time_ms: Option<i64>, probe: bool) -> Read<'_> {
+        Read {
+            policy: p,
+            started,
+            max_time_ms,
+            probe,
+            retry: false,
+            retried: false,
+        }
+    }
+
+    #[test]
+    fn a_clients_word_below_the_floor_is_no_evidence() {
+        let ms = Duration::from_millis;
+        let mut p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        p.slow_read = Some(ms(200));
+        let capped = NsPolicy {
+            max_time: Some(ms(300)),
+            ..p.clone()
+        };
+        let start = Instant::now();
+
+        let max_time = status(false, Some(MAX_TIME), Some("MaxTimeMSExpired"));
+        let exceeded = status(false, Some(262), Some("ExceededTimeLimit"));
+        let stale = status(false, Some(STALE), Some("StaleConfig"));
+        let ok = status(true, None, None);
+        let short_wait = |probe| {
+            Verdict::Ignore(Ignored::ShortWait {
+                release_probe: probe,
+            })
+        };
+        let short_limit = |probe| {
+            Verdict::Ignore(Ignored::ShortTimeLimit {
+                release_probe: probe,
+            })
+        };
+        // Connect, read, close at once: nothing (a probe gives its slot back).
+        assert_eq!(
+            judge(
+                &read(&p, start, None, false),
+                Ending::ClientGone,
+                start + ms(5)
+            ),
+            short_wait(false)
+        );
+        assert_eq!(
+            judge(
+                &read(&p, start, None, true),
+                Ending::ClientGone,
+                start + ms(999)
+            ),
+            short_wait(true)
+        );
+        assert!(matches!(
+            judge(
+                &read(&p, start, None, false),
+                Ending::ClientGone,
+                start + ms(1000)
+            ),
+            Verdict::Fail { .. }
+        ));
+        // maxTimeMS: 1 answered with 50 (or 262): the client's own limit, nothing.
+        assert_eq!(
+            judge(
+                &read(&p, start, Some(1), false),
+                Ending::Reply(&max_time),
+                start + ms(2)
+            ),
+            short_limit(false)
+        );
+        assert_eq!(
+            judge(
+                &read(&p, start, Some(999), true),
+                Ending::Reply(&exceeded),
+                start + ms(999)
+            ),
+            short_limit(true)
+        );
+        assert!(matches!(
+            judge(
+                &read(&p, start, Some(1000), false),
+                Ending::Reply(&max_time),
+                start + ms(1000)
+            ),
+            Verdict::Fail { .. }
+        ));
+        // No limit of its own: the cluster's time limit, counted.
+        assert!(matches!(
+            judge(
+                &read(&p, start, None, false),
+                Ending::Reply(&max_time),
+                start + ms(2)
+            ),
+            Verdict::Fail { .. }
+        ));
+        // StaleConfig is the cluster's word whatever the read's limit.
+        assert!(matches!(
+            judge(
+                &read(&p, start, Some(1), false),
+                Ending::Reply(&stale),
+                start + ms(2)
+            ),
+            Verdict::Fail { .. }
+        ));
+        // Slower than slow_read but not than the floor: an ordinary answer.
+        assert_eq!(
+            judge(
+                &read(&p, start, None, false),
+                Ending::Reply(&ok),
+                start + ms(500)
+            ),
+            Verdict::Success
+        );
+        assert!(matches!(
+            judge(
+                &read(&p, start, None, false),
+                Ending::Reply(&ok),
+                start + ms(1001)
+            ),
+            Verdict::Fail { .. }
+        ));
+        // The operator's max_time below min_wait lowers the floor to it.
+        let p = capped;
+        assert_eq!(
+            judge(
+                &read(&p, start, Some(1), false),
+                Ending::Reply(&max_time),
+                start + ms(2)
+            ),
+            short_limit(false)
+        );
+        assert!(matches!(
+            judge(
+                &read(&p, start, Some(300), false),
+                Ending::Reply(&max_time),
+                start + ms(300)
+            ),
+            Verdict::Fail { .. }
+        ));
+        assert!(matches!(
+            judge(
+                &read(&p, start, None, false),
+                Ending::ClientGone,
+                start + ms(300)
+            ),
+            Verdict::Fail { .. }
+        ));
     }
 
     fn status(ok: bool, code: Option<i32>, name: Option<&str>) -> ReplyStatus {

@@ -8,6 +8,7 @@
 //! budget    a read's time budget split between its first attempt and the next rung
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
 //! judge     the reply side: how a tracked read ended (+ the time) → Verdict
+//! legacy    OP_QUERY on databases with governed namespaces → refusal (OP_REPLY)
 //! ```
 //!
 //! Everything here is a pure function over values: no I/O, no shared state, the clock passed
@@ -17,18 +18,25 @@
 mod budget;
 mod decide;
 mod judge;
+mod legacy;
 mod outcome;
 mod reason;
 mod table;
 
 pub use budget::{attempt_budget, next_rung_ms, AttemptBudget};
-pub use decide::{capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Target};
+pub use decide::{
+    capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Refusal, Target,
+};
 pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Verdict};
-pub use outcome::{apply_dry_run, fail_fast_reply, refusal_reply, rewrite_spec, ErrorReply};
+pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
+pub use outcome::{
+    apply_dry_run, fail_fast_reply, legacy_refusal_reply, refusal_reply, rewrite_spec, ErrorReply,
+};
 pub use reason::{Admission, Reason};
 pub use table::{
     Causal, Mode, NsPolicy, PolicyTable, DEFAULT_ATTEMPT_LIMIT, DEFAULT_ATTEMPT_SHARE,
-    DEFAULT_MIN_COOLDOWN, DEFAULT_TRIGGER_CODES,
+    DEFAULT_MIN_CONNECTIONS, DEFAULT_MIN_COOLDOWN, DEFAULT_MIN_WAIT, DEFAULT_PER_CONNECTION,
+    DEFAULT_TRIGGER_CODES, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
 };
 
 pub(crate) use table::{Pattern, DB_FORBIDDEN};

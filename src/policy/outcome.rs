@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use super::decide::Decision;
+use super::decide::{Decision, Refusal};
 use super::reason::Reason;
 use super::table::NsPolicy;
 use crate::rewrite::RewriteSpec;
@@ -18,10 +18,16 @@ use crate::wire::reply;
 /// Code and name of a refusal: `available` on a strict namespace is an invalid option there.
 const REFUSAL_CODE: (i32, &str) = (72, "InvalidOptions");
 
-impl Decision {
+/// The server's own code for a repeated field (its IDL parser's `throwDuplicateField`).
+const DUPLICATE_CODE: (i32, &str) = (40413, "Location40413");
+
+/// The server's own code for an OP_QUERY command it no longer accepts (5.1+).
+const LEGACY_CODE: (i32, &str) = (352, "UnsupportedOpQueryCommand");
+
+impl<'a> Decision<'a> {
     /// What a `dry_run` namespace does instead: forward unmodified, still counting errors
     /// (and still taking the probe, so the breaker moves as it would).
-    pub fn dry(&self) -> Decision {
+    pub fn dry(&self) -> Decision<'a> {
         match self {
             Decision::Forward => Decision::Forward,
             Decision::Track {
@@ -45,9 +51,15 @@ impl Decision {
 }
 
 /// The decision to carry out on a namespace governed by `policy`, and, when `dry_run` held
-/// back a decision that would have acted, that decision's name (for the log).
-pub fn apply_dry_run(decision: Decision, policy: &NsPolicy) -> (Decision, Option<&'static str>) {
-    if policy.dry_run && decision != Decision::Forward {
+/// back a decision that would have acted, that decision's name (for the log). A request
+/// with a repeated policy-relevant field is refused even in a dry run: it is not a policy
+/// decision on the namespace but a request the proxy cannot read the way the server will.
+pub fn apply_dry_run<'a>(
+    decision: Decision<'a>,
+    policy: &NsPolicy,
+) -> (Decision<'a>, Option<&'static str>) {
+    let integrity = matches!(decision, Decision::Refuse(Refusal::Duplicate(_)));
+    if policy.dry_run && decision != Decision::Forward && !integrity {
         let would = decision.name();
         (decision.dry(), Some(would))
     } else {
@@ -85,7 +97,7 @@ pub fn rewrite_spec(decision: &Decision) -> Option<RewriteSpec> {
         Decision::Track { cap_ms: None, .. }
         | Decision::Forward
         | Decision::FailFast { .. }
-        | Decision::Refuse => None,
+        | Decision::Refuse(_) => None,
     }
 }
 
@@ -109,6 +121,20 @@ impl ErrorReply {
             self.code_name,
             &self.errmsg,
         )
+    }
+
+    /// The same error as an OP_REPLY, the answer to a legacy OP_QUERY: the command reply
+    /// fields plus `$err`; `query_failure` sets the QueryFailure flag (for queries that are
+    /// not commands, whose errors old drivers read from `$err` and that flag).
+    pub fn to_op_reply(&self, request_id: i32, response_to: i32, query_failure: bool) -> Bytes {
+        let mut doc = reply::error_body(self.code, self.code_name, &self.errmsg);
+        doc.append(bson::raw::cstr!("$err"), self.errmsg.as_str());
+        let flags = if query_failure {
+            reply::QUERY_FAILURE
+        } else {
+            0
+        };
+        reply::op_reply_with_flags(request_id, response_to, flags, &doc)
     }
 }
 
@@ -134,14 +160,41 @@ pub fn fail_fast_reply(
     }
 }
 
-/// The reply to a read on strict namespace `ns` that asked for `readConcern: available`.
-pub fn refusal_reply(ns: &str) -> ErrorReply {
+/// The reply to a refused request on `ns` (the governing namespace; `db.$cmd` for a
+/// command without a collection).
+pub fn refusal_reply(ns: &str, why: Refusal<'_>) -> ErrorReply {
+    let (code, errmsg) = match why {
+        Refusal::Available => (REFUSAL_CODE, format!(
+            "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
+        )),
+        Refusal::AvailableUnreadable => (REFUSAL_CODE, format!(
+            "staleguard: readConcern level \"available\" is refused for {ns}: its pipeline nests deeper than {} levels or has a stage whose namespaces cannot be read, and its database has strict namespaces; read with \"local\" or \"majority\"",
+            crate::command::MAX_PIPELINE_DEPTH
+        )),
+        Refusal::Duplicate(field) => (DUPLICATE_CODE, format!(
+            "staleguard: BSON field '{field}' is a duplicate field; a command that repeats a field the read policy depends on is refused on a database with governed namespaces ({ns}); not sent to mongos"
+        )),
+    };
+    ErrorReply {
+        code: code.0,
+        code_name: code.1,
+        errmsg,
+    }
+}
+
+/// The reply to a legacy OP_QUERY refused on `full_collection_name` (whose database has
+/// governed namespaces); `command` is the command it carries, if any.
+pub fn legacy_refusal_reply(full_collection_name: &str, command: Option<&str>) -> ErrorReply {
+    let what = match command {
+        Some(name) => format!("OP_QUERY command {name}"),
+        None => "OP_QUERY".to_string(),
+    };
     let errmsg = format!(
-        "staleguard: readConcern level \"available\" is refused on strict namespace {ns}: it may return orphaned or misrouted documents; read with \"local\" or \"majority\""
+        "staleguard: Unsupported {what} on {full_collection_name}: legacy OP_QUERY requests are refused on databases with governed namespaces (the read policy applies to OP_MSG only); use a driver that sends OP_MSG (MongoDB 3.6 and later)"
     );
     ErrorReply {
-        code: REFUSAL_CODE.0,
-        code_name: REFUSAL_CODE.1,
+        code: LEGACY_CODE.0,
+        code_name: LEGACY_CODE.1,
         errmsg,
     }
 }
@@ -163,7 +216,7 @@ mod tests {
                 probe_in: Duration::ZERO,
                 errors: 1,
             },
-            Decision::Refuse,
+            Decision::Refuse(Refusal::Available),
             Decision::Track {
                 cap_ms: Some(5),
                 budget_ms: Some(10),
@@ -194,17 +247,18 @@ mod tests {
     #[test]
     fn dry_run_only_on_dry_run_namespaces_and_only_when_acting() {
         let mut p = NsPolicy::with_defaults("a.b", Mode::Strict);
-        assert_eq!(
-            apply_dry_run(Decision::Refuse, &p),
-            (Decision::Refuse, None)
-        );
+        let refuse = Decision::Refuse(Refusal::Available);
+        assert_eq!(apply_dry_run(refuse.clone(), &p), (refuse.clone(), None));
         p.dry_run = true;
         assert_eq!(
             apply_dry_run(Decision::Forward, &p),
             (Decision::Forward, None)
         );
-        let (d, would) = apply_dry_run(Decision::Refuse, &p);
-        assert_eq!((d, would), (Decision::Refuse.dry(), Some("refuse")));
+        let (d, would) = apply_dry_run(refuse.clone(), &p);
+        assert_eq!((d, would), (refuse.dry(), Some("refuse")));
+        // A repeated field is refused even in a dry run.
+        let dup = Decision::Refuse(Refusal::Duplicate("$db"));
+        assert_eq!(apply_dry_run(dup.clone(), &p), (dup, None));
     }
 
     #[test]
@@ -238,7 +292,6 @@ mod tests {
                 primary: false,
             })
         );
-        assert_eq!(rewrite_spec(&Decision::Refuse), None);
         let primary = Decision::Primary {
             cap_ms: Some(300),
             budget_ms: Some(600),
@@ -256,6 +309,7 @@ mod tests {
                 ..RewriteSpec::default()
             })
         );
+        assert_eq!(rewrite_spec(&Decision::Refuse(Refusal::Available)), None);
     }
 
     #[test]
@@ -274,8 +328,24 @@ mod tests {
             "staleguard: strict namespace pay.tx fails fast: breaker open after 3 errors \
              (time limits); not sent to mongos; next probe in 2.5s (at 2023-11-14T22:13:22Z)"
         );
-        let r = refusal_reply("pay.tx");
+        let r = refusal_reply("pay.tx", Refusal::Available);
         assert_eq!((r.code, r.code_name), (72, "InvalidOptions"));
         assert!(r.errmsg.starts_with("staleguard: ") && r.errmsg.contains("pay.tx"));
+        let r = refusal_reply("pay.tx", Refusal::AvailableUnreadable);
+        assert_eq!((r.code, r.code_name), (72, "InvalidOptions"));
+        assert!(r.errmsg.contains("deeper than 32 levels"), "{}", r.errmsg);
+        let r = refusal_reply("pay.tx", Refusal::Duplicate("readConcern.level"));
+        assert_eq!((r.code, r.code_name), (40413, "Location40413"));
+        assert!(
+            r.errmsg
+                .starts_with("staleguard: BSON field 'readConcern.level' is a duplicate field"),
+            "{}",
+            r.errmsg
+        );
+        let r = legacy_refusal_reply("pay.$cmd", Some("find"));
+        assert_eq!((r.code, r.code_name), (352, "UnsupportedOpQueryCommand"));
+        assert!(r
+            .errmsg
+            .starts_with("staleguard: Unsupported OP_QUERY command find on pay.$cmd"));
     }
 }

@@ -23,6 +23,16 @@ pub const DEFAULT_ATTEMPT_SHARE: f64 = 0.5;
 /// cannot waits up to 30 s; 500 ms leaves the next rung room inside even a 1 s socket
 /// timeout.
 pub const DEFAULT_ATTEMPT_LIMIT: Duration = Duration::from_millis(500);
+/// Default `min_wait`: a client's wait shorter than this is no evidence about the cluster.
+pub const DEFAULT_MIN_WAIT: Duration = Duration::from_secs(1);
+/// Default `min_connections`: one connection alone never opens a breaker.
+pub const DEFAULT_MIN_CONNECTIONS: u32 = 2;
+/// Default `per_connection`: each connection counts once per window.
+pub const DEFAULT_PER_CONNECTION: u32 = 1;
+/// Largest `min_connections`.
+pub const MAX_MIN_CONNECTIONS: u32 = 100;
+/// Largest `per_connection`.
+pub const MAX_PER_CONNECTION: u32 = 1000;
 
 /// Characters MongoDB forbids in database names: a pattern using one never matches.
 pub(crate) const DB_FORBIDDEN: &[char] = &['/', '\\', ' ', '"', '$', '\0'];
@@ -116,6 +126,16 @@ pub struct NsPolicy {
     /// `ladder` includes `primary`: a read that fails (or meets an open breaker) is sent
     /// once more with `$readPreference: {mode: "primary"}`. Default false (opt in).
     pub primary_rung: bool,
+    /// The least wait that makes a client's word evidence: a client that gives up, a slow
+    /// reply, or a time-limit error (MaxTimeMSExpired, ExceededTimeLimit) counts only when
+    /// the read waited (or was given) at least this long. Default 1s; at most `max_time`.
+    pub min_wait: Duration,
+    /// Distinct client connections whose errors must be inside `window` for the breaker to
+    /// open (a half-open probe's failure re-opens it alone). Default 2, 1..=100.
+    pub min_connections: u32,
+    /// Trigger errors one connection may contribute inside `window`; more are not counted.
+    /// Default 1, 1..=1000.
+    pub per_connection: u32,
 }
 
 impl NsPolicy {
@@ -139,7 +159,18 @@ impl NsPolicy {
             attempt_share: DEFAULT_ATTEMPT_SHARE,
             attempt_limit: Some(DEFAULT_ATTEMPT_LIMIT),
             primary_rung: false,
+            min_wait: DEFAULT_MIN_WAIT,
+            min_connections: DEFAULT_MIN_CONNECTIONS,
+            per_connection: DEFAULT_PER_CONNECTION,
         }
+    }
+
+    /// The least wait that makes a client's word evidence: `min_wait`, or the operator's
+    /// own `max_time` cap when that is shorter (a read cut by the cap was given all the
+    /// time the operator allows).
+    pub fn evidence_floor(&self) -> Duration {
+        self.max_time
+            .map_or(self.min_wait, |cap| cap.min(self.min_wait))
     }
 
     pub fn is_trigger(&self, code: i32) -> bool {
@@ -352,6 +383,30 @@ impl PolicyTable {
         self.find(db, coll).map(|i| &self.entries[i])
     }
 
+    /// The fallback or strict entry that can govern some namespace of database `db` (strict
+    /// ones first, then file order); with `strict_only`, strict entries alone. `None` when
+    /// every pattern that can match in `db` is passthrough, or none can. A `*` pattern counts
+    /// unless a `db.*` pattern shadows it. Not on the per-read path: it walks `db`'s rules.
+    pub fn acting_in_db(&self, db: &str, strict_only: bool) -> Option<&Arc<NsPolicy>> {
+        let rules = self.dbs.get(db);
+        let own = rules.into_iter().flat_map(|r| {
+            r.exact
+                .values()
+                .chain(r.prefixes.iter().map(|(_, i)| i))
+                .chain(r.whole.iter())
+        });
+        let all = self.all.filter(|_| rules.is_none_or(|r| r.whole.is_none()));
+        own.copied()
+            .chain(all)
+            .filter(|&i| match self.entries[i].mode {
+                Mode::Strict => true,
+                Mode::Fallback => !strict_only,
+                Mode::Passthrough => false,
+            })
+            .min_by_key(|&i| (self.entries[i].mode != Mode::Strict, i))
+            .map(|i| &self.entries[i])
+    }
+
     /// Every entry, in file order.
     pub fn entries(&self) -> &[Arc<NsPolicy>] {
         &self.entries
@@ -401,6 +456,34 @@ mod tests {
         ] {
             assert!(Pattern::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn acting_in_db() {
+        let t = PolicyTable::from_policies(vec![
+            NsPolicy::with_defaults("demo.inv", Mode::Fallback),
+            NsPolicy::with_defaults("demo.secret*", Mode::Strict),
+            NsPolicy::with_defaults("open.*", Mode::Passthrough),
+            NsPolicy::with_defaults("side.x", Mode::Passthrough),
+            NsPolicy::with_defaults("*", Mode::Fallback),
+        ])
+        .expect("table");
+        let pat = |db: &str, strict: bool| t.acting_in_db(db, strict).map(|p| p.pattern.as_str());
+        assert_eq!(pat("demo", false), Some("demo.secret*"), "strict first");
+        assert_eq!(pat("demo", true), Some("demo.secret*"));
+        // `open.*` shadows `*` for every collection of `open`.
+        assert_eq!(pat("open", false), None);
+        // `side.x` is passthrough, but `*` still covers the other collections of `side`.
+        assert_eq!(pat("side", false), Some("*"));
+        assert_eq!(pat("side", true), None);
+        assert_eq!(pat("elsewhere", false), Some("*"));
+        let none = PolicyTable::from_policies(vec![NsPolicy::with_defaults("pay.*", Mode::Strict)])
+            .expect("table");
+        assert_eq!(none.acting_in_db("demo", false).map(|p| p.mode), None);
+        assert_eq!(
+            none.acting_in_db("pay", true).map(|p| p.mode),
+            Some(Mode::Strict)
+        );
     }
 
     #[test]

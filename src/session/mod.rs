@@ -23,7 +23,13 @@ mod request;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -32,7 +38,7 @@ use crate::handles::Handles;
 use crate::stall::WriteTracker;
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
-use crate::wire::WireError;
+use crate::wire::{MessageCodec, WireError};
 
 use counters::Counters;
 use outbox::Outbox;
@@ -49,6 +55,26 @@ pub enum SessionError {
     UpstreamProtocol(WireError),
     #[error("upstream i/o: {0}")]
     UpstreamIo(std::io::Error),
+}
+
+impl SessionError {
+    /// The client just went away: a reset or a broken pipe (Node.js's `client.close()`
+    /// resets its sockets), or a stream cut without a TLS close_notify between two messages
+    /// (`at_message_boundary`: nothing of a next message had arrived). Such an end is logged
+    /// like a clean close, not as a warning.
+    pub fn is_client_close(&self, at_message_boundary: bool) -> bool {
+        use std::io::ErrorKind;
+        let SessionError::ClientIo(e) = self else {
+            return false;
+        };
+        match e.kind() {
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+                true
+            }
+            ErrorKind::UnexpectedEof => at_message_boundary,
+            _ => false,
+        }
+    }
 }
 
 pub struct Session {
@@ -79,6 +105,11 @@ pub struct Session {
     /// Messages waiting to be written, per peer: the loop never waits on a write.
     to_upstream: Outbox,
     to_client: Outbox,
+    /// Requests sent upstream that expect a final reply, and final replies received: mongos
+    /// answers a connection's requests in order, so a tracked read whose turn has passed
+    /// was answered with a wrong `responseTo` and is given up.
+    sent_finals: u64,
+    finals_in: u64,
 }
 
 impl Session {
@@ -109,6 +140,8 @@ impl Session {
             writes: WriteTracker::default(),
             to_upstream: Outbox::default(),
             to_client: Outbox::default(),
+            sent_finals: 0,
+            finals_in: 0,
         }
     }
 
@@ -118,6 +151,31 @@ impl Session {
     }
 
     async fn relay(self, client: Stream) {
+        match client {
+            // Plain TCP keeps its lock-free owned halves.
+            Stream::Plain(c) => {
+                let (cr, cw) = c.into_split();
+                self.open(cr, cw).await
+            }
+            c => {
+                let (cr, cw) = tokio::io::split(c);
+                self.open(cr, cw).await
+            }
+        }
+    }
+
+    /// Waits for the client's first message, then dials its upstream (a client that never
+    /// sends one costs no upstream connection) and relays.
+    async fn open<CR, CW>(self, cr: CR, cw: CW)
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+    {
+        let max = self.config.max_message_size;
+        let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), relay::READ_BUFFER);
+        let Some(first) = self.first_message(&mut cr).await else {
+            return;
+        };
         // A stop past its deadline also ends a session still dialing its upstream.
         let connected = tokio::select! {
             c = self.shared.upstreams.connect(&self.config, &self.shared.metrics) => c,
@@ -147,20 +205,82 @@ impl Session {
         let mut this = self;
         this.counters.set_latency(latency);
         this.upstream = upstream_addr;
-        match (client, upstream) {
-            // Plain TCP keeps its lock-free owned halves.
-            (Stream::Plain(c), Stream::Plain(u)) => {
-                let (cr, cw) = c.into_split();
+        let max = this.config.max_message_size;
+        match upstream {
+            Stream::Plain(u) => {
                 let (ur, uw) = u.into_split();
-                this.pump(cr, cw, ur, uw).await;
+                let ur =
+                    FramedRead::with_capacity(ur, MessageCodec::trusting(max), relay::READ_BUFFER);
+                this.relay_framed(cr, cw, ur, uw, Some(first)).await;
             }
-            (c, u) => {
-                let (cr, cw) = tokio::io::split(c);
+            u => {
                 let (ur, uw) = tokio::io::split(u);
-                this.pump(cr, cw, ur, uw).await;
+                let ur =
+                    FramedRead::with_capacity(ur, MessageCodec::trusting(max), relay::READ_BUFFER);
+                this.relay_framed(cr, cw, ur, uw, Some(first)).await;
             }
         }
         shared.metrics.client_connections.dec();
+    }
+
+    /// The client's first message, within `message_timeout` once it starts and
+    /// `idle_timeout` (if set) before; `None` when the client leaves, misbehaves or the
+    /// proxy stops first.
+    async fn first_message<CR: AsyncRead + Unpin>(
+        &self,
+        cr: &mut FramedRead<CR, MessageCodec>,
+    ) -> Option<Bytes> {
+        let started = Instant::now();
+        let tick = self.limits_tick();
+        loop {
+            tokio::select! {
+                _ = self.kill.cancelled() => return None,
+                _ = self.stop.cancelled() => return None,
+                m = cr.next() => return match m {
+                    Some(Ok(m)) => Some(m),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %client_err(e), "closing client");
+                        None
+                    }
+                    None => None,
+                },
+                _ = tokio::time::sleep(tick) => {
+                    if let Some(limit) = self.overdue(cr.decoder(), started.elapsed()) {
+                        self.limit_hit(limit);
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// How often the message deadline and idle timeout are looked at: a quarter of the
+    /// shorter, so either acts within 1.25 times its setting.
+    fn limits_tick(&self) -> Duration {
+        let l = &self.config.limits;
+        let shortest = l
+            .idle_timeout
+            .map_or(l.message_timeout, |i| i.min(l.message_timeout));
+        (shortest / 4).max(Duration::from_millis(10))
+    }
+
+    /// The limit a client is past: a message started longer than `message_timeout` ago,
+    /// or nothing sent for `idle_timeout` (having been `quiet_for`) with nothing in flight.
+    fn overdue(&self, codec: &MessageCodec, quiet_for: Duration) -> Option<&'static str> {
+        let l = &self.config.limits;
+        match codec.partial_since() {
+            Some(since) if since.elapsed() >= l.message_timeout => Some("message_timeout"),
+            Some(_) => None,
+            None if self.outstanding == 0 && l.idle_timeout.is_some_and(|d| quiet_for >= d) => {
+                Some("idle_timeout")
+            }
+            None => None,
+        }
+    }
+
+    fn limit_hit(&self, limit: &'static str) {
+        self.shared.metrics.limits.hit(limit);
+        tracing::info!(limit, "closing client: past a limit");
     }
 
     /// Picks up a reloaded config, from the next request on.
@@ -188,5 +308,31 @@ fn upstream_err(e: FrameError) -> SessionError {
     match e {
         FrameError::Wire(w) => SessionError::UpstreamProtocol(w),
         FrameError::Io(io) => SessionError::UpstreamIo(io),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::WireError;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_client_going_away_is_a_normal_close() {
+        let client = |kind| SessionError::ClientIo(Error::new(kind, "x"));
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::BrokenPipe,
+        ] {
+            assert!(client(kind).is_client_close(false), "{kind:?}");
+        }
+        assert!(client(ErrorKind::UnexpectedEof).is_client_close(true));
+        // Cut in the middle of a message, or any other failure: worth a warning.
+        assert!(!client(ErrorKind::UnexpectedEof).is_client_close(false));
+        assert!(!client(ErrorKind::Other).is_client_close(true));
+        assert!(!SessionError::ClientProtocol(WireError::Truncated("x")).is_client_close(true));
+        let upstream = SessionError::UpstreamIo(Error::new(ErrorKind::ConnectionReset, "x"));
+        assert!(!upstream.is_client_close(true));
     }
 }

@@ -13,14 +13,14 @@ use super::{client_err, upstream_err, Session, SessionError};
 use crate::wire::MessageCodec;
 
 /// Initial read-buffer size per direction; grows to the message size when needed.
-const READ_BUFFER: usize = 8 * 1024;
+pub(super) const READ_BUFFER: usize = 8 * 1024;
 
 impl Session {
     /// Relays until either side ends, the client misbehaves, or the proxy stops.
     ///
     /// One `select!` over every event the session waits on; its arms only dispatch, which
     /// is why the function is this long.
-    pub async fn pump<CR, CW, UR, UW>(mut self, cr: CR, mut cw: CW, ur: UR, mut uw: UW)
+    pub async fn pump<CR, CW, UR, UW>(self, cr: CR, cw: CW, ur: UR, uw: UW)
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
@@ -28,8 +28,32 @@ impl Session {
         UW: AsyncWrite + Unpin,
     {
         let max = self.config.max_message_size;
-        let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
-        let mut ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
+        let cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
+        let ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
+        self.relay_framed(cr, cw, ur, uw, None).await
+    }
+
+    /// The relay over framed readers; `first` is a request read before the upstream was
+    /// dialed.
+    pub(super) async fn relay_framed<CR, CW, UR, UW>(
+        mut self,
+        mut cr: FramedRead<CR, MessageCodec>,
+        mut cw: CW,
+        mut ur: FramedRead<UR, MessageCodec>,
+        mut uw: UW,
+        first: Option<bytes::Bytes>,
+    ) where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        UR: AsyncRead + Unpin,
+        UW: AsyncWrite + Unpin,
+    {
+        if let Some(first) = first {
+            if let Err(e) = self.on_request(first) {
+                self.finish(Err(e), true);
+                return self.close(&mut cw, &mut uw).await;
+            }
+        }
         let mut draining = false;
         let (kill, stop) = (self.kill.clone(), self.stop.clone());
         // Built once: re-creating them per loop turn registers with the tokens' shared Notify
@@ -39,8 +63,13 @@ impl Session {
         // Batched metrics reach the shared counters within FLUSH_AFTER even when the
         // session goes quiet: armed once per batch, not per message.
         let flush_timer = tokio::time::sleep(FLUSH_AFTER);
-        tokio::pin!(killed, stopping, flush_timer);
+        // The message deadline and idle timeout are looked at on a tick, not per message:
+        // `msgs` counts requests, and a tick that finds it unchanged extends the quiet.
+        let tick = self.limits_tick();
+        let limits_timer = tokio::time::sleep(tick);
+        tokio::pin!(killed, stopping, flush_timer, limits_timer);
         let mut flush_armed = true;
+        let (mut msgs, mut seen_msgs, mut quiet_since) = (0u64, 0u64, Instant::now());
         let end: Result<&str, SessionError> = loop {
             if draining && self.drained() {
                 break Ok("proxy stopping");
@@ -60,6 +89,17 @@ impl Session {
                     self.counters.flush(&self.shared.metrics);
                 }
                 _ = &mut stopping, if !draining => draining = true,
+                _ = &mut limits_timer => {
+                    let now = Instant::now();
+                    if msgs != seen_msgs {
+                        (seen_msgs, quiet_since) = (msgs, now);
+                    }
+                    if let Some(limit) = self.overdue(cr.decoder(), now - quiet_since) {
+                        self.limit_hit(limit);
+                        break Ok(limit);
+                    }
+                    limits_timer.as_mut().reset(now + self.limits_tick());
+                }
                 w = self.to_upstream.step(&mut uw), if !self.to_upstream.is_idle() => {
                     if let Err(e) = w {
                         break Err(SessionError::UpstreamIo(e));
@@ -72,6 +112,7 @@ impl Session {
                 }
                 req = cr.next(), if read_client => match req {
                     Some(Ok(msg)) => {
+                        msgs += 1;
                         if let Err(e) = self.on_request(msg) {
                             break Err(e);
                         }
@@ -95,7 +136,7 @@ impl Session {
                 break Err(e);
             }
         };
-        self.finish(end);
+        self.finish(end, cr.read_buffer().is_empty());
         self.close(&mut cw, &mut uw).await;
     }
 
@@ -141,13 +182,17 @@ impl Session {
     }
 
     /// Logs why the session ended and adds its last counts to the shared metrics.
-    fn finish(&mut self, end: Result<&str, SessionError>) {
+    /// `at_message_boundary`: no part of a next request had arrived.
+    fn finish(&mut self, end: Result<&str, SessionError>, at_message_boundary: bool) {
         if !self.writes.is_empty() {
             // Not progress: the watch notes it, nothing clears on it.
             self.writes.abandon();
         }
         match end {
             Ok(why) => tracing::debug!(reason = why, "session closed"),
+            Err(e) if e.is_client_close(at_message_boundary) => {
+                tracing::debug!(error = %e, "session closed: client went away")
+            }
             Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
                 tracing::warn!(error = %e, "closing client")
             }

@@ -28,6 +28,9 @@ pub(super) struct Tracked {
     pub(super) probe: bool,
     pub(super) retry: bool,
     pub(super) retried: bool,
+    /// Its place among the requests sent upstream that expect a final reply (see
+    /// `Session::sent_finals`).
+    pub(super) seq: u64,
 }
 
 impl Tracked {
@@ -50,6 +53,9 @@ impl Session {
             self.counters.round_trip(&self.shared.metrics, t.elapsed());
         }
         let reply = Reply::new(msg);
+        if !reply.more_to_come() {
+            self.finals_in += 1;
+        }
         if self.pending.is_empty() && self.writes.is_empty() {
             return self.send_to_client(reply);
         }
@@ -73,7 +79,28 @@ impl Session {
                 return;
             }
         }
+        self.give_up_answered();
         self.send_to_client(reply)
+    }
+
+    /// Tracked reads whose turn for a reply has passed (mongos answered them with a
+    /// `responseTo` that names another request): nothing can be judged of them, so they
+    /// leave the pending list instead of waiting forever (a probe gives its slot back).
+    fn give_up_answered(&mut self) {
+        let finals_in = self.finals_in;
+        if self.pending.iter().all(|t| t.seq > finals_in) {
+            return;
+        }
+        let (gone, kept): (Vec<Tracked>, Vec<Tracked>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|t| t.seq <= finals_in);
+        self.pending = kept;
+        for t in gone {
+            tracing::warn!(ns = %t.ns, command = %t.command, request_id = t.request_id, "tracked read answered with another responseTo; not judged");
+            if t.probe {
+                self.shared.breakers.release_probe(&t.ns);
+            }
+        }
     }
 
     /// Judges the reply to a tracked read; returns true when a resend replaces it.
@@ -143,6 +170,21 @@ impl Session {
                 self.shared.breakers.release_probe(&t.ns);
                 false
             }
+            Verdict::Ignore(
+                ignored @ (Ignored::ShortWait { release_probe }
+                | Ignored::ShortTimeLimit { release_probe }),
+            ) => {
+                let why = match ignored {
+                    Ignored::ShortTimeLimit { .. } => "short_time_limit",
+                    _ => "short_wait",
+                };
+                self.shared.metrics.limits.ignored(why);
+                tracing::debug!(ns = %t.ns, command = %t.command, why, "not counted: a client's word below min_wait is no evidence");
+                if release_probe {
+                    self.shared.breakers.release_probe(&t.ns);
+                }
+                false
+            }
             Verdict::Ignore(_) => false,
         }
     }
@@ -166,9 +208,15 @@ impl Session {
             .metrics
             .trigger_error(ns, &failure.evidence.label());
         let what = failure.evidence.to_string();
-        self.shared
-            .breakers
-            .record_failure(ns, &t.policy, failure.reason, &what, t.probe, now);
+        self.shared.breakers.record_failure(
+            ns,
+            &t.policy,
+            failure.reason,
+            &what,
+            t.probe,
+            self.id,
+            now,
+        );
     }
 
     /// Sends `t` again rewritten by `spec` (from the request opened on arrival); false when
@@ -184,6 +232,8 @@ impl Session {
                 self.shared.metrics.rewrite(&t.ns, "retry");
                 t.retried = true;
                 t.probe = false;
+                self.sent_finals += 1;
+                t.seq = self.sent_finals;
                 self.pending.push(t);
                 self.to_upstream.push(out);
                 true

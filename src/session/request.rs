@@ -22,8 +22,10 @@ enum Gate {
     Pass { expects_reply: bool },
     /// A write the write-stall watch follows, then forwarded untouched.
     Write,
-    /// A read a policy may govern.
+    /// A command a policy may govern (every command but the writes).
     Read,
+    /// A legacy OP_QUERY refused on a database with governed namespaces.
+    Legacy(policy::LegacyRefusal),
 }
 
 /// A governed request, with what was decided about it.
@@ -50,6 +52,7 @@ impl Session {
                 self.pass(req.into_frame(), true);
             }
             Gate::Read => self.govern(req)?,
+            Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
         }
         Ok(())
     }
@@ -65,9 +68,19 @@ impl Session {
                 expects_reply: !req.more_to_come(),
             });
         }
-        req.inflate(self.config.max_message_size)
-            .map_err(SessionError::ClientProtocol)?;
+        if let Some(gate) = self.gate_compressed(req, policy_active, watch_writes)? {
+            return Ok(gate);
+        }
+        let max = self.config.max_message_size;
+        req.inflate(max).map_err(SessionError::ClientProtocol)?;
         if !req.is_command() {
+            // A legacy opcode, or OP_COMPRESSED wrapping one (not decompressed by `inflate`).
+            if policy_active {
+                let judged = policy::judge_op_query(req.frame(), &self.config.policy, max);
+                if let Some(r) = judged.map_err(SessionError::ClientProtocol)? {
+                    return Ok(Gate::Legacy(r));
+                }
+            }
             return Ok(Gate::Pass {
                 expects_reply: true,
             });
@@ -79,16 +92,47 @@ impl Session {
         }
         Ok(match req.command_name() {
             Ok(Some(name)) if watch_writes && stall::is_write_command(name) => Gate::Write,
-            Ok(Some(name))
-                if policy_active && (command::is_read_command(name) || name == "explain") =>
-            {
-                Gate::Read
-            }
+            // Every other command: a repeated policy-relevant field or a client's own
+            // `available` is refused whatever the command (see `policy::resolve`).
+            Ok(Some(name)) if policy_active && !stall::is_write_command(name) => Gate::Read,
             Ok(_) => Gate::Pass {
                 expects_reply: true,
             },
             Err(m) => return Err(SessionError::ClientProtocol(WireError::BadBson(m.0))),
         })
+    }
+
+    /// A compressed request's gate from the first few hundred decompressed bytes: only a
+    /// command some policy may act on is decompressed whole (a small message declaring tens of
+    /// megabytes must not cost that much work to be told apart). `None`: open it whole.
+    fn gate_compressed(
+        &self,
+        req: &Request,
+        policy_active: bool,
+        watch_writes: bool,
+    ) -> Result<Option<Gate>, SessionError> {
+        let prefix = match req.compressed_prefix(crate::wire::body::COMMAND_PREFIX) {
+            Ok(Some(p)) => p,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(SessionError::ClientProtocol(e)),
+        };
+        let Some(name) = crate::wire::body::command_name_in_prefix(&prefix) else {
+            return Ok(None);
+        };
+        let flags = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        let expects_reply = flags & crate::wire::opmsg::MORE_TO_COME == 0;
+        Ok(Some(if !expects_reply {
+            Gate::Pass { expects_reply }
+        } else if watch_writes && stall::is_write_command(name) {
+            Gate::Write
+        } else if policy_active {
+            // Every non-write command is classified under an acting policy (a repeated
+            // policy-relevant field or a client's own `available` is refused whatever the
+            // command), so it is opened whole, as uncompressed ones are.
+            return Ok(None);
+        } else {
+            Gate::Pass { expects_reply }
+        }))
     }
 
     /// A read some policy may govern: classified, resolved, admitted, decided, applied.
@@ -145,7 +189,7 @@ impl Session {
     }
 
     /// Carries out a decision.
-    fn apply(&mut self, decision: Decision, g: Governed<'_, '_>) {
+    fn apply(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
         let Governed {
             req,
             info,
@@ -194,10 +238,10 @@ impl Session {
                 tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
                 self.reply_error(req.request_id(), &reply);
             }
-            Decision::Refuse => {
-                let reply = policy::refusal_reply(ns);
+            Decision::Refuse(why) => {
+                let reply = policy::refusal_reply(ns, why);
                 self.counters.refusal(&self.shared.metrics, ns);
-                tracing::debug!(ns = %ns, command = info.name, "refused: strict namespace asked for readConcern available");
+                tracing::debug!(ns = %ns, command = info.name, code = reply.code, why = ?why, "refused");
                 self.reply_error(req.request_id(), &reply);
             }
         }
@@ -245,6 +289,15 @@ impl Session {
         let out = self
             .edited(decision, req, ns, info.name)
             .unwrap_or_else(|| req.frame().clone());
+        if self.pending.len() >= self.config.limits.max_pending_reads {
+            // Sent, but not followed: no retry and no evidence from it.
+            self.shared.metrics.limits.hit("max_pending_reads");
+            tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
+            if probe {
+                self.shared.breakers.release_probe(ns);
+            }
+            return self.forward(out, true);
+        }
         if probe {
             tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
         }
@@ -261,6 +314,8 @@ impl Session {
             probe,
             retry,
             retried: false,
+            // `forward` below counts it.
+            seq: self.sent_finals + 1,
         });
         self.forward(out, true);
     }
@@ -296,12 +351,21 @@ impl Session {
 
     fn forward(&mut self, msg: Bytes, expects_reply: bool) {
         if expects_reply {
+            self.sent_finals += 1;
             self.outstanding += 1;
             if self.waiting_since.is_none() {
                 self.waiting_since = Some(Instant::now());
             }
         }
         self.to_upstream.push(msg);
+    }
+
+    /// Answers legacy OP_QUERY `request_id` with the OP_REPLY of `refusal`, sending nothing.
+    fn refuse_legacy(&mut self, request_id: i32, refusal: &policy::LegacyRefusal) {
+        self.counters.refusal(&self.shared.metrics, &refusal.ns);
+        tracing::debug!(ns = %refusal.ns, code = refusal.reply.code, "refused: legacy OP_QUERY on a database with governed namespaces");
+        let out = refusal.to_message(self.shared.ids.request_id(), request_id);
+        self.to_client.push(out);
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.

@@ -25,9 +25,15 @@ pub fn config(upstreams: Vec<String>, policies: Vec<NsPolicy>) -> Config {
     c
 }
 
+/// A policy whose breaker one raw client can open (`min_connections = 1`, every error of
+/// its connection counted, no evidence floor): these tests are about what the admin side
+/// shows, not about the evidence rules (`tests/limits.rs`).
 pub fn policy(pattern: &str, mode: Mode, threshold: u32) -> NsPolicy {
     let mut p = NsPolicy::with_defaults(pattern, mode);
     p.threshold = threshold;
+    p.min_connections = 1;
+    p.per_connection = 1000;
+    p.min_wait = std::time::Duration::ZERO;
     p
 }
 

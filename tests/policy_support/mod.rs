@@ -29,8 +29,38 @@ use crate::support::tap::Tap;
 pub const PASS_BUDGET: &str = "[defaults]\nattempt_share = 1.0\nattempt_limit = \"off\"\n";
 
 /// The namespaces most tests use: one fallback collection, the strict `pay` database; a fixed
-/// 30 s cooldown (no short first one), so an open breaker stays open through a test.
+/// 30 s cooldown (no short first one), so an open breaker stays open through a test. These
+/// tests walk the decision table with one driver client, so one connection's errors must
+/// open a breaker and its waits of a few milliseconds must count: `min_connections = 1`,
+/// `per_connection` at its largest and `min_wait = "0s"` (the evidence rules have their
+/// own tests in `tests/limits.rs`, on [`DEFAULT_NAMESPACES`]).
 pub const BASE_NAMESPACES: &str = r#"
+[[namespaces]]
+pattern = "demo.store_inventory"
+mode = "fallback"
+threshold = 3
+window = "10s"
+cooldown = "30s"
+min_cooldown = "30s"
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+threshold = 3
+window = "10s"
+cooldown = "30s"
+min_cooldown = "30s"
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+"#;
+
+/// The same namespaces with the built-in evidence rules (`min_connections = 2`,
+/// `per_connection = 1`, `min_wait = "1s"`).
+pub const DEFAULT_NAMESPACES: &str = r#"
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"

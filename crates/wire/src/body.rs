@@ -163,3 +163,107 @@ pub fn inner_header(outer: &Header, payload_len: usize) -> Header {
         op_code: OpCode::MSG,
     }
 }
+
+/// How much of a compressed OP_MSG [`command_name_in_prefix`] needs: flags, section kind,
+/// document length, element type, and a key of up to 255 bytes with its NUL.
+pub const COMMAND_PREFIX: usize = 4 + 1 + 4 + 1 + 256;
+
+/// The command name (the body's first key) read from the start of an OP_MSG payload (the
+/// bytes after the header), when the body is the first section and its first key lies
+/// within `prefix`. `None` otherwise (a document sequence first, an empty body, a longer
+/// key): the caller opens the whole message.
+pub fn command_name_in_prefix(prefix: &[u8]) -> Option<&str> {
+    if *prefix.get(4)? != 0 {
+        return None;
+    }
+    let doc_len = i32::from_le_bytes(prefix.get(5..9)?.try_into().ok()?);
+    // An element needs a type byte, a key of at least its NUL, and the document's own NUL.
+    if doc_len < 5 + 1 + 1 + 1 || *prefix.get(9)? == 0 {
+        return None;
+    }
+    let key = prefix.get(10..)?;
+    let end = key.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&key[..end]).ok()
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::*;
+    use crate::compressed::{compress, Compressed, ZLIB, ZSTD};
+
+    #[test]
+    fn command_name_from_a_prefix_of_a_bomb() {
+        // An insert whose body expands to 40 MB: its name costs a few hundred bytes.
+        let pad = 40_000_000usize;
+        let mut elems = vec![2u8];
+        elems.extend_from_slice(b"insert\0");
+        elems.extend_from_slice(&2i32.to_le_bytes());
+        elems.extend_from_slice(b"c\0");
+        elems.push(5);
+        elems.extend_from_slice(b"pad\0");
+        elems.extend_from_slice(&(pad as i32).to_le_bytes());
+        elems.push(0);
+        elems.resize(elems.len() + pad, 0);
+        let mut payload = vec![0, 0, 0, 0, 0];
+        payload.extend_from_slice(&((elems.len() + 5) as i32).to_le_bytes());
+        payload.extend_from_slice(&elems);
+        payload.push(0);
+        for compressor in [ZLIB, ZSTD] {
+            let data = compress(compressor, &payload).unwrap();
+            let mut wire = Vec::new();
+            wire.extend_from_slice(&crate::OpCode::MSG.to_le_bytes());
+            wire.extend_from_slice(&(payload.len() as i32).to_le_bytes());
+            wire.push(compressor);
+            wire.extend_from_slice(&data);
+            let c = Compressed::parse(&wire).unwrap();
+            let prefix = c.decompress_prefix(COMMAND_PREFIX).unwrap();
+            assert_eq!(prefix.len(), COMMAND_PREFIX);
+            assert_eq!(command_name_in_prefix(&prefix), Some("insert"));
+        }
+    }
+
+    #[test]
+    fn a_snappy_length_past_snappys_ratio_is_refused_before_allocating() {
+        use crate::compressed::SNAPPY;
+        // Varint 48,000,000 then one literal byte: snappy cannot expand 6 bytes that far.
+        let mut data = Vec::new();
+        let mut n = 48_000_000u32;
+        while n >= 0x80 {
+            data.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        data.push(n as u8);
+        data.extend_from_slice(&[0, b'x']);
+        let mut wire = Vec::new();
+        wire.extend_from_slice(&crate::OpCode::MSG.to_le_bytes());
+        wire.extend_from_slice(&48_000_000i32.to_le_bytes());
+        wire.push(SNAPPY);
+        wire.extend_from_slice(&data);
+        let c = Compressed::parse(&wire).unwrap();
+        assert!(matches!(
+            c.decompress(48_000_000),
+            Err(WireError::Decompress(_))
+        ));
+        assert!(matches!(
+            c.decompress_prefix(COMMAND_PREFIX),
+            Err(WireError::Decompress(_))
+        ));
+    }
+
+    #[test]
+    fn no_name_without_a_body_first() {
+        assert_eq!(command_name_in_prefix(&[0, 0, 0, 0, 1, 9, 0, 0, 0]), None);
+        assert_eq!(
+            command_name_in_prefix(&[0, 0, 0, 0, 0, 5, 0, 0, 0, 0]),
+            None
+        );
+        assert_eq!(
+            command_name_in_prefix(&[0, 0, 0, 0, 0, 16, 0, 0, 0, 2, b'f', b'i']),
+            None
+        );
+        assert_eq!(
+            command_name_in_prefix(&[0, 0, 0, 0, 0, 16, 0, 0, 0, 2, b'f', 0]),
+            Some("f")
+        );
+    }
+}

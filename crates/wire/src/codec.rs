@@ -1,6 +1,8 @@
 //! Length-prefixed framing: one item is one whole message, header included, as `Bytes`
 //! split off the read buffer (no copy).
 
+use std::time::Instant;
+
 use bytes::{Bytes, BytesMut};
 use tokio_util::codec::Decoder;
 
@@ -13,6 +15,10 @@ const MIN_ROOM: usize = 8 * 1024;
 #[derive(Debug, Clone)]
 pub struct MessageCodec {
     max: usize,
+    /// Since when a message has been partly received (its first bytes arrived and it is
+    /// not whole yet): what a deadline for finishing a message is measured from. Read from
+    /// the clock only when a read ends inside a message.
+    partial_since: Option<Instant>,
     /// Make room for a whole declared frame at once (for a peer we trust: the upstream
     /// mongos), instead of growing with the bytes received (for clients).
     trust_declared: bool,
@@ -23,6 +29,7 @@ impl MessageCodec {
     pub fn new(max_message_size: usize) -> Self {
         MessageCodec {
             max: max_message_size.max(HEADER_LEN),
+            partial_since: None,
             trust_declared: false,
         }
     }
@@ -33,6 +40,19 @@ impl MessageCodec {
         MessageCodec {
             trust_declared: true,
             ..MessageCodec::new(max_message_size)
+        }
+    }
+}
+
+impl MessageCodec {
+    /// When the message being received now started arriving; `None` between messages.
+    pub fn partial_since(&self) -> Option<Instant> {
+        self.partial_since
+    }
+
+    fn partial(&mut self) {
+        if self.partial_since.is_none() {
+            self.partial_since = Some(Instant::now());
         }
     }
 }
@@ -50,7 +70,12 @@ impl Decoder for MessageCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
+        if src.is_empty() {
+            self.partial_since = None;
+            return Ok(None);
+        }
         if src.len() < 4 {
+            self.partial();
             return Ok(None);
         }
         let declared = i32::from_le_bytes([src[0], src[1], src[2], src[3]]);
@@ -80,8 +105,11 @@ impl Decoder for MessageCodec {
                 grown.extend_from_slice(src);
                 *src = grown;
             }
+            self.partial();
             return Ok(None);
         }
+        // The next message's clock starts when the decoder next finds it partial.
+        self.partial_since = None;
         Ok(Some(src.split_to(len).freeze()))
     }
 }

@@ -57,8 +57,7 @@ impl<'a> Compressed<'a> {
         let out = match self.compressor {
             NOOP => self.data.to_vec(),
             SNAPPY => {
-                let n = snap::raw::decompress_len(self.data)
-                    .map_err(|e| WireError::Decompress(e.to_string()))?;
+                let n = snappy_len(self.data)?;
                 if n != want {
                     return Err(WireError::SizeMismatch {
                         declared: declared as i64,
@@ -87,6 +86,58 @@ impl<'a> Compressed<'a> {
                 actual: out.len(),
             });
         }
+        Ok(out)
+    }
+}
+
+/// The most snappy can expand: a 3-byte copy tag yields at most 64 bytes (and the stream
+/// starts with its length as a varint of up to 5 bytes).
+pub const SNAPPY_MAX_RATIO: usize = 22;
+
+/// The decompressed length a snappy block states, refused when its own format could not
+/// produce it from this input (the decoder would allocate and zero it before failing).
+fn snappy_len(data: &[u8]) -> Result<usize, WireError> {
+    let n = snap::raw::decompress_len(data).map_err(|e| WireError::Decompress(e.to_string()))?;
+    if n > data.len().saturating_mul(SNAPPY_MAX_RATIO) {
+        return Err(WireError::Decompress(format!(
+            "snappy block states {n} bytes from {} compressed: more than snappy can expand",
+            data.len()
+        )));
+    }
+    Ok(n)
+}
+
+impl Compressed<'_> {
+    /// The first `n` bytes of the wrapped payload (fewer when it is shorter), decompressing
+    /// no further than that for zlib and zstd: reading a command name must not cost the
+    /// whole message. Snappy blocks are decompressed whole (bounded by snappy's own ratio,
+    /// [`SNAPPY_MAX_RATIO`]) and cut.
+    pub fn decompress_prefix(&self, n: usize) -> Result<Vec<u8>, WireError> {
+        let declared = self.uncompressed_size;
+        if declared < 0 {
+            return Err(WireError::BadLength {
+                len: declared as i64,
+                max: n,
+            });
+        }
+        let n = n.min(declared as usize);
+        let mut out = match self.compressor {
+            NOOP => self.data[..n.min(self.data.len())].to_vec(),
+            SNAPPY => {
+                snappy_len(self.data)?;
+                snap::raw::Decoder::new()
+                    .decompress_vec(self.data)
+                    .map_err(|e| WireError::Decompress(e.to_string()))?
+            }
+            ZLIB => read_bounded(flate2::read::ZlibDecoder::new(self.data), n, 0)?,
+            ZSTD => {
+                let dec = zstd::stream::read::Decoder::with_buffer(self.data)
+                    .map_err(|e| WireError::Decompress(e.to_string()))?;
+                read_bounded(dec, n, 0)?
+            }
+            other => return Err(WireError::UnknownCompressor(other)),
+        };
+        out.truncate(n);
         Ok(out)
     }
 }

@@ -29,8 +29,21 @@ pub fn op_msg(request_id: i32, response_to: i32, flags: u32, body: &RawDocument)
     out.freeze()
 }
 
+/// OP_REPLY `responseFlags` bit: the query failed, the document holds `$err`.
+pub const QUERY_FAILURE: i32 = 2;
+
 /// An OP_REPLY carrying one document, as answers to legacy OP_QUERY commands.
 pub fn op_reply(request_id: i32, response_to: i32, doc: &RawDocument) -> Bytes {
+    op_reply_with_flags(request_id, response_to, 0, doc)
+}
+
+/// An OP_REPLY with `responseFlags` and one document.
+pub fn op_reply_with_flags(
+    request_id: i32,
+    response_to: i32,
+    response_flags: i32,
+    doc: &RawDocument,
+) -> Bytes {
     let doc = doc.as_bytes();
     let len = HEADER_LEN + 20 + doc.len();
     let mut out = BytesMut::with_capacity(len);
@@ -41,7 +54,7 @@ pub fn op_reply(request_id: i32, response_to: i32, doc: &RawDocument) -> Bytes {
         op_code: OpCode::REPLY,
     }
     .put(&mut out);
-    out.put_i32_le(0);
+    out.put_i32_le(response_flags);
     out.put_i64_le(0);
     out.put_i32_le(0);
     out.put_i32_le(1);

@@ -122,6 +122,20 @@ impl Request {
         Ok(())
     }
 
+    /// For an OP_COMPRESSED wrapping an OP_MSG not inflated yet: the first `n` bytes of the
+    /// wrapped payload, decompressing no further (see [`Compressed::decompress_prefix`]).
+    /// `None` for anything else.
+    pub fn compressed_prefix(&self, n: usize) -> Result<Option<Vec<u8>>, WireError> {
+        if !matches!(self.state, State::Compressed) {
+            return Ok(None);
+        }
+        let c = Compressed::parse(&self.frame[HEADER_LEN..])?;
+        if c.original_opcode != OpCode::MSG {
+            return Ok(None);
+        }
+        c.decompress_prefix(n).map(Some)
+    }
+
     /// The message as it arrived.
     pub fn frame(&self) -> &Bytes {
         &self.frame

@@ -12,6 +12,10 @@ use bson::RawDocument;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
+mod walk;
+
+use self::walk::Walk;
+
 /// `$readPreference.mode`; a missing `$readPreference` means `Primary` (drivers never send
 /// mode primary to mongos).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,13 +85,54 @@ pub struct ReadConcernInfo<'a> {
     pub malformed: bool,
 }
 
+/// The policy-relevant keys met so far in one document, a bit each: a repeat is noticed in
+/// the same pass, without allocating.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen(u16);
+
+impl Seen {
+    /// Marks `bit`; when it was marked already, `path` is the duplicate (the first one found
+    /// is kept).
+    #[inline]
+    fn mark<'a>(&mut self, bit: u16, path: &'a str, dup: &mut Option<&'a str>) {
+        if self.0 & bit != 0 && dup.is_none() {
+            *dup = Some(path);
+        }
+        self.0 |= bit;
+    }
+}
+
+// Bits of `Seen`, one namespace per document level (the same bit means different keys in
+// different documents).
+const K_COMMAND: u16 = 1;
+const K_DB: u16 = 1 << 1;
+const K_READ_PREF: u16 = 1 << 2;
+const K_READ_CONCERN: u16 = 1 << 3;
+const K_MAX_TIME: u16 = 1 << 4;
+const K_PIPELINE: u16 = 1 << 5;
+const K_AUTOCOMMIT: u16 = 1 << 6;
+const K_START_TXN: u16 = 1 << 7;
+// readConcern
+const K_LEVEL: u16 = 1;
+const K_AFTER: u16 = 1 << 1;
+const K_AT: u16 = 1 << 2;
+// $readPreference
+const K_MODE: u16 = 1;
+// stages
+const K_FROM: u16 = 1;
+const K_COLL: u16 = 1 << 1;
+const K_STAGE_PIPELINE: u16 = 1 << 2;
+const K_FROM_DB: u16 = 1 << 3;
+
 /// What the policy needs to know about one command. Built by [`classify`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommandInfo<'a> {
     /// The first key of the body (for `explain`, still `"explain"`).
     pub name: &'a str,
-    /// `$db`.
+    /// `$db` (its last occurrence when repeated).
     pub db: Option<&'a str>,
+    /// The first `$db`, when `$db` is repeated (a server may read either; see `duplicate`).
+    pub first_db: Option<&'a str>,
     /// The primary collection: the string value of the first key (of the inner command when
     /// wrapped in `explain`); `None` for `aggregate: 1` and non-string values.
     pub collection: Option<&'a str>,
@@ -115,7 +160,17 @@ pub struct CommandInfo<'a> {
     /// Every namespace the command reads besides the primary one: `$lookup.from`,
     /// `$graphLookup.from`, `$unionWith`, recursively through `$lookup.pipeline`,
     /// `$unionWith.pipeline` and `$facet`. Empty (and not allocated) for most commands.
+    /// A repeated `from`/`coll` adds each occurrence.
     pub other_namespaces: Vec<Ns<'a>>,
+    /// The first policy-relevant field found repeated in the same document, by path:
+    /// `$db`, `readConcern`, `readConcern.level`, `readConcern.afterClusterTime`,
+    /// `readConcern.atClusterTime`, `$readPreference`, `$readPreference.mode`, `maxTimeMS`,
+    /// `pipeline`, `autocommit`, `startTransaction`, the command key itself, the same under
+    /// `explain`, and in pipeline stages the stage name, `$lookup.from` (and its `db`/`coll`),
+    /// `$lookup.pipeline`, `$graphLookup.from`, `$unionWith.coll`, `$unionWith.pipeline`.
+    /// Servers differ on which occurrence they read (first, or an error), so such a command
+    /// cannot be classified the way the server will read it.
+    pub duplicate: Option<&'a str>,
 }
 
 impl<'a> CommandInfo<'a> {
@@ -188,17 +243,52 @@ fn classify_from<'a>(
         info.collection = string_value(&first)?;
     }
     let is_aggregate = info.name == "aggregate";
+    // The command key is met already: it is the first.
+    let mut seen = Seen(K_COMMAND);
+    let mut dup = None;
     while let Some(e) = elems.next_elem()? {
         match e.key {
-            b"$db" => info.db = string_value(&e)?,
-            b"$readPreference" => read_preference(&e, &mut info)?,
-            b"readConcern" => info.read_concern = read_concern(&e)?,
-            b"autocommit" | b"startTransaction" => info.in_transaction = true,
+            b"$db" => {
+                if seen.0 & K_DB == 0 {
+                    info.first_db = string_value(&e)?;
+                }
+                seen.mark(K_DB, "$db", &mut dup);
+                info.db = string_value(&e)?;
+            }
+            b"$readPreference" => {
+                seen.mark(K_READ_PREF, "$readPreference", &mut dup);
+                read_preference(&e, &mut info, &mut dup)?;
+            }
+            b"readConcern" => {
+                seen.mark(K_READ_CONCERN, "readConcern", &mut dup);
+                info.read_concern = read_concern(&e, &mut dup)?;
+            }
+            b"autocommit" => {
+                seen.mark(K_AUTOCOMMIT, "autocommit", &mut dup);
+                info.in_transaction = true;
+            }
+            b"startTransaction" => {
+                seen.mark(K_START_TXN, "startTransaction", &mut dup);
+                info.in_transaction = true;
+            }
             b"txnNumber" => info.txn_number = true,
-            b"maxTimeMS" => info.max_time_ms = scan::int_value(&e),
-            b"pipeline" if is_aggregate => pipeline = Some(e),
+            b"maxTimeMS" => {
+                seen.mark(K_MAX_TIME, "maxTimeMS", &mut dup);
+                info.max_time_ms = scan::int_value(&e);
+            }
+            b"pipeline" if is_aggregate => {
+                seen.mark(K_PIPELINE, "pipeline", &mut dup);
+                pipeline = Some(e);
+            }
+            k if k == first.key => seen.mark(K_COMMAND, info.name, &mut dup),
             _ => {}
         }
+    }
+    if info.first_db == info.db {
+        info.first_db = None;
+    }
+    if dup.is_some() {
+        info.duplicate = dup;
     }
     if let Some(p) = pipeline {
         // Walked after the top level because `$db` (needed for `$lookup: {from: "c"}`)
@@ -226,27 +316,45 @@ fn classify_explained<'a>(
     info.collection = string_value(&first)?;
     let is_aggregate = first.key == b"aggregate";
     let mut pipeline = None;
+    let mut seen = Seen(K_COMMAND);
+    let dup = &mut info.duplicate;
     while let Some(e) = elems.next_elem()? {
         match e.key {
             // Read before the outer fields, which overwrite these when present.
-            b"readConcern" => info.read_concern = read_concern(&e)?,
-            b"maxTimeMS" => info.max_time_ms = scan::int_value(&e),
-            b"pipeline" if is_aggregate => pipeline = Some(e),
+            b"readConcern" => {
+                seen.mark(K_READ_CONCERN, "explain.readConcern", dup);
+                info.read_concern = read_concern(&e, dup)?;
+            }
+            b"maxTimeMS" => {
+                seen.mark(K_MAX_TIME, "explain.maxTimeMS", dup);
+                info.max_time_ms = scan::int_value(&e);
+            }
+            b"pipeline" if is_aggregate => {
+                seen.mark(K_PIPELINE, "explain.pipeline", dup);
+                pipeline = Some(e);
+            }
+            k if k == first.key => seen.mark(K_COMMAND, scan::key_str(k)?, dup),
             _ => {}
         }
     }
     Ok(pipeline)
 }
 
-fn read_preference<'a>(e: &Elem<'a>, info: &mut CommandInfo<'a>) -> Result<(), ClassifyError> {
+fn read_preference<'a>(
+    e: &Elem<'a>,
+    info: &mut CommandInfo<'a>,
+    dup: &mut Option<&'a str>,
+) -> Result<(), ClassifyError> {
     info.read_pref = None;
     info.read_pref_unknown = true;
     if e.tag != scan::DOCUMENT {
         return Ok(());
     }
     let mut elems = Elements::new(e.value)?;
+    let mut seen = Seen::default();
     while let Some(f) = elems.next_elem()? {
         if f.key == b"mode" {
+            seen.mark(K_MODE, "$readPreference.mode", dup);
             let mode = string_value(&f)?.and_then(ReadPrefMode::parse);
             info.read_pref = mode;
             info.read_pref_unknown = mode.is_none();
@@ -255,7 +363,10 @@ fn read_preference<'a>(e: &Elem<'a>, info: &mut CommandInfo<'a>) -> Result<(), C
     Ok(())
 }
 
-fn read_concern<'a>(e: &Elem<'a>) -> Result<ReadConcernInfo<'a>, ClassifyError> {
+fn read_concern<'a>(
+    e: &Elem<'a>,
+    dup: &mut Option<&'a str>,
+) -> Result<ReadConcernInfo<'a>, ClassifyError> {
     let mut rc = ReadConcernInfo {
         present: true,
         ..ReadConcernInfo::default()
@@ -265,14 +376,24 @@ fn read_concern<'a>(e: &Elem<'a>) -> Result<ReadConcernInfo<'a>, ClassifyError> 
         return Ok(rc);
     }
     let mut elems = Elements::new(e.value)?;
+    let mut seen = Seen::default();
     while let Some(f) = elems.next_elem()? {
         match f.key {
-            b"level" => match string_value(&f)? {
-                Some(level) => rc.level = Some(level),
-                None => rc.malformed = true,
-            },
-            b"afterClusterTime" => rc.after_cluster_time = true,
-            b"atClusterTime" => rc.at_cluster_time = true,
+            b"level" => {
+                seen.mark(K_LEVEL, "readConcern.level", dup);
+                match string_value(&f)? {
+                    Some(level) => rc.level = Some(level),
+                    None => rc.malformed = true,
+                }
+            }
+            b"afterClusterTime" => {
+                seen.mark(K_AFTER, "readConcern.afterClusterTime", dup);
+                rc.after_cluster_time = true;
+            }
+            b"atClusterTime" => {
+                seen.mark(K_AT, "readConcern.atClusterTime", dup);
+                rc.at_cluster_time = true;
+            }
             _ => rc.other_fields = true,
         }
     }
@@ -285,168 +406,6 @@ fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
         return Ok(None);
     }
     Ok(Some(scan::str_value(e.value)?))
-}
-
-/// A recursive walk of one aggregation pipeline and its sub-pipelines.
-struct Walk<'a, 'i> {
-    db: Option<&'a str>,
-    primary: Option<Ns<'a>>,
-    info: &'i mut CommandInfo<'a>,
-}
-
-impl<'a> Walk<'a, '_> {
-    fn opaque(&mut self) {
-        self.info.opaque_stage = true;
-    }
-
-    /// `e` should be an array of stages; anything else is an opaque shape.
-    fn pipeline_elem(&mut self, e: &Elem<'a>, depth: u32) -> Result<(), ClassifyError> {
-        if e.tag != scan::ARRAY {
-            self.opaque();
-            return Ok(());
-        }
-        if depth >= MAX_PIPELINE_DEPTH {
-            self.opaque();
-            return Ok(());
-        }
-        let mut stages = Elements::new(e.value)?;
-        while let Some(stage) = stages.next_elem()? {
-            if stage.tag != scan::DOCUMENT {
-                self.opaque();
-                continue;
-            }
-            match Elements::new(stage.value)?.next_elem()? {
-                Some(spec) => self.stage(&spec, depth)?,
-                None => self.opaque(),
-            }
-        }
-        Ok(())
-    }
-
-    /// One stage, `spec` being its single `{$name: value}` element.
-    fn stage(&mut self, spec: &Elem<'a>, depth: u32) -> Result<(), ClassifyError> {
-        match spec.key {
-            b"$lookup" => self.lookup(spec, depth),
-            b"$graphLookup" => self.graph_lookup(spec),
-            b"$unionWith" => self.union_with(spec, depth),
-            b"$facet" => self.facet(spec, depth),
-            b"$out" => {
-                self.info.has_out = true;
-                Ok(())
-            }
-            b"$merge" => {
-                self.info.has_merge = true;
-                Ok(())
-            }
-            b"$changeStream" => {
-                self.info.has_change_stream = true;
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn lookup(&mut self, spec: &Elem<'a>, depth: u32) -> Result<(), ClassifyError> {
-        if spec.tag != scan::DOCUMENT {
-            self.opaque();
-            return Ok(());
-        }
-        let mut fields = Elements::new(spec.value)?;
-        while let Some(f) = fields.next_elem()? {
-            match f.key {
-                b"from" => match f.tag {
-                    scan::STRING => self.same_db(scan::str_value(f.value)?),
-                    scan::DOCUMENT => self.db_coll(f.value)?,
-                    _ => self.opaque(),
-                },
-                b"pipeline" => self.pipeline_elem(&f, depth + 1)?,
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// `from: {db: "d", coll: "c"}`.
-    fn db_coll(&mut self, doc: &'a [u8]) -> Result<(), ClassifyError> {
-        let (mut db, mut coll) = (None, None);
-        let mut fields = Elements::new(doc)?;
-        while let Some(f) = fields.next_elem()? {
-            match f.key {
-                b"db" => db = string_value(&f)?,
-                b"coll" => coll = string_value(&f)?,
-                _ => {}
-            }
-        }
-        match (db, coll) {
-            (Some(db), Some(coll)) => self.push(Ns { db, coll }),
-            _ => self.opaque(),
-        }
-        Ok(())
-    }
-
-    fn graph_lookup(&mut self, spec: &Elem<'a>) -> Result<(), ClassifyError> {
-        if spec.tag == scan::DOCUMENT {
-            let mut fields = Elements::new(spec.value)?;
-            while let Some(f) = fields.next_elem()? {
-                if f.key == b"from" {
-                    match string_value(&f)? {
-                        Some(coll) => self.same_db(coll),
-                        None => self.opaque(),
-                    }
-                    return Ok(());
-                }
-            }
-        }
-        // Not a document, or no `from`: the server rejects it, but we cannot tell what it reads.
-        self.opaque();
-        Ok(())
-    }
-
-    fn union_with(&mut self, spec: &Elem<'a>, depth: u32) -> Result<(), ClassifyError> {
-        match spec.tag {
-            scan::STRING => self.same_db(scan::str_value(spec.value)?),
-            scan::DOCUMENT => {
-                let mut fields = Elements::new(spec.value)?;
-                while let Some(f) = fields.next_elem()? {
-                    match f.key {
-                        b"coll" => match string_value(&f)? {
-                            Some(coll) => self.same_db(coll),
-                            None => self.opaque(),
-                        },
-                        b"pipeline" => self.pipeline_elem(&f, depth + 1)?,
-                        _ => {}
-                    }
-                }
-            }
-            _ => self.opaque(),
-        }
-        Ok(())
-    }
-
-    fn facet(&mut self, spec: &Elem<'a>, depth: u32) -> Result<(), ClassifyError> {
-        if spec.tag != scan::DOCUMENT {
-            self.opaque();
-            return Ok(());
-        }
-        let mut facets = Elements::new(spec.value)?;
-        while let Some(f) = facets.next_elem()? {
-            self.pipeline_elem(&f, depth + 1)?;
-        }
-        Ok(())
-    }
-
-    fn same_db(&mut self, coll: &'a str) {
-        match self.db {
-            Some(db) => self.push(Ns { db, coll }),
-            None => self.opaque(),
-        }
-    }
-
-    fn push(&mut self, ns: Ns<'a>) {
-        if self.primary != Some(ns) && !self.info.other_namespaces.contains(&ns) {
-            self.info.other_namespaces.push(ns);
-        }
-    }
 }
 
 /// A read the policy may act on, before looking at namespaces and read preference: one of

@@ -1,0 +1,90 @@
+//! The resource limits' metrics: what each limit is set to, how often it acted, and the
+//! evidence the breakers set aside because a client's word alone cannot prove a failure.
+//! Labels are fixed lists.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Which limit (the `limit` label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    pub limit: &'static str,
+}
+
+/// Why a trigger error was not counted (the `why` label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhyLabel {
+    pub why: &'static str,
+}
+
+/// The `limit` labels, in the order `/metrics` lists them.
+pub const LIMITS: [&str; 5] = [
+    "max_connections",
+    "message_timeout",
+    "idle_timeout",
+    "max_pending_reads",
+    "max_breakers",
+];
+
+/// The `why` labels of `evidence_ignored_total`.
+pub const IGNORED: [&str; 3] = ["short_wait", "short_time_limit", "per_connection"];
+
+#[derive(Default)]
+pub struct LimitMetrics {
+    /// The configured value of each limit (seconds for durations, 0 when off).
+    pub setting: Family<LimitLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Times a limit acted: a refused or closed client, a read not tracked, a breaker
+    /// evicted or not created.
+    pub hits: Family<LimitLabel, Counter>,
+    /// Breakers in the map now.
+    pub breakers: Gauge,
+    /// Trigger errors set aside as no evidence, by why.
+    pub ignored: Family<WhyLabel, Counter>,
+}
+
+impl LimitMetrics {
+    pub(super) fn register(&self, r: &mut Registry) {
+        r.register(
+            "limit_setting",
+            "The configured value of each resource limit (seconds for durations, 0 when off)",
+            self.setting.clone(),
+        );
+        r.register(
+            "limit_hits",
+            "Times a resource limit acted (client refused or closed, read not tracked, breaker evicted)",
+            self.hits.clone(),
+        );
+        r.register("breakers", "Breakers in the map now", self.breakers.clone());
+        r.register(
+            "evidence_ignored",
+            "Trigger errors not counted: short_wait (client gave up or slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window)",
+            self.ignored.clone(),
+        );
+        // Every series exists from the start at 0, so a first hit is an increase.
+        for limit in LIMITS {
+            let _ = self.hits.get_or_create(&LimitLabel { limit });
+            let _ = self.setting.get_or_create(&LimitLabel { limit });
+        }
+        for why in IGNORED {
+            let _ = self.ignored.get_or_create(&WhyLabel { why });
+        }
+    }
+
+    /// A limit acted.
+    pub fn hit(&self, limit: &'static str) {
+        self.hits.get_or_create(&LimitLabel { limit }).inc();
+    }
+
+    /// A trigger error was set aside.
+    pub fn ignored(&self, why: &'static str) {
+        self.ignored.get_or_create(&WhyLabel { why }).inc();
+    }
+
+    /// Records a limit's configured value.
+    pub fn set(&self, limit: &'static str, value: f64) {
+        self.setting.get_or_create(&LimitLabel { limit }).set(value);
+    }
+}
