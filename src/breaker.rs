@@ -717,6 +717,7 @@ mod tests {
         let t0 = Instant::now();
         fail_from(&b, &p, 1, t0);
         p.cooldown = Duration::MAX;
+        p.min_cooldown = Duration::MAX;
         assert!(matches!(
             b.admit("demo.inv", &p, t0 + Duration::from_secs(1)).0,
             Admission::Open { probe_in, .. } if probe_in == Duration::MAX
