@@ -271,7 +271,7 @@ impl Snapshot {
     pub fn next_probe(&self, policy: &NsPolicy) -> Option<Instant> {
         match self.state {
             State::Open if !self.held && self.early => Some(self.opened_at),
-            State::Open if !self.held => Some(self.opened_at + backoff(policy, self.step)),
+            State::Open if !self.held => self.opened_at.checked_add(backoff(policy, self.step)),
             _ => None,
         }
     }

@@ -30,7 +30,7 @@ use staleguard::sim::{self, Cluster, MoveReport, SimConfig, SimHandle, TableStat
 
 use policy_support::{
     available, body, command_error, command_name, level, max_time_ms, read_concern, select,
-    try_body, PASS_BUDGET,
+    try_body, with_pass_budget,
 };
 use support::py::run_check;
 use support::tap::Tap;
@@ -102,7 +102,7 @@ struct SimEnv {
 impl SimEnv {
     /// The decision-table tests: the first attempt keeps the client's whole budget.
     async fn start(namespaces: &str) -> SimEnv {
-        SimEnv::start_with(&format!("{PASS_BUDGET}{namespaces}"), REFRESH_TIMEOUT).await
+        SimEnv::start_with(&with_pass_budget(namespaces), REFRESH_TIMEOUT).await
     }
 
     /// `config` as given (default budget split), the sim with `refresh_timeout`.
@@ -970,7 +970,9 @@ async fn pymongo_time_limit_path_answers_from_the_first_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_resume_primary_both_namespaces_are_back_to_unmodified_reads_within_5s() {
-    let env = SimEnv::start_with(DEFAULT_NAMESPACES, REAL_REFRESH).await;
+    // Default budget split and backoff (min_cooldown 1 s, cooldown 30 s); the evidence rules
+    // relaxed as in the other sim tests, since one driver connection opens the breakers here.
+    let env = SimEnv::start_with(&namespaces(3, "30s"), REAL_REFRESH).await;
     let (guarded, direct) = (env.guarded().await, env.direct().await);
     warm(&direct, &["a1"]).await;
     env.incident(&["a1"]);

@@ -26,7 +26,38 @@ use crate::support::tap::Tap;
 /// These tests check the decision table byte for byte: the first attempt keeps the client's
 /// whole budget and reads without one go as sent (the split itself is tested against
 /// the sim, `tests/policy_sim.rs`).
-pub const PASS_BUDGET: &str = "[defaults]\nattempt_share = 1.0\nattempt_limit = \"off\"\n";
+pub const PASS_BUDGET: &str = "attempt_share = 1.0\nattempt_limit = \"off\"\n";
+
+/// `config` with [`PASS_BUDGET`] in its `[defaults]` table: added to the caller's own
+/// `[defaults]` when it has one, else as a new table after the top-level keys (a table opened
+/// before them would capture them).
+pub fn with_pass_budget(config: &str) -> String {
+    let mut out = String::with_capacity(config.len() + 64);
+    let mut placed = false;
+    for line in config.lines() {
+        let header = line.trim_start();
+        if !placed && header == "[defaults]" {
+            out.push_str(line);
+            out.push('\n');
+            out.push_str(PASS_BUDGET);
+            placed = true;
+            continue;
+        }
+        if !placed && header.starts_with('[') && !config.lines().any(|l| l.trim() == "[defaults]") {
+            out.push_str("[defaults]\n");
+            out.push_str(PASS_BUDGET);
+            out.push('\n');
+            placed = true;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if !placed {
+        out.push_str("[defaults]\n");
+        out.push_str(PASS_BUDGET);
+    }
+    out
+}
 
 /// The namespaces most tests use: one fallback collection, the strict `pay` database; a fixed
 /// 30 s cooldown (no short first one), so an open breaker stays open through a test. These
@@ -91,10 +122,10 @@ impl Env {
     /// Starts everything with `namespaces` (TOML `[[namespaces]]` entries) as the policy.
     pub async fn start(namespaces: &str) -> Env {
         let fake = FakeMongos::start().await;
-        let text = format!(
-            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nshutdown_timeout = \"0s\"\n{PASS_BUDGET}{namespaces}",
+        let text = with_pass_budget(&format!(
+            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nshutdown_timeout = \"0s\"\n{namespaces}",
             fake.addr()
-        );
+        ));
         let config = match Config::parse(&text, Path::new("policy-test.toml")) {
             Ok(c) => Arc::new(c),
             Err(errors) => panic!("test config rejected: {errors:?}\n{text}"),
