@@ -17,6 +17,27 @@ fn fmt_opt(d: Option<Duration>) -> String {
 }
 
 /// The names of a read-preference bit set, comma-separated.
+/// The per-namespace settings, in the order `policy_cells` gives them (after pattern and mode):
+/// the table's columns and the lines of `--explain`.
+const POLICY_COLUMNS: [&str; 16] = [
+    "threshold",
+    "window",
+    "cooldown",
+    "read_preferences",
+    "trigger_codes",
+    "max_time",
+    "slow_read",
+    "min_wait",
+    "min_connections",
+    "per_connection",
+    "dry_run",
+    "causal",
+    "min_cooldown",
+    "ladder",
+    "attempt_share",
+    "attempt_limit",
+];
+
 pub fn read_pref_names(bits: u8) -> String {
     ReadPrefMode::ALL
         .iter()
@@ -30,7 +51,7 @@ pub fn read_pref_names(bits: u8) -> String {
 fn policy_cells(p: &NsPolicy) -> Vec<String> {
     let mut cells = vec![p.pattern.clone(), p.mode.as_str().to_string()];
     if p.mode == Mode::Passthrough {
-        cells.extend(std::iter::repeat_n("-".to_string(), 16));
+        cells.extend(std::iter::repeat_n("-".to_string(), POLICY_COLUMNS.len()));
         return cells;
     }
     let codes: Vec<String> = p.trigger_codes.iter().map(|c| c.to_string()).collect();
@@ -164,35 +185,18 @@ fn namespaces(out: &mut String, t: &PolicyTable) {
         out.push_str("no [[namespaces]] entries: every read passes through untouched\n");
         return;
     }
-    let header = [
-        "#",
-        "line",
-        "pattern",
-        "mode",
-        "threshold",
-        "window",
-        "cooldown",
-        "read_preferences",
-        "trigger_codes",
-        "max_time",
-        "slow_read",
-        "min_wait",
-        "min_connections",
-        "per_connection",
-        "dry_run",
-        "causal",
-        "min_cooldown",
-        "ladder",
-        "attempt_share",
-        "attempt_limit",
-    ];
-    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    let header = ["#", "line", "pattern", "mode"]
+        .iter()
+        .chain(POLICY_COLUMNS.iter())
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>();
+    let mut rows = vec![header];
     for (i, p) in t.entries().iter().enumerate() {
         let mut row = vec![i.to_string(), t.line(i).to_string()];
         row.extend(policy_cells(p));
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..header.len())
+    let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
     for row in rows {
@@ -281,25 +285,7 @@ pub fn explain(config: &Config, ns: &str) -> String {
     let _ = writeln!(out, "  effect: {}", effect(p));
     if p.mode != Mode::Passthrough {
         let cells = policy_cells(p);
-        let names = [
-            "threshold",
-            "window",
-            "cooldown",
-            "read_preferences",
-            "trigger_codes",
-            "max_time",
-            "slow_read",
-            "min_wait",
-            "min_connections",
-            "per_connection",
-            "dry_run",
-            "causal",
-            "min_cooldown",
-            "ladder",
-            "attempt_share",
-            "attempt_limit",
-        ];
-        for (name, value) in names.iter().zip(&cells[2..]) {
+        for (name, value) in POLICY_COLUMNS.iter().zip(&cells[2..]) {
             let _ = writeln!(out, "  {name:<17}{value}");
         }
     }
