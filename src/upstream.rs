@@ -210,7 +210,7 @@ impl Upstreams {
         &self,
         config: &Config,
         metrics: &Metrics,
-    ) -> Result<(Stream, String), NoUpstream> {
+    ) -> Result<(Stream, Arc<Upstream>), NoUpstream> {
         let list = self.list.load_full();
         let n = list.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
@@ -228,7 +228,7 @@ impl Upstreams {
             )
             .await
             {
-                Ok(s) => return Ok((s, u.addr.clone())),
+                Ok(s) => return Ok((s, Arc::clone(u))),
                 Err(e) => {
                     if matches!(e, DialError::Tls(_)) {
                         metrics.tls_failure("upstream");

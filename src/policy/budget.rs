@@ -76,6 +76,15 @@ pub fn next_rung_ms(total_ms: Option<i64>, elapsed: Duration) -> Result<Option<i
     }
 }
 
+/// The `maxTimeMS` of a middle rung (the primary, with `available` after it): a share of
+/// what is left, as the first attempt's share of the whole (`remaining` `None`: no budget,
+/// so `limit`, or no limit when off).
+pub fn rung_share(remaining: Option<i64>, share: f64, limit: Option<Duration>) -> Option<i64> {
+    attempt_budget(remaining, None, share, limit)
+        .first_ms
+        .or(remaining)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +193,17 @@ mod tests {
             attempt_budget(None, Some(Duration::from_millis(400)), 1.0, None).first_ms,
             Some(400)
         );
+    }
+
+    #[test]
+    fn a_middle_rung_takes_a_share_of_what_is_left() {
+        assert_eq!(rung_share(Some(800), HALF, LIMIT), Some(400));
+        assert_eq!(rung_share(Some(4000), HALF, LIMIT), Some(500));
+        assert_eq!(rung_share(Some(1), HALF, LIMIT), Some(1));
+        // Share 1 and no limit: all of it, still written.
+        assert_eq!(rung_share(Some(300), 1.0, None), Some(300));
+        assert_eq!(rung_share(None, HALF, LIMIT), Some(500));
+        assert_eq!(rung_share(None, HALF, None), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::next_rung_ms;
+use super::budget::{next_rung_ms, rung_share};
 use super::reason::Reason;
 use super::table::{Causal, NsPolicy};
 use crate::rewrite::RewriteSpec;
@@ -40,10 +40,34 @@ pub struct Read<'t> {
     pub max_time_ms: Option<i64>,
     /// The breaker's half-open probe.
     pub probe: bool,
-    /// A trigger error is answered by sending the read again with `available`.
+    /// The primary rung is still ahead: a trigger error sends the read to the primary.
+    pub primary: bool,
+    /// The `available` rung is still ahead (fallback).
     pub retry: bool,
-    /// This is the resend: its first attempt was judged already.
-    pub retried: bool,
+    /// Which attempt this is.
+    pub rung: Rung,
+}
+
+/// One attempt of a read: the ladder's rungs, in the order a read climbs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rung {
+    /// The read as the client sent it (its `maxTimeMS` perhaps lowered to a share).
+    First,
+    /// Sent with `$readPreference: {mode: "primary"}`, read concern untouched.
+    Primary,
+    /// Sent with `readConcern: {level: "available"}`.
+    Available,
+}
+
+impl Rung {
+    /// The `rung` label of the ladder metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rung::First => "first",
+            Rung::Primary => "primary",
+            Rung::Available => "available",
+        }
+    }
 }
 
 /// How a tracked read ended.
@@ -86,16 +110,21 @@ pub enum Verdict<'s> {
     /// A success for the breaker (a half-open probe closes it).
     Success,
     /// A failure for the breaker; whatever the upstream said goes to the client.
-    /// `out_of_time`: a resend was due, but the read's `maxTimeMS` is spent.
+    /// `out_of_time`: this rung was due, but the read's budget is spent.
     Fail {
         failure: Failure<'s>,
-        out_of_time: bool,
+        out_of_time: Option<Rung>,
     },
-    /// A failure for the breaker, and the read is sent again rewritten by `spec`; the
-    /// client never sees this reply.
+    /// The read climbs to rung `to`, sent again rewritten by `spec`; the client never sees
+    /// this reply. `failure`: what the breaker counts (the first attempt's trigger error;
+    /// `None` when a rung failed, which says nothing about the secondaries). `or_else`:
+    /// when `to` is the primary and its guard refuses the read, the `available` resend to
+    /// send instead (`None`: the reply goes to the client).
     Retry {
-        failure: Failure<'s>,
+        failure: Option<Failure<'s>>,
+        to: Rung,
         spec: RewriteSpec,
+        or_else: Option<RewriteSpec>,
     },
     /// Nothing for the breaker.
     Ignore(Ignored),
@@ -104,9 +133,15 @@ pub enum Verdict<'s> {
 /// Why a read's end counts for nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ignored {
-    /// The resend ended: the read was counted on its first reply, not twice. `trigger`: the
-    /// resend failed with that trigger code too.
-    Retried { trigger: Option<i32> },
+    /// A rung above the first ended: the read was counted on its first reply, not twice.
+    /// `trigger`: the rung failed with that trigger code too; `ok`: it answered `ok: 1`;
+    /// `no_time`: the next rung was due but the read's budget is spent.
+    Retried {
+        rung: Rung,
+        trigger: Option<i32>,
+        ok: bool,
+        no_time: bool,
+    },
     /// The reply's status cannot be read; a half-open probe gives its slot back.
     Unreadable { release_probe: bool },
     /// The upstream connection ended: that is the upstream's failure, not the namespace's.
@@ -129,7 +164,12 @@ pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'
             release_probe: read.probe,
         }),
         // Its first attempt's error was counted; the read is not counted twice.
-        Ending::ClientGone if read.retried => Verdict::Ignore(Ignored::Retried { trigger: None }),
+        Ending::ClientGone if read.rung != Rung::First => Verdict::Ignore(Ignored::Retried {
+            rung: read.rung,
+            trigger: None,
+            ok: false,
+            no_time: false,
+        }),
         // A client that leaves at once proves nothing about the cluster.
         Ending::ClientGone if elapsed < read.policy.evidence_floor() => {
             Verdict::Ignore(Ignored::ShortWait {
@@ -142,7 +182,7 @@ pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'
                 reason: Reason::TimeLimit,
                 evidence: Evidence::ClientGaveUp { waited: elapsed },
             },
-            out_of_time: false,
+            out_of_time: None,
         },
         Ending::Reply(status) => judge_reply(read, status, elapsed),
     }
@@ -151,9 +191,8 @@ pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'
 fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) -> Verdict<'s> {
     let policy = read.policy;
     let trigger = status.code.filter(|&c| !status.ok && policy.is_trigger(c));
-    if read.retried {
-        // The breaker counts failing reads, not attempts.
-        return Verdict::Ignore(Ignored::Retried { trigger });
+    if read.rung != Rung::First {
+        return judge_rung(read, status.ok, trigger, elapsed);
     }
     let floor = policy.evidence_floor();
     if let Some(code) = trigger {
@@ -170,26 +209,24 @@ fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) 
                 code_name: status.code_name.as_deref(),
             },
         };
-        if !read.retry {
-            return Verdict::Fail {
-                failure,
-                out_of_time: false,
-            };
-        }
-        // The resend carries what the first attempt left of the read's whole budget.
+        let next = match (read.primary, read.retry) {
+            (true, _) => Rung::Primary,
+            (false, true) => Rung::Available,
+            (false, false) => {
+                return Verdict::Fail {
+                    failure,
+                    out_of_time: None,
+                }
+            }
+        };
+        // The next rung carries what the first attempt left of the read's whole budget.
         let Ok(remaining) = next_rung_ms(read.max_time_ms, elapsed) else {
             return Verdict::Fail {
                 failure,
-                out_of_time: true,
+                out_of_time: Some(next),
             };
         };
-        let spec = RewriteSpec {
-            available: true,
-            drop_after_cluster_time: policy.causal == Causal::Drop,
-            max_time_ms: remaining,
-            primary: false,
-        };
-        return Verdict::Retry { failure, spec };
+        return climb(read, Some(failure), next, remaining);
     }
     match policy.slow_read.filter(|&limit| elapsed > limit) {
         // Slower than slow_read but within the floor: an ordinary answer.
@@ -199,9 +236,78 @@ fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) 
                 reason: Reason::TimeLimit,
                 evidence: Evidence::Slow { elapsed, limit },
             },
-            out_of_time: false,
+            out_of_time: None,
         },
         None => Verdict::Success,
+    }
+}
+
+/// A rung above the first ended: nothing for the breaker (a primary's or an `available`
+/// read's answer says nothing about the secondaries); the primary rung's trigger error
+/// climbs on to `available` when that rung is ahead.
+fn judge_rung<'s>(
+    read: &Read<'_>,
+    ok: bool,
+    trigger: Option<i32>,
+    elapsed: Duration,
+) -> Verdict<'s> {
+    let ended = |no_time| {
+        Verdict::Ignore(Ignored::Retried {
+            rung: read.rung,
+            trigger,
+            ok,
+            no_time,
+        })
+    };
+    if read.rung != Rung::Primary || !read.retry || trigger.is_none() {
+        return ended(false);
+    }
+    match next_rung_ms(read.max_time_ms, elapsed) {
+        Ok(remaining) => climb(read, None, Rung::Available, remaining),
+        Err(()) => ended(true),
+    }
+}
+
+/// The resend to rung `to` with `remaining` of the budget: the primary gets a share of it
+/// when `available` follows (the guard's refusal sends `available` at once instead), the
+/// last rung all of it.
+fn climb<'s>(
+    read: &Read<'_>,
+    failure: Option<Failure<'s>>,
+    to: Rung,
+    remaining: Option<i64>,
+) -> Verdict<'s> {
+    let policy = read.policy;
+    let available = RewriteSpec {
+        available: true,
+        drop_after_cluster_time: policy.causal == Causal::Drop,
+        max_time_ms: remaining,
+        primary: false,
+    };
+    match to {
+        Rung::Primary => {
+            let max_time_ms = if read.retry {
+                rung_share(remaining, policy.attempt_share, policy.attempt_limit)
+            } else {
+                remaining
+            };
+            Verdict::Retry {
+                failure,
+                to,
+                spec: RewriteSpec {
+                    primary: true,
+                    max_time_ms,
+                    ..RewriteSpec::default()
+                },
+                or_else: read.retry.then_some(available),
+            }
+        }
+        _ => Verdict::Retry {
+            failure,
+            to: Rung::Available,
+            spec: available,
+            or_else: None,
+        },
     }
 }
 
@@ -259,8 +365,9 @@ mod tests {
             started,
             max_time_ms,
             probe,
+            primary: false,
             retry: false,
-            retried: false,
+            rung: Rung::First,
         }
     }
 
@@ -442,8 +549,13 @@ mod tests {
                 started: start,
                 max_time_ms: r.max_time_ms,
                 probe: r.probe,
+                primary: false,
                 retry: r.mode == Mode::Fallback,
-                retried: r.retried,
+                rung: if r.retried {
+                    Rung::Available
+                } else {
+                    Rung::First
+                },
             };
             let got = judge(&read, r.ending, start + r.after);
             assert_eq!(got, r.want, "{}", r.what);
@@ -465,7 +577,13 @@ mod tests {
         };
         let fail = |failure| Verdict::Fail {
             failure,
-            out_of_time: false,
+            out_of_time: None,
+        };
+        let retry = |failure, spec| Verdict::Retry {
+            failure: Some(failure),
+            to: Rung::Available,
+            spec,
+            or_else: None,
         };
         let slow = |elapsed| {
             fail(Failure {
@@ -485,38 +603,113 @@ mod tests {
         #[rustfmt::skip]
         let rows = [
             // Trigger code.
-            Row { what: "fallback, trigger: resend with available, no budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Retry { failure: code(Reason::StaleRouting, STALE, "StaleConfig"), spec: available(None) } },
-            Row { what: "fallback, trigger: the resend gets what is left of maxTimeMS", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&time_limit), after: ms(120), want: Verdict::Retry { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), spec: available(Some(380)) } },
-            Row { what: "fallback, the first attempt's share timed out: the resend gets the rest of the whole budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(500), want: Verdict::Retry { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), spec: available(Some(500)) } },
-            Row { what: "fallback, trigger 1 ms before the budget ends: the resend gets 1 ms", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(999), want: Verdict::Retry { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), spec: available(Some(1)) } },
-            Row { what: "fallback, trigger past the budget: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(1_200), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: true } },
-            Row { what: "fallback, trigger, maxTimeMS spent: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(100), ending: Ending::Reply(&time_limit), after: ms(100), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: true } },
+            Row { what: "fallback, trigger: resend with available, no budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: retry(code(Reason::StaleRouting, STALE, "StaleConfig"), available(None)) },
+            Row { what: "fallback, trigger: the resend gets what is left of maxTimeMS", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&time_limit), after: ms(120), want: retry(code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), available(Some(380))) },
+            Row { what: "fallback, the first attempt's share timed out: the resend gets the rest of the whole budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(500), want: retry(code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), available(Some(500))) },
+            Row { what: "fallback, trigger 1 ms before the budget ends: the resend gets 1 ms", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(999), want: retry(code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), available(Some(1))) },
+            Row { what: "fallback, trigger past the budget: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(1_200), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: Some(Rung::Available) } },
+            Row { what: "fallback, trigger, maxTimeMS spent: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(100), ending: Ending::Reply(&time_limit), after: ms(100), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: Some(Rung::Available) } },
             Row { what: "strict, trigger: counted, the error goes to the client", mode: Mode::Strict, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&stale), after: ms(30), want: fail(code(Reason::StaleRouting, STALE, "StaleConfig")) },
-            Row { what: "the resend's trigger error is not counted again", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Ignore(Ignored::Retried { trigger: Some(STALE) }) },
+            Row { what: "the resend's trigger error is not counted again", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Ignore(Ignored::Retried { rung: Rung::Available, trigger: Some(STALE), ok: false, no_time: false }) },
             // Other error.
             Row { what: "other error: a success for the breaker", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&other), after: ms(30), want: Verdict::Success },
             Row { what: "slow other error: a time-limit error", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&other), after: ms(250), want: slow(ms(250)) },
             Row { what: "unreadable reply: nothing counted", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Unreadable, after: ms(30), want: Verdict::Ignore(Ignored::Unreadable { release_probe: false }) },
             // Success.
             Row { what: "success", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Success },
-            Row { what: "the resend's success", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Ignore(Ignored::Retried { trigger: None }) },
+            Row { what: "the resend's success", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Ignore(Ignored::Retried { rung: Rung::Available, trigger: None, ok: true, no_time: false }) },
             // Slow reply.
             Row { what: "slow success: a time-limit error", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(201), want: slow(ms(201)) },
             Row { what: "exactly slow_read is not slow", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(200), want: Verdict::Success },
             // Client gone.
             Row { what: "client gave up: a time-limit error", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: gave_up(ms(40)) },
-            Row { what: "client gave up on the resend: counted once already", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: Verdict::Ignore(Ignored::Retried { trigger: None }) },
+            Row { what: "client gave up on the resend: counted once already", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: Verdict::Ignore(Ignored::Retried { rung: Rung::Available, trigger: None, ok: false, no_time: false }) },
             // Upstream gone.
             Row { what: "upstream gone: nothing counted", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::UpstreamGone, after: ms(40), want: Verdict::Ignore(Ignored::UpstreamGone) },
             // Probe result (the session passes `probe` to the breaker with the verdict).
             Row { what: "probe success closes", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Success },
             Row { what: "strict probe, trigger: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: fail(code(Reason::StaleRouting, STALE, "StaleConfig")) },
-            Row { what: "fallback probe, trigger: re-opens and resends", mode: Mode::Fallback, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Retry { failure: code(Reason::StaleRouting, STALE, "StaleConfig"), spec: available(None) } },
+            Row { what: "fallback probe, trigger: re-opens and resends", mode: Mode::Fallback, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: retry(code(Reason::StaleRouting, STALE, "StaleConfig"), available(None)) },
             Row { what: "slow probe: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(300), want: slow(ms(300)) },
             Row { what: "probe whose client gave up: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: gave_up(ms(40)) },
             Row { what: "unreadable probe reply: the probe slot is given back", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Unreadable, after: ms(30), want: Verdict::Ignore(Ignored::Unreadable { release_probe: true }) },
         ];
         check(&rows);
+    }
+
+    #[test]
+    fn ladder_rungs() {
+        let ms = Duration::from_millis;
+        let stale = status(false, Some(STALE), Some("StaleConfig"));
+        let ok = status(true, None, None);
+        let start = Instant::now();
+        let strict = policy(Mode::Strict);
+        let fallback = policy(Mode::Fallback);
+        let read = |p, budget, rung, retry| Read {
+            policy: p,
+            started: start,
+            max_time_ms: budget,
+            probe: false,
+            primary: rung == Rung::First,
+            retry,
+            rung,
+        };
+        let primary = |max_time_ms| RewriteSpec {
+            primary: true,
+            max_time_ms,
+            ..RewriteSpec::default()
+        };
+        let available = |max_time_ms| RewriteSpec {
+            available: true,
+            drop_after_cluster_time: true,
+            max_time_ms,
+            primary: false,
+        };
+        let counted = Some(code(Reason::StaleRouting, STALE, "StaleConfig"));
+        let ended = |rung, trigger, ok, no_time| {
+            Verdict::Ignore(Ignored::Retried {
+                rung,
+                trigger,
+                ok,
+                no_time,
+            })
+        };
+        #[rustfmt::skip]
+        let rows: [(&str, Read<'_>, Ending<'_>, Duration, Verdict<'_>); 10] = [
+            ("strict: the primary is the last rung, with all that is left",
+             read(&strict, Some(1000), Rung::First, false), Ending::Reply(&stale), ms(30),
+             Verdict::Retry { failure: counted.clone(), to: Rung::Primary, spec: primary(Some(970)), or_else: None }),
+            ("fallback: the primary gets a share of what is left, available the rest if refused",
+             read(&fallback, Some(1000), Rung::First, true), Ending::Reply(&stale), ms(100),
+             Verdict::Retry { failure: counted.clone(), to: Rung::Primary, spec: primary(Some(450)), or_else: Some(available(Some(900))) }),
+            ("fallback without a budget: the primary gets attempt_limit, available none",
+             read(&fallback, None, Rung::First, true), Ending::Reply(&stale), ms(100),
+             Verdict::Retry { failure: counted.clone(), to: Rung::Primary, spec: primary(Some(500)), or_else: Some(available(None)) }),
+            ("no time left for the primary: counted, the error to the client",
+             read(&strict, Some(1000), Rung::First, false), Ending::Reply(&stale), ms(1000),
+             Verdict::Fail { failure: counted.clone().unwrap(), out_of_time: Some(Rung::Primary) }),
+            ("the primary failed, available ahead: climbs on, nothing counted",
+             read(&fallback, Some(1000), Rung::Primary, true), Ending::Reply(&stale), ms(600),
+             Verdict::Retry { failure: None, to: Rung::Available, spec: available(Some(400)), or_else: None }),
+            ("the primary failed, available ahead, budget spent",
+             read(&fallback, Some(1000), Rung::Primary, true), Ending::Reply(&stale), ms(1000),
+             ended(Rung::Primary, Some(STALE), false, true)),
+            ("strict: the primary failed too: its error to the client, nothing counted",
+             read(&strict, Some(1000), Rung::Primary, false), Ending::Reply(&stale), ms(600),
+             ended(Rung::Primary, Some(STALE), false, false)),
+            ("the primary answered (slow or not): nothing for the breaker",
+             read(&strict, None, Rung::Primary, false), Ending::Reply(&ok), ms(5000),
+             ended(Rung::Primary, None, true, false)),
+            ("the client left during the primary rung: not counted",
+             read(&strict, None, Rung::Primary, false), Ending::ClientGone, ms(5000),
+             ended(Rung::Primary, None, false, false)),
+            ("available answered after the primary",
+             read(&fallback, None, Rung::Available, false), Ending::Reply(&ok), ms(30),
+             ended(Rung::Available, None, true, false)),
+        ];
+        for (what, read, ending, after, want) in rows {
+            assert_eq!(judge(&read, ending, start + after), want, "{what}");
+        }
     }
 
     #[test]
@@ -529,8 +722,9 @@ mod tests {
             started: start,
             max_time_ms: None,
             probe: false,
+            primary: false,
             retry: true,
-            retried: false,
+            rung: Rung::First,
         };
         let stale = status(false, Some(STALE), None);
         match judge(&read, Ending::Reply(&stale), start) {

@@ -23,11 +23,11 @@ mod outcome;
 mod reason;
 mod table;
 
-pub use budget::{attempt_budget, next_rung_ms, AttemptBudget};
+pub use budget::{attempt_budget, next_rung_ms, rung_share, AttemptBudget};
 pub use decide::{
     capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Refusal, Target,
 };
-pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Verdict};
+pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Rung, Verdict};
 pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
 pub use outcome::{
     apply_dry_run, fail_fast_reply, legacy_refusal_reply, refusal_reply, rewrite_spec, ErrorReply,

@@ -100,6 +100,10 @@ pub struct Session {
     ns_buf: String,
     /// The upstream this client is paired with (its configured address).
     upstream: String,
+    /// That upstream's guard on primary-rung reads (`[ladder_guard]`).
+    ladder: Option<Arc<crate::upstream::LadderGuard>>,
+    /// Scratch space for the orphan estimate on `available` replies.
+    ids: crate::wire::dupids::IdSet,
     /// Writes sent and not answered yet (write-stall watch).
     writes: WriteTracker,
     /// Messages waiting to be written, per peer: the loop never waits on a write.
@@ -137,6 +141,8 @@ impl Session {
             counters: Counters::default(),
             ns_buf: String::new(),
             upstream: String::new(),
+            ladder: None,
+            ids: Default::default(),
             writes: WriteTracker::default(),
             to_upstream: Outbox::default(),
             to_client: Outbox::default(),
@@ -184,13 +190,14 @@ impl Session {
                 return;
             }
         };
-        let (upstream, upstream_addr) = match connected {
+        let (upstream, router) = match connected {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::error!(error = %e, "closing client: no upstream reachable");
                 return;
             }
         };
+        let upstream_addr = router.addr.clone();
         tracing::debug!(upstream = %upstream_addr, "paired");
         let m = &self.shared.metrics;
         m.client_connections.inc();
@@ -205,6 +212,7 @@ impl Session {
         let mut this = self;
         this.counters.set_latency(latency);
         this.upstream = upstream_addr;
+        this.ladder = Some(router.ladder.clone());
         let max = this.config.max_message_size;
         match upstream {
             Stream::Plain(u) => {

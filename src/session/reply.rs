@@ -8,9 +8,15 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::Session;
-use crate::policy::{self, Ending, Evidence, Failure, Ignored, NsPolicy, Verdict};
+use crate::policy::{self, Ending, Evidence, Failure, Ignored, NsPolicy, Rung, Verdict};
 use crate::rewrite::{self, RewriteSpec};
+use crate::upstream::LadderPermit;
+use crate::wire::dupids::{self, IdSet};
 use crate::wire::{Reply, Request};
+
+/// Documents of one `available` reply looked at for duplicate `_id`s (a sample: the
+/// estimate is a lower bound; the scratch set stays below 64 KiB per connection).
+pub(super) const ORPHAN_SCAN_CAP: usize = 4096;
 
 /// A read whose reply the session inspects.
 #[derive(Debug)]
@@ -23,11 +29,17 @@ pub(super) struct Tracked {
     /// second header read or decompression).
     pub(super) original: Request,
     pub(super) started: Instant,
-    /// `maxTimeMS` in force for the read as sent (client's, or the cap).
+    /// The read's whole budget (client's `maxTimeMS`, or the cap); `None`: no limit.
     pub(super) max_time_ms: Option<i64>,
     pub(super) probe: bool,
+    /// The primary rung is still ahead.
+    pub(super) primary: bool,
+    /// The `available` rung is still ahead.
     pub(super) retry: bool,
-    pub(super) retried: bool,
+    /// The attempt in flight.
+    pub(super) rung: Rung,
+    /// The upstream's ladder slot, held while the primary rung is in flight.
+    pub(super) permit: Option<LadderPermit>,
     /// Its place among the requests sent upstream that expect a final reply (see
     /// `Session::sent_finals`).
     pub(super) seq: u64,
@@ -40,8 +52,9 @@ impl Tracked {
             started: self.started,
             max_time_ms: self.max_time_ms,
             probe: self.probe,
+            primary: self.primary,
             retry: self.retry,
-            retried: self.retried,
+            rung: self.rung,
         }
     }
 }
@@ -115,7 +128,32 @@ impl Session {
             }
         };
         let verdict = policy::judge(&t.read(), ending, now);
+        if t.rung == Rung::Available && status.as_ref().is_ok_and(|s| s.ok) {
+            self.count_orphans(&t.ns, reply);
+        }
         self.apply_verdict(t, verdict, now)
+    }
+
+    /// Documents returned twice (same `_id`) in an `available` reply: orphans the proxy can
+    /// see, counted for the orphan estimate.
+    fn count_orphans(&mut self, ns: &str, reply: &Reply) {
+        let max = self.config.max_message_size;
+        match dupids::reply_duplicate_ids(reply.frame(), max, &mut self.ids, ORPHAN_SCAN_CAP) {
+            Ok(n) => {
+                if n.duplicates > 0 {
+                    tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
+                }
+                self.shared
+                    .metrics
+                    .orphans_estimated(ns, n.duplicates as u64);
+            }
+            Err(e) => {
+                tracing::debug!(ns = %ns, error = %e, "available reply not examined for orphans")
+            }
+        }
+        if self.ids.capacity() > ORPHAN_SCAN_CAP {
+            self.ids = IdSet::default();
+        }
     }
 
     /// The client left with tracked reads unanswered.
@@ -137,7 +175,7 @@ impl Session {
     }
 
     /// Carries out a verdict; returns true when a resend went out in place of the reply.
-    fn apply_verdict(&mut self, t: Tracked, verdict: Verdict<'_>, now: Instant) -> bool {
+    fn apply_verdict(&mut self, mut t: Tracked, verdict: Verdict<'_>, now: Instant) -> bool {
         match verdict {
             Verdict::Success => {
                 self.shared.breakers.record_success(&t.ns, t.probe, now);
@@ -148,20 +186,57 @@ impl Session {
                 out_of_time,
             } => {
                 self.count_failure(&t, &failure, now);
-                if out_of_time {
-                    tracing::info!(ns = %t.ns, "no time left to retry, returning the error");
+                if let Some(rung) = out_of_time {
+                    self.shared
+                        .metrics
+                        .ladder_attempt(&t.ns, rung.as_str(), "no_time");
+                    tracing::info!(ns = %t.ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
                 }
                 false
             }
-            Verdict::Retry { failure, spec } => {
-                self.count_failure(&t, &failure, now);
-                self.resend(t, &failure, &spec)
+            Verdict::Retry {
+                failure,
+                to,
+                spec,
+                or_else,
+            } => {
+                if let Some(failure) = &failure {
+                    self.count_failure(&t, failure, now);
+                } else {
+                    // The primary rung failed; available is next.
+                    self.ladder_ended(&mut t, false);
+                }
+                let code = failure.as_ref().and_then(|f| match f.evidence {
+                    Evidence::Code { code, .. } => Some(code),
+                    _ => None,
+                });
+                if to == Rung::Primary {
+                    match self.claim_ladder(&t.ns) {
+                        Some(permit) => t.permit = Some(permit),
+                        None => match or_else {
+                            Some(spec) => return self.resend(t, Rung::Available, code, &spec),
+                            None => return false,
+                        },
+                    }
+                }
+                self.resend(t, to, code, &spec)
             }
             Verdict::Ignore(Ignored::Retried {
-                trigger: Some(code),
+                rung,
+                trigger,
+                ok,
+                no_time,
             }) => {
-                // Whatever the resend got goes to the client.
-                tracing::info!(ns = %t.ns, command = %t.command, code, "resend failed too; returning its error");
+                self.ladder_ended(&mut t, ok);
+                if no_time {
+                    self.shared
+                        .metrics
+                        .ladder_attempt(&t.ns, Rung::Available.as_str(), "no_time");
+                }
+                if let Some(code) = trigger {
+                    // Whatever the last rung got goes to the client.
+                    tracing::info!(ns = %t.ns, command = %t.command, code, rung = rung.as_str(), "the last rung failed too; returning its error");
+                }
                 false
             }
             Verdict::Ignore(Ignored::Unreadable {
@@ -186,6 +261,29 @@ impl Session {
                 false
             }
             Verdict::Ignore(_) => false,
+        }
+    }
+
+    /// A rung above the first ended: counted in the ladder metric, its guard slot freed.
+    fn ladder_ended(&self, t: &mut Tracked, answered: bool) {
+        t.permit = None;
+        let result = if answered { "answered" } else { "failed" };
+        self.shared
+            .metrics
+            .ladder_attempt(&t.ns, t.rung.as_str(), result);
+    }
+
+    /// A slot on this connection's upstream for one primary-rung read, or `None` (counted
+    /// as `denied`) when the guard is full.
+    pub(super) fn claim_ladder(&self, ns: &str) -> Option<LadderPermit> {
+        let guard = self.ladder.as_ref()?;
+        match guard.try_acquire(self.config.ladder_guard, Instant::now()) {
+            Ok(permit) => Some(permit),
+            Err(denied) => {
+                self.shared.metrics.ladder_attempt(ns, "primary", "denied");
+                tracing::debug!(ns = %ns, limit = denied.as_str(), upstream = %self.upstream, "primary rung refused by the ladder guard");
+                None
+            }
         }
     }
 
@@ -219,18 +317,26 @@ impl Session {
         );
     }
 
-    /// Sends `t` again rewritten by `spec` (from the request opened on arrival); false when
-    /// the rewrite fails and the error goes to the client instead.
-    fn resend(&mut self, mut t: Tracked, failure: &Failure<'_>, spec: &RewriteSpec) -> bool {
-        let code = match failure.evidence {
-            Evidence::Code { code, .. } => Some(code),
-            _ => None,
-        };
+    /// Sends `t` again, to rung `to`, rewritten by `spec` (from the request opened on
+    /// arrival); false when the rewrite fails and the error goes to the client instead.
+    fn resend(&mut self, mut t: Tracked, to: Rung, code: Option<i32>, spec: &RewriteSpec) -> bool {
         match rewrite::rewrite(&t.original, spec, self.config.max_message_size) {
             Ok(out) => {
-                tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
-                self.shared.metrics.rewrite(&t.ns, "retry");
-                t.retried = true;
+                match to {
+                    Rung::Primary => {
+                        tracing::info!(ns = %t.ns, command = %t.command, code, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)")
+                    }
+                    _ => {
+                        tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
+                        self.shared.metrics.rewrite(&t.ns, "retry");
+                    }
+                }
+                if to == Rung::Available {
+                    t.permit = None;
+                }
+                t.primary = false;
+                t.retry &= to == Rung::Primary;
+                t.rung = to;
                 t.probe = false;
                 self.sent_finals += 1;
                 t.seq = self.sent_finals;
@@ -239,7 +345,7 @@ impl Session {
                 true
             }
             Err(e) => {
-                tracing::warn!(ns = %t.ns, error = %e, "cannot rewrite for retry, returning the error");
+                tracing::warn!(ns = %t.ns, error = %e, "cannot rewrite for the next rung, returning the error");
                 false
             }
         }

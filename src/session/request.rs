@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::reply::Tracked;
 use super::{Session, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
-use crate::policy::{self, Admission, AfterPrimary, Decision, ErrorReply, Mode, Target};
+use crate::policy::{self, Admission, AfterPrimary, Decision, ErrorReply, Mode, Rung, Target};
 use crate::rewrite;
 use crate::stall;
 use crate::wire::{Request, WireError};
@@ -26,6 +26,34 @@ enum Gate {
     Read,
     /// A legacy OP_QUERY refused on a database with governed namespaces.
     Legacy(policy::LegacyRefusal),
+}
+
+/// One attempt of a followed read: which rung it is, what is still ahead of it, its budget.
+struct Attempt {
+    rung: Rung,
+    /// The primary rung is still ahead.
+    primary: bool,
+    /// The `available` rung is still ahead.
+    retry: bool,
+    probe: bool,
+    /// The read's whole budget (the next rung spends what this attempt leaves).
+    budget_ms: Option<i64>,
+    /// The upstream's ladder slot (primary rung).
+    permit: Option<crate::upstream::LadderPermit>,
+}
+
+impl Attempt {
+    /// An attempt with nothing ahead of it and no budget (`available` sent at once).
+    fn last(rung: Rung) -> Attempt {
+        Attempt {
+            rung,
+            primary: false,
+            retry: false,
+            probe: false,
+            budget_ms: None,
+            permit: None,
+        }
+    }
 }
 
 /// A governed request, with what was decided about it.
@@ -201,43 +229,49 @@ impl Session {
         match decision {
             Decision::Forward => self.forward(req.frame().clone(), true),
             Decision::Track { .. } => self.track(&decision, req, info, target, ns, now),
-            Decision::Rewrite { .. } => self.send_available(decision, req, info, ns),
-            // The session does not send the primary rung yet (README "Not built yet"): the
-            // read does what it does without a ladder, `available` or the fail-fast error.
+            Decision::Rewrite { .. } => self.send_available(decision, req, info, target, ns, now),
             Decision::Primary {
-                then:
+                budget_ms, then, ..
+            } => {
+                // The primary rung, when this upstream's guard has room; else what follows it.
+                if let Some(permit) = self.claim_ladder(ns) {
+                    let retry = matches!(then, AfterPrimary::Available { .. });
+                    if let Some(out) = self.edited(&decision, req, ns, info.name) {
+                        tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
+                        let attempt = Attempt {
+                            retry,
+                            budget_ms,
+                            permit: Some(permit),
+                            ..Attempt::last(Rung::Primary)
+                        };
+                        self.follow(out, req, info, target, ns, now, attempt);
+                        return;
+                    }
+                }
+                match then {
                     AfterPrimary::Available {
                         drop_after_cluster_time,
-                    },
-                budget_ms,
-                ..
-            } => {
-                let without_ladder = Decision::Rewrite {
-                    drop_after_cluster_time,
-                    cap_ms: budget_ms,
-                };
-                self.send_available(without_ladder, req, info, ns);
-            }
-            Decision::Primary {
-                then:
+                    } => {
+                        let cap_ms =
+                            policy::capped_max_time(info.max_time_ms, target.policy.max_time);
+                        let instead = Decision::Rewrite {
+                            drop_after_cluster_time,
+                            cap_ms,
+                        };
+                        self.send_available(instead, req, info, target, ns, now);
+                    }
                     AfterPrimary::FailFast {
                         reason,
                         probe_in,
                         errors,
-                    },
-                ..
+                    } => self.fail_fast(req, info, ns, reason, probe_in, errors),
+                }
             }
-            | Decision::FailFast {
+            Decision::FailFast {
                 reason,
                 probe_in,
                 errors,
-            } => {
-                let reply =
-                    policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
-                self.counters.fail_fast(&self.shared.metrics, ns);
-                tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
-                self.reply_error(req.request_id(), &reply);
-            }
+            } => self.fail_fast(req, info, ns, reason, probe_in, errors),
             Decision::Refuse(why) => {
                 let reply = policy::refusal_reply(ns, why);
                 self.counters.refusal(&self.shared.metrics, ns);
@@ -247,20 +281,39 @@ impl Session {
         }
     }
 
-    /// Sends a read rewritten to `available` before it goes (`decision` is a `Rewrite`); as
-    /// it arrived when the rewrite fails.
+    /// Answers a strict read whose breaker is open with the fail-fast error, sending nothing.
+    fn fail_fast(
+        &mut self,
+        req: &Request,
+        info: &CommandInfo<'_>,
+        ns: &str,
+        reason: policy::Reason,
+        probe_in: std::time::Duration,
+        errors: u32,
+    ) {
+        let reply = policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
+        self.counters.fail_fast(&self.shared.metrics, ns);
+        tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
+        self.reply_error(req.request_id(), &reply);
+    }
+
+    /// Sends a read rewritten to `available` before it goes (`decision` is a `Rewrite`),
+    /// followed for the orphan estimate; as it arrived when the rewrite fails.
     fn send_available(
         &mut self,
         decision: Decision,
         req: &Request,
         info: &CommandInfo<'_>,
+        target: &Target<'_>,
         ns: &str,
+        now: Instant,
     ) {
         match self.edited(&decision, req, ns, info.name) {
             Some(out) => {
                 self.counters.preemptive_rewrite(&self.shared.metrics, ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
-                self.forward(out, true);
+                let attempt = Attempt::last(Rung::Available);
+                self.follow(out, req, info, target, ns, now, attempt);
             }
             None => self.forward(req.frame().clone(), true),
         }
@@ -281,6 +334,7 @@ impl Session {
             budget_ms,
             probe,
             retry,
+            primary,
             ..
         } = *decision
         else {
@@ -289,17 +343,40 @@ impl Session {
         let out = self
             .edited(decision, req, ns, info.name)
             .unwrap_or_else(|| req.frame().clone());
-        if self.pending.len() >= self.config.limits.max_pending_reads {
-            // Sent, but not followed: no retry and no evidence from it.
-            self.shared.metrics.limits.hit("max_pending_reads");
-            tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
-            if probe {
-                self.shared.breakers.release_probe(ns);
-            }
-            return self.forward(out, true);
-        }
         if probe {
             tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
+        }
+        let first = Attempt {
+            primary,
+            retry,
+            probe,
+            budget_ms,
+            ..Attempt::last(Rung::First)
+        };
+        if !self.follow(out, req, info, target, ns, now, first) && probe {
+            self.shared.breakers.release_probe(ns);
+        }
+    }
+
+    /// Sends `out` (request `req`, as `attempt`) and remembers it for its reply. Past
+    /// `max_pending_reads` the read is sent but not followed (false): no next rung and no
+    /// evidence from it (its ladder slot is freed at once).
+    #[allow(clippy::too_many_arguments)]
+    fn follow(
+        &mut self,
+        out: Bytes,
+        req: &Request,
+        info: &CommandInfo<'_>,
+        target: &Target<'_>,
+        ns: &str,
+        now: Instant,
+        attempt: Attempt,
+    ) -> bool {
+        if self.pending.len() >= self.config.limits.max_pending_reads {
+            self.shared.metrics.limits.hit("max_pending_reads");
+            tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
+            self.forward(out, true);
+            return false;
         }
         self.pending.push(Tracked {
             request_id: req.request_id(),
@@ -308,16 +385,17 @@ impl Session {
             policy: target.policy.clone(),
             original: req.clone(),
             started: now,
-            // The whole budget: the resend spends what the first attempt left (none: no
-            // limit either).
-            max_time_ms: budget_ms,
-            probe,
-            retry,
-            retried: false,
+            max_time_ms: attempt.budget_ms,
+            probe: attempt.probe,
+            primary: attempt.primary,
+            retry: attempt.retry,
+            rung: attempt.rung,
+            permit: attempt.permit,
             // `forward` below counts it.
             seq: self.sent_finals + 1,
         });
         self.forward(out, true);
+        true
     }
 
     /// The request rewritten by `decision`'s spec, from the opened request (no header read,

@@ -21,6 +21,13 @@ pub struct IdSet {
     ids: Vec<(u64, u32, u32)>,
 }
 
+impl IdSet {
+    /// Entries the set has room for without growing.
+    pub fn capacity(&self) -> usize {
+        self.ids.capacity()
+    }
+}
+
 /// What one reply held.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DupCount {
