@@ -11,7 +11,7 @@ use super::Session;
 use crate::policy::{self, Ending, Evidence, Failure, Ignored, NsPolicy, Rung, Verdict};
 use crate::rewrite::{self, RewriteSpec};
 use crate::upstream::LadderPermit;
-use crate::wire::dupids::{self, IdSet};
+use crate::wire::dupids::{DupCount, IdSet};
 use crate::wire::{Reply, Request};
 
 /// Documents of one `available` reply looked at for duplicate `_id`s (a sample: the
@@ -116,10 +116,26 @@ impl Session {
         }
     }
 
-    /// Judges the reply to a tracked read; returns true when a resend replaces it.
+    /// Judges the reply to a tracked read; returns true when a resend replaces it. A reply
+    /// served with `available` is also examined for documents returned twice (orphans), in
+    /// the same pass over its body.
     fn inspect(&mut self, t: Tracked, reply: &Reply) -> bool {
         let now = Instant::now();
-        let status = reply.status(self.config.max_message_size);
+        let max = self.config.max_message_size;
+        let status = if t.rung == Rung::Available {
+            let scanned = reply.status_and_duplicates(max, &mut self.ids, ORPHAN_SCAN_CAP);
+            if self.ids.capacity() > ORPHAN_SCAN_CAP {
+                self.ids = IdSet::default();
+            }
+            scanned.map(|(status, dups)| {
+                if let Some(n) = dups {
+                    self.count_orphans(&t.ns, n);
+                }
+                status
+            })
+        } else {
+            reply.status(max)
+        };
         let ending = match &status {
             Ok(s) => Ending::Reply(s),
             Err(e) => {
@@ -128,32 +144,18 @@ impl Session {
             }
         };
         let verdict = policy::judge(&t.read(), ending, now);
-        if t.rung == Rung::Available && status.as_ref().is_ok_and(|s| s.ok) {
-            self.count_orphans(&t.ns, reply);
-        }
         self.apply_verdict(t, verdict, now)
     }
 
-    /// Documents returned twice (same `_id`) in an `available` reply: orphans the proxy can
-    /// see, counted for the orphan estimate.
-    fn count_orphans(&mut self, ns: &str, reply: &Reply) {
-        let max = self.config.max_message_size;
-        match dupids::reply_duplicate_ids(reply.frame(), max, &mut self.ids, ORPHAN_SCAN_CAP) {
-            Ok(n) => {
-                if n.duplicates > 0 {
-                    tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
-                }
-                self.shared
-                    .metrics
-                    .orphans_estimated(ns, n.duplicates as u64);
-            }
-            Err(e) => {
-                tracing::debug!(ns = %ns, error = %e, "available reply not examined for orphans")
-            }
+    /// Documents an `available` reply returned twice (same `_id`): orphans the proxy can
+    /// see, added to the orphan estimate.
+    fn count_orphans(&self, ns: &str, n: DupCount) {
+        if n.duplicates > 0 {
+            tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
         }
-        if self.ids.capacity() > ORPHAN_SCAN_CAP {
-            self.ids = IdSet::default();
-        }
+        self.shared
+            .metrics
+            .orphans_estimated(ns, u64::from(n.duplicates));
     }
 
     /// The client left with tracked reads unanswered.

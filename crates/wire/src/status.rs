@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use crate::body::{check_length, checked_header};
 use crate::compressed::Compressed;
+use crate::dupids::{duplicate_ids, DupCount, IdSet};
 use crate::legacy::OpReply;
 use crate::opmsg::{self, OpMsg};
 use crate::scan::{self, int_value, Elements};
@@ -62,6 +63,27 @@ impl Reply {
         status_after_header(&header, &self.frame, max_message_size)
     }
 
+    /// [`Reply::status`] and, for an `ok` OP_MSG reply, the documents of its cursor batch
+    /// returned twice (at most `cap` examined, see [`crate::dupids`]): one header read,
+    /// at most one decompression. The count is `None` for other replies; a batch that
+    /// cannot be walked counts nothing (the status still stands).
+    pub fn status_and_duplicates(
+        &self,
+        max_message_size: usize,
+        set: &mut IdSet,
+        cap: usize,
+    ) -> Result<(ReplyStatus, Option<DupCount>), WireError> {
+        let header = self.header.ok_or(WireError::Truncated("message header"))?;
+        check_length(&header, self.frame.len(), max_message_size)?;
+        with_body(&header, &self.frame, max_message_size, |body, is_msg| {
+            let status = reply_status(body)?;
+            let dups = (is_msg && status.ok)
+                .then(|| duplicate_ids(body, set, cap).ok())
+                .flatten();
+            Ok((status, dups))
+        })
+    }
+
     /// The message as it arrived.
     pub fn frame(&self) -> &Bytes {
         &self.frame
@@ -78,16 +100,27 @@ fn status_after_header(
     msg: &[u8],
     max_message_size: usize,
 ) -> Result<ReplyStatus, WireError> {
+    with_body(header, msg, max_message_size, |body, _| reply_status(body))
+}
+
+/// Calls `f` with the reply's body document (decompressed once when compressed) and
+/// whether it is an OP_MSG body (an OP_REPLY's first document otherwise).
+fn with_body<R>(
+    header: &Header,
+    msg: &[u8],
+    max_message_size: usize,
+    f: impl FnOnce(&[u8], bool) -> Result<R, WireError>,
+) -> Result<R, WireError> {
     let payload = &msg[HEADER_LEN..];
     match header.op_code {
-        OpCode::MSG => reply_status(OpMsg::parse(payload)?.body.as_bytes()),
-        OpCode::REPLY => reply_status(op_reply_doc(payload)?),
+        OpCode::MSG => f(OpMsg::parse(payload)?.body.as_bytes(), true),
+        OpCode::REPLY => f(op_reply_doc(payload)?, false),
         OpCode::COMPRESSED => {
             let c = Compressed::parse(payload)?;
             let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
             match c.original_opcode {
-                OpCode::MSG => reply_status(OpMsg::parse(&inner)?.body.as_bytes()),
-                OpCode::REPLY => reply_status(op_reply_doc(&inner)?),
+                OpCode::MSG => f(OpMsg::parse(&inner)?.body.as_bytes(), true),
+                OpCode::REPLY => f(op_reply_doc(&inner)?, false),
                 other => Err(WireError::BadInnerOpcode(other)),
             }
         }
