@@ -1077,7 +1077,9 @@ async fn with_the_ladder_strict_reads_answer_from_the_primary_with_no_orphans() 
     let up = env.upstream("find", PAYMENTS);
     assert_eq!(up.len(), 2 + 2 + 1 + 1, "two climbs, then the primary only");
     for body in &up[4..] {
-        let pref = body.get_document("$readPreference").expect("a read preference");
+        let pref = body
+            .get_document("$readPreference")
+            .expect("a read preference");
         assert_eq!(pref.get_str("mode").ok(), Some("primary"));
         assert_eq!(read_concern(body), None, "never available");
     }

@@ -180,7 +180,7 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
     out.push_str(
         "<table id=\"namespaces\"><tr><th>namespace</th><th>pattern</th><th>mode</th>\
          <th>breaker</th><th>what happens to reads</th><th>errors in window</th>\
-         <th>trigger errors</th><th>last transition</th><th>reason</th></tr>",
+         <th>trigger errors</th><th>ladder</th><th>last transition</th><th>reason</th></tr>",
     );
     for r in rows {
         let when = match (&r.last_transition, r.last_transition_seconds_ago) {
@@ -207,11 +207,12 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
             .trigger_errors_total
             .map_or_else(|| "-".to_string(), |n| n.to_string());
         let dry = if r.dry_run { " (dry run)" } else { "" };
+        let ladder = ladder_cell(r);
         let _ = write!(
             out,
             "<tr class=\"{class}\"><td><code>{ns}</code></td><td><code>{pat}</code></td>\
              <td>{mode}{dry}</td><td class=\"state\">{state}</td><td>{action}</td>\
-             <td>{window}</td><td>{total}</td><td>{when}</td><td>{reason}</td></tr>",
+             <td>{window}</td><td>{total}</td><td>{ladder}</td><td>{when}</td><td>{reason}</td></tr>",
             class = r.breaker.unwrap_or("pattern"),
             ns = esc(&r.namespace),
             pat = esc(r.pattern.as_deref().unwrap_or("-")),
@@ -221,6 +222,40 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
         );
     }
     out.push_str("</table>");
+}
+
+/// The rungs, what the reads sent to them got, and the orphans seen in `available` replies.
+fn ladder_cell(r: &NsStatus) -> String {
+    if r.ladder.is_empty() {
+        return "<span class=\"muted\">none</span>".to_string();
+    }
+    let mut cell = esc(&r.ladder.join(" \u{2192} "));
+    if let Some(l) = &r.ladder_reads {
+        if r.ladder.contains(&"primary") {
+            let _ = write!(
+                cell,
+                "<br>primary: {} answered, {} failed, {} refused by the guard",
+                l.primary_answered, l.primary_failed, l.primary_denied
+            );
+        }
+        if r.ladder.contains(&"available") {
+            let _ = write!(
+                cell,
+                "<br>available: {} answered, {} failed",
+                l.available_answered, l.available_failed
+            );
+        }
+        if l.no_time > 0 {
+            let _ = write!(cell, "<br>no time left: {}", l.no_time);
+        }
+    }
+    if let Some(n) = r
+        .orphans_estimated_total
+        .filter(|_| r.ladder.contains(&"available"))
+    {
+        let _ = write!(cell, "<br>orphans seen: {n}");
+    }
+    cell
 }
 
 fn write_stall(out: &mut String, w: &WriteStallStatus) {
@@ -285,7 +320,7 @@ fn upstreams(out: &mut String, s: &Status) {
     );
     out.push_str(
         "<table id=\"upstreams\"><tr><th>address</th><th>health</th><th>last hello</th>\
-         <th>last check</th><th>last error</th></tr>",
+         <th>last check</th><th>primary-rung reads in flight</th><th>last error</th></tr>",
     );
     for u in &s.upstreams {
         upstream_row(out, u);
@@ -300,10 +335,11 @@ fn upstream_row(out: &mut String, u: &UpstreamStatus) {
     let _ = write!(
         out,
         "<tr><td><code>{}</code></td><td class=\"{h}\">{h}<br><span class=\"muted\">since {}</span></td>\
-         <td>{latency}</td><td>{}</td><td>{}</td></tr>",
+         <td>{latency}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
         esc(&u.address),
         esc(&u.since),
         esc(u.last_check.as_deref().unwrap_or("-")),
+        u.ladder_in_flight,
         esc(u.last_error.as_deref().unwrap_or("")),
         h = u.health,
     );

@@ -57,6 +57,8 @@ pub struct UpstreamStatus {
     pub last_check: Option<String>,
     pub last_hello_ms: Option<f64>,
     pub last_error: Option<String>,
+    /// Primary-rung reads through this router waiting for their reply (`[ladder_guard]`).
+    pub ladder_in_flight: u32,
 }
 
 /// The write-progress watch: is a write stall suspected, on what evidence, since when.
@@ -123,6 +125,40 @@ pub struct NsStatus {
     pub next_probe_seconds: Option<u64>,
     /// Held open by the write-stall watch (`on_write_stall = "open_fallback_breakers"`).
     pub held_by_write_stall: bool,
+    /// The rungs a failing read climbs (`ladder`): `["primary"]`, `["available"]`, ...
+    pub ladder: Vec<&'static str>,
+    /// Reads sent to a rung after the first attempt failed or while the breaker was open,
+    /// by what came of them (none for a wildcard pattern: counted per namespace).
+    pub ladder_reads: Option<LadderReads>,
+    /// Documents seen twice in one `available` reply batch (a lower bound of the orphans
+    /// served); none for a wildcard pattern.
+    pub orphans_estimated_total: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct LadderReads {
+    pub primary_answered: u64,
+    pub primary_failed: u64,
+    /// Refused by the upstream's `[ladder_guard]`.
+    pub primary_denied: u64,
+    pub available_answered: u64,
+    pub available_failed: u64,
+    /// A rung was due but the read's time budget was spent.
+    pub no_time: u64,
+}
+
+impl LadderReads {
+    fn of(metrics: &crate::metrics::Metrics, ns: &str) -> LadderReads {
+        let n = |rung, result| metrics.ladder.attempts_of(ns, rung, result);
+        LadderReads {
+            primary_answered: n("primary", "answered"),
+            primary_failed: n("primary", "failed"),
+            primary_denied: n("primary", "denied"),
+            available_answered: n("available", "answered"),
+            available_failed: n("available", "failed"),
+            no_time: n("primary", "no_time") + n("available", "no_time"),
+        }
+    }
 }
 
 pub fn rfc3339(t: SystemTime) -> String {
@@ -154,6 +190,7 @@ pub fn collect(shared: &Handles, listening: bool) -> Status {
                 last_check: i.last_check.map(rfc3339),
                 last_hello_ms: i.last_latency.map(|d| d.as_secs_f64() * 1000.0),
                 last_error: i.last_error,
+                ladder_in_flight: u.ladder.in_flight(),
             }
         })
         .collect();
@@ -255,13 +292,9 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             .split_once('.')
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
-        let next_probe = match (snap.state, policy) {
-            (State::Open, _) if snap.held => None,
-            (State::Open, Some(p)) => {
-                Some((snap.since + p.cooldown).saturating_duration_since(now))
-            }
-            _ => None,
-        };
+        let next_probe = policy
+            .and_then(|p| snap.next_probe(p))
+            .map(|at| at.saturating_duration_since(now));
         rows.push(NsStatus {
             namespace: snap.ns.clone(),
             kind: "namespace",
@@ -282,6 +315,9 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             reason: Some(snap.last_reason.clone()),
             next_probe_seconds: next_probe.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
             held_by_write_stall: snap.held,
+            ladder: policy.map_or_else(Vec::new, |p| p.ladder().to_vec()),
+            ladder_reads: Some(LadderReads::of(&shared.metrics, &snap.ns)),
+            orphans_estimated_total: Some(shared.metrics.ladder.orphans_of(&snap.ns)),
         });
     }
     for p in table.entries() {
@@ -305,6 +341,9 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             reason: None,
             next_probe_seconds: None,
             held_by_write_stall: false,
+            ladder: p.ladder().to_vec(),
+            ladder_reads: exact.then(|| LadderReads::of(&shared.metrics, &p.pattern)),
+            orphans_estimated_total: exact.then(|| shared.metrics.ladder.orphans_of(&p.pattern)),
         });
     }
     rows.sort_by(|a, b| {
@@ -329,15 +368,31 @@ fn action(policy: Option<&NsPolicy>, state: State, code_name: &str) -> String {
     let Some(p) = policy else {
         return "forwarded untouched (no longer governed by a pattern)".into();
     };
-    let what = match (p.mode, state) {
-        (Mode::Passthrough, _) => "forwarded untouched".to_string(),
-        (Mode::Fallback, State::Closed) => {
+    let what = match (p.mode, state, p.primary_rung) {
+        (Mode::Passthrough, _, _) => "forwarded untouched".to_string(),
+        (Mode::Fallback, State::Closed, false) => {
             "forwarded; a trigger error is retried with readConcern available".into()
         }
-        (Mode::Fallback, State::Open) => "rewritten to readConcern available before sending".into(),
-        (Mode::Strict, State::Closed) => "forwarded; trigger errors are counted".into(),
-        (Mode::Strict, State::Open) => format!("failing fast with {code_name}, nothing sent"),
-        (_, State::HalfOpen) => "one probe sent unmodified, others as if open".into(),
+        (Mode::Fallback, State::Closed, true) => {
+            "forwarded; a trigger error is retried on the primary, then with readConcern available".into()
+        }
+        (Mode::Fallback, State::Open, false) => {
+            "rewritten to readConcern available before sending".into()
+        }
+        (Mode::Fallback, State::Open, true) => {
+            "sent to the primary; if it fails (or the ladder guard is full), rewritten to readConcern available".into()
+        }
+        (Mode::Strict, State::Closed, false) => "forwarded; trigger errors are counted".into(),
+        (Mode::Strict, State::Closed, true) => {
+            "forwarded; a trigger error is retried on the primary".into()
+        }
+        (Mode::Strict, State::Open, false) => {
+            format!("failing fast with {code_name}, nothing sent")
+        }
+        (Mode::Strict, State::Open, true) => format!(
+            "sent to the primary (read concern untouched); failing fast with {code_name} when the ladder guard is full"
+        ),
+        (_, State::HalfOpen, _) => "one probe sent unmodified, others as if open".into(),
     };
     if p.dry_run && p.mode != Mode::Passthrough {
         format!("dry run (only logged and counted); would be: {what}")
