@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,6 +67,9 @@ pub enum Workload {
 pub enum Path {
     Direct,
     Staleguard,
+    /// Payments through a second staleguard whose `pay.*` entry has the primary ladder
+    /// (`ladder = ["primary"]`).
+    Ladder,
 }
 
 /// Outcomes of one workload on one path.
@@ -81,6 +84,9 @@ pub struct Tally {
     pub error_ms: Vec<f64>,
     /// When the first error arrived, since the demo started.
     pub first_error_at: Option<Duration>,
+    /// The first request sent after secondary a1 restarted: how long it took (ms) and
+    /// whether it answered.
+    pub first_after_restart: Option<(f64, bool)>,
 }
 
 impl Tally {
@@ -98,7 +104,7 @@ impl Tally {
         v.get(v.len() / 2).copied().unwrap_or(0.0)
     }
 
-    fn percentile(&self, p: f64) -> f64 {
+    pub fn percentile(&self, p: f64) -> f64 {
         if self.latencies_ms.is_empty() {
             return 0.0;
         }
@@ -116,6 +122,12 @@ pub struct Report {
     pub timeline: Vec<String>,
     /// When staleguard first said writes are not completing, since the demo started.
     pub stall_detected_at: Option<Duration>,
+    /// staleguard's orphan estimate for the inventory (`orphans_estimated_total`):
+    /// documents it saw twice in one `available` reply.
+    pub orphans_estimated: u64,
+    /// The simulated cluster's orphans of the inventory on the donor (documents that would
+    /// come back twice from an `available` read of the whole collection).
+    pub orphans_on_donor: usize,
 }
 
 /// Requests one workload may have waiting at once before it sheds load.
@@ -198,6 +210,14 @@ mode = "strict"
     )
 }
 
+/// The same config with the primary ladder on the strict payments entry.
+fn ladder_config(plain: &str) -> String {
+    plain.replace(
+        "pattern = \"pay.*\"\nmode = \"strict\"\n",
+        "pattern = \"pay.*\"\nmode = \"strict\"\nladder = [\"primary\"]\n",
+    )
+}
+
 /// Runs the whole demo; prints as it goes when `echo`.
 pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::error::Error>> {
     let cluster = sim::start(SimConfig {
@@ -213,6 +233,11 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     let cfg = Config::parse(&cfg_text, std::path::Path::new("<demo>"))
         .map_err(|e| format!("demo config: {e:?}"))?;
     let proxy = crate::server::start(Arc::new(cfg)).await?;
+    let ladder_text = ladder_config(&cfg_text);
+    let mut ladder_cfg = Config::parse(&ladder_text, std::path::Path::new("<demo-ladder>"))
+        .map_err(|e| format!("demo ladder config: {e:?}"))?;
+    ladder_cfg.admin_listen = None;
+    let ladder_proxy = crate::server::start(Arc::new(ladder_cfg)).await?;
 
     let tl = Arc::new(Timeline {
         start: Instant::now(),
@@ -234,6 +259,10 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
             "  payment service:   pay.transactions lookups with maxTimeMS {} ms",
             opts.payment_max_time.as_millis()
         );
+        println!(
+            "  and the payment service a third time through a second staleguard ({}) whose pay.* has the primary ladder: ladder = [\"primary\"]",
+            ladder_proxy.local_addr()
+        );
         println!("An order service inserts into demo.orders (on shard A) through staleguard, which watches whether writes complete");
         println!(
             "  (writes waiting over {} with none completing, and each shard primary's serverStatus) and holds the",
@@ -244,6 +273,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     }
     let direct = client(&cluster.addr().to_string()).await?;
     let guarded = client(&proxy.local_addr().to_string()).await?;
+    let laddered = client(&ladder_proxy.local_addr().to_string()).await?;
     // Its own pool: orders waiting on a stalled primary must not starve the reads.
     let orders = writer_client(&proxy.local_addr().to_string()).await?;
     let admin = client(&cluster.addr().to_string()).await?;
@@ -259,12 +289,15 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
 
     let tallies: Tallies = Arc::default();
     let running = Arc::new(AtomicBool::new(true));
+    // Milliseconds from the demo's start to a1's restart (0: not yet).
+    let restart_at = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let runs = [
         (Path::Direct, &direct, Workload::Inventory),
         (Path::Direct, &direct, Workload::Payments),
         (Path::Staleguard, &guarded, Workload::Inventory),
         (Path::Staleguard, &guarded, Workload::Payments),
+        (Path::Ladder, &laddered, Workload::Payments),
         (Path::Staleguard, &orders, Workload::Orders),
     ];
     for (path, c, w) in runs {
@@ -279,6 +312,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
                 path,
                 seed,
                 t0: tl.start,
+                restart_at: restart_at.clone(),
             },
             opts.clone(),
             tallies.clone(),
@@ -304,6 +338,10 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     tl.say("phase 2: shard A's primary stalls: it answers heartbeats but finishes no write (no failover happens)");
     tokio::time::sleep(phase).await;
     control(&admin, doc! {"simControl": "restartNode", "node": "a1"}).await;
+    restart_at.store(
+        tl.start.elapsed().as_millis().max(1) as u64,
+        Ordering::SeqCst,
+    );
     tl.say("phase 3: secondary a1 is restarted; it lost its routing table and can only reload it through a primary write");
     tokio::time::sleep(phase).await;
     control(&admin, doc! {"simControl": "restartNode", "node": "a2"}).await;
@@ -323,11 +361,22 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
     let _ = watcher.await;
     tl.say("done");
 
+    let inventory = "demo.store_inventory";
+    let orphans_on_donor = cluster
+        .cluster()
+        .status()
+        .shards
+        .iter()
+        .map(|s| s.orphans.get(inventory).copied().unwrap_or(0))
+        .sum();
     let report = Report {
         tallies: tallies.lock().map(|t| t.clone()).unwrap_or_default(),
         timeline: tl.lines.lock().map(|l| l.clone()).unwrap_or_default(),
         stall_detected_at: stall_seen.lock().ok().and_then(|s| *s),
+        orphans_estimated: proxy.shared().metrics.ladder.orphans_of(inventory),
+        orphans_on_donor,
     };
+    ladder_proxy.shutdown().await;
     proxy.shutdown().await;
     cluster.shutdown().await;
     Ok(report)
@@ -408,10 +457,14 @@ fn classify_error(e: &mongodb::error::Error) -> String {
     "network/other".to_string()
 }
 
-fn record(tallies: &Tallies, run: &Run, ms: f64, outcome: Result<u64, String>) {
+fn record(tallies: &Tallies, run: &Run, sent_at: Duration, ms: f64, outcome: Result<u64, String>) {
     let Ok(mut t) = tallies.lock() else { return };
     let t = t.entry((run.w, run.path)).or_default();
     t.requests += 1;
+    let restart = run.restart_at.load(Ordering::SeqCst);
+    if restart > 0 && sent_at.as_millis() as u64 >= restart && t.first_after_restart.is_none() {
+        t.first_after_restart = Some((ms, outcome.is_ok()));
+    }
     t.latencies_ms.push(ms);
     match outcome {
         Ok(orphans) => {
@@ -429,12 +482,14 @@ fn record(tallies: &Tallies, run: &Run, ms: f64, outcome: Result<u64, String>) {
 }
 
 /// Which workload on which path, seeded, timed from the demo's start.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Run {
     w: Workload,
     path: Path,
     seed: u64,
     t0: Instant,
+    /// Milliseconds from `t0` to a1's restart (0: not yet).
+    restart_at: Arc<AtomicU64>,
 }
 
 /// One inventory-display request: mostly a single product, every fifth a whole store's
@@ -493,6 +548,7 @@ async fn workload(
             record(
                 &tallies,
                 &run,
+                run.t0.elapsed(),
                 0.0,
                 Err("not sent: too many waiting".into()),
             );
@@ -505,8 +561,10 @@ async fn workload(
         );
         let (inv, pay, tallies, opts) = (inv.clone(), pay.clone(), tallies.clone(), opts.clone());
         let orders = orders.clone();
+        let run = run.clone();
         tasks.spawn(async move {
             let started = Instant::now();
+            let sent_at = run.t0.elapsed();
             let outcome = match w {
                 Workload::Inventory => {
                     match tokio::time::timeout(
@@ -547,6 +605,7 @@ async fn workload(
             record(
                 &tallies,
                 &run,
+                sent_at,
                 started.elapsed().as_secs_f64() * 1000.0,
                 outcome,
             );
@@ -646,6 +705,7 @@ fn row_name(w: Workload, p: Path) -> (&'static str, &'static str) {
         match p {
             Path::Direct => "direct",
             Path::Staleguard => "staleguard",
+            Path::Ladder => "sg+ladder",
         },
     )
 }
@@ -695,6 +755,30 @@ pub fn summary(report: &Report) -> String {
             g.percentile(99.0),
             g.orphans,
         );
+        let _ = writeln!(
+            out,
+            "Orphan estimate: staleguard counted {} document(s) returned twice in its \"available\" replies \
+             (staleguard_orphans_estimated_total); the display itself received {} twice (ground truth for what was served; \
+             the simulated cluster holds {} orphan(s) on the donor).",
+            report.orphans_estimated, g.orphans, report.orphans_on_donor,
+        );
+        let first = |t: &Tally| {
+            t.first_after_restart.map_or_else(
+                || "none sent".to_string(),
+                |(ms, ok)| {
+                    format!(
+                        "{} after {ms:.0} ms",
+                        if ok { "answered" } else { "failed" }
+                    )
+                },
+            )
+        };
+        let _ = writeln!(
+            out,
+            "First inventory read after a1 restarted: straight to mongos {}; through staleguard {}.",
+            first(d),
+            first(g),
+        );
     }
     if let (Some(d), Some(g)) = (
         get(Workload::Payments, Path::Direct),
@@ -710,6 +794,22 @@ pub fn summary(report: &Report) -> String {
             g.requests - g.ok,
             g.error_p50(),
             g.orphans,
+        );
+    }
+    if let (Some(d), Some(l)) = (
+        get(Workload::Payments, Path::Direct),
+        get(Workload::Payments, Path::Ladder),
+    ) {
+        let _ = writeln!(
+            out,
+            "Payments with the primary ladder: {:.1}% answered (straight to mongos {:.1}%), p99 {:.0} ms (direct {:.0} ms), \
+             {} orphans: a strict read that meets StaleConfig or an open breaker is sent once to the shard's primary \
+             (read concern untouched), which still has its routing table and filters orphans.",
+            l.ok_share() * 100.0,
+            d.ok_share() * 100.0,
+            l.percentile(99.0),
+            d.percentile(99.0),
+            l.orphans,
         );
     }
     if let Some(o) = get(Workload::Orders, Path::Staleguard) {

@@ -95,6 +95,32 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
             .any(|l| l.contains("demo.store_inventory breaker OPEN") && l.contains("held open")),
         "{text}"
     );
+    // With the primary ladder, payments answer at least as often as straight to mongos,
+    // faster at p99, with no orphans.
+    let pay_ladder = t(Workload::Payments, Path::Ladder);
+    assert!(
+        pay_ladder.ok * pay_direct.requests >= pay_direct.ok * pay_ladder.requests,
+        "ladder answered {}/{}, direct {}/{}",
+        pay_ladder.ok,
+        pay_ladder.requests,
+        pay_direct.ok,
+        pay_direct.requests
+    );
+    assert_eq!(pay_ladder.orphans, 0);
+    assert!(
+        pay_ladder.percentile(99.0) < pay_direct.percentile(99.0),
+        "ladder p99 {} direct p99 {}",
+        pay_ladder.percentile(99.0),
+        pay_direct.percentile(99.0)
+    );
+    // The orphan estimate is within a factor of 2 of what the display really received
+    // twice (the estimate misses a copy in another batch or past the cap; the display misses
+    // replies it gave up on).
+    let (estimate, truth) = (report.orphans_estimated, inv_guard.orphans);
+    assert!(
+        truth > 0 && estimate * 2 >= truth && estimate <= truth * 2,
+        "estimate {estimate}, ground truth {truth}"
+    );
     let orders = t(Workload::Orders, Path::Staleguard);
     assert!(orders.ok > 0 && orders.requests > orders.ok, "{orders:?}");
 }
