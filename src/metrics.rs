@@ -413,16 +413,15 @@ impl Metrics {
             .inc();
     }
 
-    /// Adds documents seen twice in one `available` reply on `ns`.
+    /// Adds documents seen twice in one `available` reply on `ns` (0 too: the series of a
+    /// namespace served `available` exists from its first such reply).
     pub fn orphans_estimated(&self, ns: &str, n: u64) {
-        if n > 0 {
-            self.ladder
-                .orphans
-                .get_or_create(&NsLabel {
-                    namespace: self.ns_label(ns),
-                })
-                .inc_by(n);
-        }
+        self.ladder
+            .orphans
+            .get_or_create(&NsLabel {
+                namespace: self.ns_label(ns),
+            })
+            .inc_by(n);
     }
 
     /// Sets a namespace's breaker gauge: 0 closed, 1 half-open, 2 open (the breaker module
