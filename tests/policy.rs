@@ -1519,6 +1519,39 @@ async fn compressed_zlib_retry_is_rewritten() {
     compressed_retry("zlib", 2).await;
 }
 
+/// A compressed read larger than the inline limit (64 KiB uncompressed) is decompressed off
+/// the runtime's workers, then governed like any other: resent with `available`,
+/// recompressed with the same compressor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_compressed_read_is_opened_off_the_workers_and_retried() {
+    let env = Env::start(BASE_NAMESPACES).await;
+    env.fake.seed(INVENTORY, seed_docs(3));
+    let fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
+    let client = env.client("&compressors=zstd").await;
+    let c = coll(&client, INVENTORY, "secondary", None);
+    let note = "x".repeat(200_000);
+    let cursor = c
+        .find(doc! {})
+        .comment(bson::Bson::String(note.clone()))
+        .max_time(Duration::from_secs(5))
+        .await
+        .expect("find");
+    let docs: Vec<Document> = cursor.try_collect().await.expect("retried");
+    assert_eq!(docs.len(), 3);
+    assert_eq!(fault.hits(), 1);
+    let metrics = &env.proxy.shared().metrics;
+    assert_eq!(metrics.limits.off_worker_decompressions.get(), 1);
+    let sent = env.sent_by_driver("find", "store_inventory");
+    let up = env.upstream("find", "store_inventory");
+    assert_eq!(up.len(), 2);
+    assert_eq!(up[0], sent[0], "first attempt forwarded as it came");
+    assert_eq!(opcode(&up[1]), OpCode::Compressed);
+    let resend = body(&up[1]);
+    assert_eq!(read_concern(&resend), Some(available()));
+    assert_eq!(resend.get_str("comment").ok(), Some(note.as_str()));
+    assert_same_except(&body(&up[0]), &resend, &["readConcern", "maxTimeMS"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_snappy_retry_is_rewritten() {
     compressed_retry("snappy", 1).await;

@@ -43,6 +43,8 @@ pub struct LimitMetrics {
     pub breakers: Gauge,
     /// Trigger errors set aside as no evidence, by why.
     pub ignored: Family<WhyLabel, Counter>,
+    /// Compressed requests decompressed on the blocking pool (larger than the inline limit).
+    pub off_worker_decompressions: Counter,
 }
 
 impl LimitMetrics {
@@ -62,6 +64,11 @@ impl LimitMetrics {
             "evidence_ignored",
             "Trigger errors not counted: short_wait (client gave up or slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window)",
             self.ignored.clone(),
+        );
+        r.register(
+            "off_worker_decompressions",
+            "Compressed requests opened whole that declared more than 64 KiB uncompressed, decompressed on the blocking pool (at most half the cores at once) instead of a runtime worker",
+            self.off_worker_decompressions.clone(),
         );
         // Every series exists from the start at 0, so a first hit is an increase.
         for limit in LIMITS {

@@ -49,7 +49,7 @@ impl Session {
         UW: AsyncWrite + Unpin,
     {
         if let Some(first) = first {
-            if let Err(e) = self.on_request(first) {
+            if let Err(e) = self.request(first).await {
                 self.finish(Err(e), true);
                 return self.close(&mut cw, &mut uw).await;
             }
@@ -113,7 +113,7 @@ impl Session {
                 req = cr.next(), if read_client => match req {
                     Some(Ok(msg)) => {
                         msgs += 1;
-                        if let Err(e) = self.on_request(msg) {
+                        if let Err(e) = self.request(msg).await {
                             break Err(e);
                         }
                     }
@@ -138,6 +138,20 @@ impl Session {
         };
         self.finish(end, cr.read_buffer().is_empty());
         self.close(&mut cw, &mut uw).await;
+    }
+
+    /// One request; a large compressed one is decompressed off the workers first (this
+    /// session waits for it, others do not; the kill still ends the wait).
+    async fn request(&mut self, msg: bytes::Bytes) -> Result<(), SessionError> {
+        let Some(req) = self.on_request(msg)? else {
+            return Ok(());
+        };
+        let kill = self.kill.clone();
+        let opened = tokio::select! {
+            r = self.inflate_aside(req) => r?,
+            _ = kill.cancelled() => return Ok(()),
+        };
+        self.on_inflated(opened)
     }
 
     /// What is queued still goes out, and both sides are closed, unless the kill comes

@@ -26,6 +26,25 @@ enum Gate {
     Read,
     /// A legacy OP_QUERY refused on a database with governed namespaces.
     Legacy(policy::LegacyRefusal),
+    /// A compressed message that must be opened whole and declares more than
+    /// [`INLINE_INFLATE`] bytes: decompressed off the runtime's workers first.
+    Inflate,
+}
+
+/// The largest decompression done on a runtime worker (a few tens of microseconds); a larger
+/// one runs on the blocking pool behind [`inflate_slots`], so that no client can hold a
+/// worker (and every session scheduled on it) for the tens of milliseconds a message of up to
+/// `max_message_size` takes.
+pub(super) const INLINE_INFLATE: usize = 64 * 1024;
+
+/// Decompressions running off the workers at once: half the cores (at least one), so that
+/// a flood of large compressed messages cannot take every core from the relays.
+fn inflate_slots() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new((cores / 2).max(1))
+    })
 }
 
 /// One attempt of a followed read: which rung it is, what is still ahead of it, its budget.
@@ -66,12 +85,46 @@ struct Governed<'r, 'a> {
 }
 
 impl Session {
-    /// One request from the client.
-    pub(super) fn on_request(&mut self, msg: Bytes) -> Result<(), SessionError> {
+    /// One request from the client. `Some`: a large compressed request to be decompressed
+    /// off the workers ([`Session::inflate_aside`]) and then handed to
+    /// [`Session::on_inflated`].
+    pub(super) fn on_request(&mut self, msg: Bytes) -> Result<Option<Request>, SessionError> {
         self.refresh_config();
         let max = self.config.max_message_size;
         let mut req = Request::new(msg, max).map_err(SessionError::ClientProtocol)?;
         match self.gate(&mut req)? {
+            Gate::Inflate => return Ok(Some(req)),
+            gate => self.dispatch(gate, req)?,
+        }
+        Ok(None)
+    }
+
+    /// A request [`Session::on_request`] set aside, now decompressed.
+    pub(super) fn on_inflated(&mut self, mut req: Request) -> Result<(), SessionError> {
+        let gate = self.gate_open(&mut req)?;
+        self.dispatch(gate, req)
+    }
+
+    /// Decompresses `req` on the blocking pool, waiting for one of [`inflate_slots`].
+    pub(super) async fn inflate_aside(&self, mut req: Request) -> Result<Request, SessionError> {
+        let max = self.config.max_message_size;
+        let Ok(_slot) = inflate_slots().acquire().await else {
+            return Err(SessionError::ClientProtocol(WireError::Decompress(
+                "decompression slots closed".into(),
+            )));
+        };
+        self.shared.metrics.limits.off_worker_decompressions.inc();
+        let task = tokio::task::spawn_blocking(move || req.inflate(max).map(|()| req));
+        match task.await {
+            Ok(r) => r.map_err(SessionError::ClientProtocol),
+            Err(e) => Err(SessionError::ClientProtocol(WireError::Decompress(
+                format!("decompression task: {e}"),
+            ))),
+        }
+    }
+
+    fn dispatch(&mut self, gate: Gate, mut req: Request) -> Result<(), SessionError> {
+        match gate {
             Gate::Pass { expects_reply } => self.pass(req.into_frame(), expects_reply),
             Gate::Write => {
                 let (watch, upstream) = (&self.shared.stall, &self.upstream);
@@ -81,6 +134,11 @@ impl Session {
             }
             Gate::Read => self.govern(req)?,
             Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
+            // Only from `gate`, handled by the caller; opened here as a last resort.
+            Gate::Inflate => {
+                let gate = self.gate_open(&mut req)?;
+                return self.dispatch(gate, req);
+            }
         }
         Ok(())
     }
@@ -99,6 +157,20 @@ impl Session {
         if let Some(gate) = self.gate_compressed(req, policy_active, watch_writes)? {
             return Ok(gate);
         }
+        if req
+            .declared_inflated_len()
+            .is_some_and(|n| n > INLINE_INFLATE)
+        {
+            return Ok(Gate::Inflate);
+        }
+        self.gate_open(req)
+    }
+
+    /// The gates that need the message open: decompressed (once; already done for a large
+    /// one), then its opcode, flags and command name.
+    fn gate_open(&self, req: &mut Request) -> Result<Gate, SessionError> {
+        let policy_active = self.policy_active();
+        let watch_writes = self.config.stall.passive;
         let max = self.config.max_message_size;
         req.inflate(max).map_err(SessionError::ClientProtocol)?;
         if !req.is_command() {

@@ -122,6 +122,16 @@ impl Request {
         Ok(())
     }
 
+    /// For an OP_COMPRESSED not inflated yet: the uncompressed size it declares (which
+    /// [`Request::inflate`] holds it to). `None` for anything else, or a negative size.
+    pub fn declared_inflated_len(&self) -> Option<usize> {
+        if !matches!(self.state, State::Compressed) {
+            return None;
+        }
+        let c = Compressed::parse(&self.frame[HEADER_LEN..]).ok()?;
+        usize::try_from(c.uncompressed_size).ok()
+    }
+
     /// For an OP_COMPRESSED wrapping an OP_MSG not inflated yet: the first `n` bytes of the
     /// wrapped payload, decompressing no further (see [`Compressed::decompress_prefix`]).
     /// `None` for anything else.
