@@ -996,6 +996,7 @@ fn ladder_budget_and_backoff_defaults() {
     assert!(strict.ladder().is_empty());
     assert_eq!(c.ladder_guard.max_in_flight, 16);
     assert_eq!(c.ladder_guard.max_per_second, 100);
+    assert_eq!(c.ladder_guard.per_connection, 4);
 }
 
 #[test]
@@ -1175,6 +1176,10 @@ fn ladder_guard_errors() {
     assert_eq!(
         problems(&format!("[ladder_guard]\nmax_per_second = -3\n{laddered}")),
         [k(2, "ladder_guard.max_per_second")]
+    );
+    assert_eq!(
+        problems(&format!("[ladder_guard]\nper_connection = 0\n{laddered}")),
+        [k(2, "ladder_guard.per_connection")]
     );
     // Without any primary rung the guard can never act.
     assert_eq!(

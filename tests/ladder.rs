@@ -290,3 +290,65 @@ async fn documents_returned_twice_by_available_reads_are_counted_as_orphans() {
     find(&c).await.expect("available");
     assert_eq!(orphans(&env), 8);
 }
+
+/// One connection pipelining many reads on a strict namespace whose breaker is open holds
+/// at most `per_connection` primary-rung slots; the rest of its reads fail fast, and other
+/// connections still climb.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_cannot_take_every_ladder_slot() {
+    let env = Env::start(&namespaces(
+        "\n[ladder_guard]\nmax_in_flight = 8\nper_connection = 2\n",
+    ))
+    .await;
+    env.fake.seed(ACCOUNTS, seed_docs(1));
+    // Secondary reads refused; primary reads answered only after a while, so that the
+    // pipelined ones are all in flight together.
+    env.fake.set_hook(|body: &RawDocument| {
+        if !is_read_on(body, "accounts") {
+            return None;
+        }
+        match read_pref_mode(body).as_deref() {
+            Some("primary") => Some(
+                Hooked::reply(cursor_reply(ACCOUNTS, &seed_docs(1)))
+                    .after(Duration::from_millis(300)),
+            ),
+            _ => Some(Hooked::error(13388, "StaleConfig", "secondary refused")),
+        }
+    });
+    let client = env.client("").await;
+    let c = secondary_coll(&client, ACCOUNTS);
+    for _ in 0..3 {
+        let _ = find(&c).await;
+    }
+    assert_eq!(env.state(ACCOUNTS), State::Open);
+    let answered = attempts(&env, ACCOUNTS, "primary", "answered");
+
+    let mut raw = support::raw::RawClient::connect(env.proxy_addr()).await;
+    for i in 0..6 {
+        let read = rawdoc! {
+            "find": "accounts",
+            "$db": "pay",
+            "$readPreference": { "mode": "secondary" },
+        };
+        raw.send(&support::raw::msg(100 + i, 0, &read)).await;
+    }
+    let mut fail_fast = 0;
+    let mut ok = 0;
+    for _ in 0..6 {
+        let reply = support::raw::body(&raw.recv().await);
+        if reply
+            .get_str("errmsg")
+            .is_ok_and(|m| m.starts_with("staleguard:"))
+        {
+            fail_fast += 1;
+        } else {
+            ok += 1;
+        }
+    }
+    assert_eq!((ok, fail_fast), (2, 4), "two climbed, four failed fast");
+    assert_eq!(
+        attempts(&env, ACCOUNTS, "primary", "answered"),
+        answered + 2
+    );
+    assert_eq!(attempts(&env, ACCOUNTS, "primary", "denied"), 4);
+}

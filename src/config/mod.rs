@@ -121,6 +121,9 @@ pub struct LadderGuardConfig {
     /// `max_per_second`: primary-rung reads started per second, per upstream. Default 100;
     /// at least 1.
     pub max_per_second: u32,
+    /// `per_connection`: primary-rung reads one client connection may have waiting at once
+    /// (so that one client cannot take every slot of `max_in_flight`). Default 4; at least 1.
+    pub per_connection: u32,
 }
 
 impl Default for LadderGuardConfig {
@@ -128,6 +131,7 @@ impl Default for LadderGuardConfig {
         LadderGuardConfig {
             max_in_flight: 16,
             max_per_second: 100,
+            per_connection: 4,
         }
     }
 }

@@ -90,6 +90,7 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawLadderGuard {
     max_in_flight: Option<Spanned<i64>>,
+    per_connection: Option<Spanned<i64>>,
     max_per_second: Option<Spanned<i64>>,
 }
 
@@ -172,6 +173,11 @@ fn ladder_guard(
             "max_per_second",
             &raw.max_per_second,
             &mut out.max_per_second,
+        ),
+        (
+            "per_connection",
+            &raw.per_connection,
+            &mut out.per_connection,
         ),
     ] {
         let Some(value) = value else { continue };

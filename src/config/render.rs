@@ -137,8 +137,8 @@ fn settings(out: &mut String, config: &Config) {
     let g = config.ladder_guard;
     let _ = writeln!(
         out,
-        "ladder_guard      {} in flight, {}/s per upstream",
-        g.max_in_flight, g.max_per_second
+        "ladder_guard      {} in flight, {}/s per upstream, {} in flight per connection",
+        g.max_in_flight, g.max_per_second, g.per_connection
     );
 }
 

@@ -279,7 +279,14 @@ impl Session {
     /// as `denied`) when the guard is full.
     pub(super) fn claim_ladder(&self, ns: &str) -> Option<LadderPermit> {
         let guard = self.ladder.as_ref()?;
-        match guard.try_acquire(self.config.ladder_guard, Instant::now()) {
+        let limits = self.config.ladder_guard;
+        let held = self.pending.iter().filter(|t| t.permit.is_some()).count();
+        if held >= limits.per_connection as usize {
+            self.shared.metrics.ladder_attempt(ns, "primary", "denied");
+            tracing::debug!(ns = %ns, held, "primary rung refused: this connection holds its share of the ladder guard");
+            return None;
+        }
+        match guard.try_acquire(limits, Instant::now()) {
             Ok(permit) => Some(permit),
             Err(denied) => {
                 self.shared.metrics.ladder_attempt(ns, "primary", "denied");

@@ -119,6 +119,7 @@ mod tests {
         LadderGuardConfig {
             max_in_flight,
             max_per_second,
+            per_connection: 4,
         }
     }
 
