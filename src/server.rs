@@ -237,15 +237,33 @@ async fn handshake(
     let Some(tls) = &config.tls else {
         return Some(Stream::Plain(socket));
     };
-    let error =
+    let (error, quiet) =
         match tokio::time::timeout(config.connect_timeout, tls.acceptor.accept(socket)).await {
             Ok(Ok(s)) => return Some(Stream::Server(Box::new(s))),
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("timed out after {:?}", config.connect_timeout),
+            // A peer that connects and leaves (a TCP health check, a port scan) is no TLS
+            // failure worth a warning.
+            Ok(Err(e)) => (e.to_string(), left_early(&e)),
+            Err(_) => (
+                format!("timed out after {:?}", config.connect_timeout),
+                false,
+            ),
         };
     shared.metrics.tls_failure("client");
-    tracing::warn!(client.addr = %peer, id, error = %error, "client TLS handshake failed, closing");
+    if quiet {
+        tracing::debug!(client.addr = %peer, id, error = %error, "client left during the TLS handshake");
+    } else {
+        tracing::warn!(client.addr = %peer, id, error = %error, "client TLS handshake failed, closing");
+    }
     None
+}
+
+/// The client closed or reset the connection before the handshake ended.
+fn left_early(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe
+    )
 }
 
 /// A connection past `max_connections`: answered with an error reply when its first message
