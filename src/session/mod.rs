@@ -4,7 +4,8 @@
 //! mod       the session's state, pairing with an upstream, why a session ends
 //! relay     the loop: reads both ways, writes that never block it, stop and kill
 //! outbox    what waits to be written to one peer
-//! request   the request side: open once, gates, decide, apply
+//! gate      the early gates: open once, pass, follow a write, refuse, or govern
+//! request   the governed side: classify, decide, apply
 //! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
 //! counters  per-session counts, batched into the shared metrics
 //! ```
@@ -15,6 +16,7 @@
 //! small per-session list; other commands pay nothing more.
 
 mod counters;
+mod gate;
 mod outbox;
 mod relay;
 mod reply;
