@@ -24,15 +24,17 @@
 //! inserted. When it is full, the closed breaker (not held) idle the longest is evicted to
 //! make room; open, half-open and held breakers are never evicted.
 
+mod bound;
 mod hold;
+mod snapshot;
+
+pub use snapshot::Snapshot;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dashmap::mapref::entry::Entry;
-use dashmap::mapref::one::RefMut;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
@@ -246,37 +248,6 @@ pub fn backoff(policy: &NsPolicy, step: u32) -> Duration {
         .map_or(policy.cooldown, |d| d.min(policy.cooldown))
 }
 
-/// A snapshot of one breaker, for status pages and tests.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub ns: String,
-    pub state: State,
-    pub errors_in_window: usize,
-    pub reason: Reason,
-    pub since: Instant,
-    pub last_reason: String,
-    /// Held open by the write-stall watch.
-    pub held: bool,
-    /// When it opened (or was released by the write-stall watch).
-    pub opened_at: Instant,
-    /// Failed probes since it opened.
-    pub step: u32,
-    /// Its next read probes at once (the write stall cleared).
-    pub early: bool,
-}
-
-impl Snapshot {
-    /// When an open breaker lets its next probe through under `policy` (`None` while held,
-    /// or when not open).
-    pub fn next_probe(&self, policy: &NsPolicy) -> Option<Instant> {
-        match self.state {
-            State::Open if !self.held && self.early => Some(self.opened_at),
-            State::Open if !self.held => self.opened_at.checked_add(backoff(policy, self.step)),
-            _ => None,
-        }
-    }
-}
-
 /// All breakers. Bounded exactly by `max`: when full, the closed breaker idle the longest
 /// makes room; when every breaker is open or held, a new namespace is not tracked (behaves
 /// as closed). A flood of random names can neither grow memory nor keep new namespaces out.
@@ -440,66 +411,6 @@ impl Breakers {
         Some(b.open(reason, why, now))
     }
 
-    /// The breaker of `ns`, created if needed within the bound (see [`Breakers`]); `None`
-    /// when the map is full of breakers that cannot be evicted.
-    fn slot(&self, ns: &str, now: Instant) -> Option<RefMut<'_, String, Breaker>> {
-        loop {
-            if let Some(b) = self.map.get_mut(ns) {
-                return Some(b);
-            }
-            if self.reserve() {
-                let b = match self.map.entry(ns.to_string()) {
-                    Entry::Occupied(e) => {
-                        // Created meanwhile by another session: the slot goes back.
-                        self.taken.fetch_sub(1, Ordering::AcqRel);
-                        e.into_ref()
-                    }
-                    Entry::Vacant(v) => v.insert(Breaker::new(now)),
-                };
-                let taken = self.taken.load(Ordering::Acquire);
-                self.metrics.limits.breakers.set(taken as i64);
-                return Some(b);
-            }
-            if !self.evict_idlest() {
-                self.metrics.limits.hit("max_breakers");
-                return None;
-            }
-        }
-    }
-
-    /// Takes one of the `max` slots, if one is free.
-    fn reserve(&self) -> bool {
-        self.taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    /// Removes the closed, unheld breaker idle the longest; false when there is none.
-    fn evict_idlest(&self) -> bool {
-        let idlest = self
-            .map
-            .iter()
-            .filter(|e| e.state == State::Closed && !e.held)
-            .min_by_key(|e| e.last_seen)
-            .map(|e| e.key().clone());
-        let Some(ns) = idlest else {
-            return false;
-        };
-        // Still closed and unheld? (It may have moved since the scan.)
-        let removed = self
-            .map
-            .remove_if(&ns, |_, b| b.state == State::Closed && !b.held);
-        if removed.is_some() {
-            self.taken.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.limits.hit("max_breakers");
-            tracing::debug!(ns = %ns, "breaker map full: idle closed breaker evicted");
-        }
-        // Either way something changed; the caller tries again.
-        true
-    }
-
     /// Reports a read on `ns` that answered without a trigger error.
     pub fn record_success(&self, ns: &str, probe: bool, now: Instant) -> Option<Transition> {
         let t = {
@@ -550,27 +461,6 @@ impl Breakers {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
-    }
-
-    pub fn snapshot(&self) -> Vec<Snapshot> {
-        let mut v: Vec<Snapshot> = self
-            .map
-            .iter()
-            .map(|e| Snapshot {
-                ns: e.key().clone(),
-                state: e.state,
-                errors_in_window: e.errors.len(),
-                reason: e.reason,
-                since: e.last_transition,
-                last_reason: e.last_reason.clone(),
-                held: e.held,
-                opened_at: e.opened_at,
-                step: e.step,
-                early: e.early,
-            })
-            .collect();
-        v.sort_by(|a, b| a.ns.cmp(&b.ns));
-        v
     }
 
     /// Drops breakers whose namespace no longer has an acting policy (after a reload).
