@@ -37,6 +37,7 @@ mod parse;
 mod render;
 mod spans;
 mod stall;
+mod values;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
 pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
