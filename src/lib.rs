@@ -13,7 +13,8 @@
 //!        ├─ command    one pass over the body, from the opened request: command,
 //!        │             namespaces, read preference, ...
 //!        ├─ policy     patterns + breaker state → Decision (decide, pure); how a tracked
-//!        │             read ended → Verdict (judge, pure)
+//!        │             read ended → Verdict (judge, pure): success, fail, or the next
+//!        │             rung of the ladder (primary, then available)
 //!        ├─ rewrite    readConcern/maxTimeMS/$readPreference splice, lengths and checksum fixed
 //!        └─ breaker    per-namespace sliding window, closed/open/half-open
 //! ```
@@ -26,13 +27,14 @@
 //! demo              (beside the proxy) the incident told with numbers, against sim
 //! server            accept loop; builds the Handles, starts the tasks, hands each its handles
 //! admin   reload    HTTP (/metrics, /status, the page, /healthz, /readyz) · config reload
-//! session           the relay: request policy, reply judgement, retry
+//! session           the relay: request policy, reply judgement, the ladder's rungs, the
+//!                   orphan estimate
 //! handles           Handles: one Arc of each handle, what session, admin and reload get
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
 //!                   signals and the write counters sessions feed); each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
-//!                   choosing and dialing mongos, their health
+//!                   choosing and dialing mongos, their health, their ladder guards
 //! config            TOML → validated Config
 //! policy            the pattern table; decide and judge (pure); what a decision means
 //! metrics tls command rewrite    every metric name · rustls · classification · splicing
