@@ -76,13 +76,13 @@ impl Opts {
     /// The one-minute CI shape: every abuse present, small counts.
     pub fn ci(staleguard: &Path) -> Opts {
         Opts {
-            duration: Duration::from_secs(30),
+            duration: Duration::from_secs(60),
             verifiers: 2,
             trickle_conns: 20,
             big_partials: 2,
             hold: Duration::from_secs(4),
             bombers: 1,
-            expect_hardening: false,
+            expect_hardening: true,
             staleguard: staleguard.to_path_buf(),
             log_level: "warn".into(),
         }
