@@ -43,6 +43,7 @@ impl Attempt {
 }
 
 /// A governed request, with what was decided about it.
+#[derive(Clone, Copy)]
 struct Governed<'r, 'a> {
     req: &'r Request,
     info: &'r CommandInfo<'a>,
@@ -112,13 +113,13 @@ impl Session {
             info,
             target,
             ns,
-            now,
+            ..
         } = g;
         self.counters.request(info.name, decision.name());
         match decision {
             Decision::Forward => self.forward(req.frame().clone(), true),
-            Decision::Track { .. } => self.track(&decision, req, info, target, ns, now),
-            Decision::Rewrite { .. } => self.send_available(decision, req, info, target, ns, now),
+            Decision::Track { .. } => self.track(&decision, g),
+            Decision::Rewrite { .. } => self.send_available(decision, g),
             Decision::Primary {
                 budget_ms, then, ..
             } => {
@@ -133,7 +134,7 @@ impl Session {
                             permit: Some(permit),
                             ..Attempt::last(Rung::Primary)
                         };
-                        self.follow(out, req, info, target, ns, now, attempt);
+                        self.follow(out, g, attempt);
                         return;
                     }
                 }
@@ -147,20 +148,20 @@ impl Session {
                             drop_after_cluster_time,
                             cap_ms,
                         };
-                        self.send_available(instead, req, info, target, ns, now);
+                        self.send_available(instead, g);
                     }
                     AfterPrimary::FailFast {
                         reason,
                         probe_in,
                         errors,
-                    } => self.fail_fast(req, info, ns, reason, probe_in, errors),
+                    } => self.fail_fast(g, reason, probe_in, errors),
                 }
             }
             Decision::FailFast {
                 reason,
                 probe_in,
                 errors,
-            } => self.fail_fast(req, info, ns, reason, probe_in, errors),
+            } => self.fail_fast(g, reason, probe_in, errors),
             Decision::Refuse(why) => {
                 let reply = policy::refusal_reply(ns, why);
                 self.counters.refusal(&self.shared.metrics, ns);
@@ -173,13 +174,12 @@ impl Session {
     /// Answers a strict read whose breaker is open with the fail-fast error, sending nothing.
     fn fail_fast(
         &mut self,
-        req: &Request,
-        info: &CommandInfo<'_>,
-        ns: &str,
+        g: Governed<'_, '_>,
         reason: policy::Reason,
         probe_in: std::time::Duration,
         errors: u32,
     ) {
+        let Governed { req, info, ns, .. } = g;
         let reply = policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
         self.counters.fail_fast(&self.shared.metrics, ns);
         tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
@@ -188,21 +188,14 @@ impl Session {
 
     /// Sends a read rewritten to `available` before it goes (`decision` is a `Rewrite`),
     /// followed for the orphan estimate; as it arrived when the rewrite fails.
-    fn send_available(
-        &mut self,
-        decision: Decision,
-        req: &Request,
-        info: &CommandInfo<'_>,
-        target: &Target<'_>,
-        ns: &str,
-        now: Instant,
-    ) {
+    fn send_available(&mut self, decision: Decision, g: Governed<'_, '_>) {
+        let Governed { req, info, ns, .. } = g;
         match self.edited(&decision, req, ns, info.name) {
             Some(out) => {
                 self.counters.preemptive_rewrite(&self.shared.metrics, ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
                 let attempt = Attempt::last(Rung::Available);
-                self.follow(out, req, info, target, ns, now, attempt);
+                self.follow(out, g, attempt);
             }
             None => self.forward(req.frame().clone(), true),
         }
@@ -210,15 +203,8 @@ impl Session {
 
     /// Sends a read whose reply will be judged (with `maxTimeMS` capped when the decision
     /// says so), remembering it with the request as opened for a possible resend.
-    fn track(
-        &mut self,
-        decision: &Decision,
-        req: &Request,
-        info: &CommandInfo<'_>,
-        target: &Target<'_>,
-        ns: &str,
-        now: Instant,
-    ) {
+    fn track(&mut self, decision: &Decision, g: Governed<'_, '_>) {
+        let Governed { req, info, ns, .. } = g;
         let Decision::Track {
             budget_ms,
             probe,
@@ -242,25 +228,22 @@ impl Session {
             budget_ms,
             ..Attempt::last(Rung::First)
         };
-        if !self.follow(out, req, info, target, ns, now, first) && probe {
+        if !self.follow(out, g, first) && probe {
             self.shared.breakers.release_probe(ns);
         }
     }
 
-    /// Sends `out` (request `req`, as `attempt`) and remembers it for its reply. Past
-    /// `max_pending_reads` the read is sent but not followed (false): no next rung and no
-    /// evidence from it (its ladder slot is freed at once).
-    #[allow(clippy::too_many_arguments)]
-    fn follow(
-        &mut self,
-        out: Bytes,
-        req: &Request,
-        info: &CommandInfo<'_>,
-        target: &Target<'_>,
-        ns: &str,
-        now: Instant,
-        attempt: Attempt,
-    ) -> bool {
+    /// Sends `out` (the governed request, as `attempt`) and remembers it for its reply.
+    /// Past `max_pending_reads` the read is sent but not followed (false): no next rung and
+    /// no evidence from it (its ladder slot is freed at once).
+    fn follow(&mut self, out: Bytes, g: Governed<'_, '_>, attempt: Attempt) -> bool {
+        let Governed {
+            req,
+            info,
+            target,
+            ns,
+            now,
+        } = g;
         if self.pending.len() >= self.config.limits.max_pending_reads {
             self.shared.metrics.limits.hit("max_pending_reads");
             tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
