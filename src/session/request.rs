@@ -9,7 +9,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::reply::Tracked;
-use super::{Session, SessionError};
+use super::{tracked_command, Session, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
 use crate::policy::{self, Admission, AfterPrimary, Decision, ErrorReply, Mode, Target};
 use crate::rewrite;
@@ -301,10 +301,11 @@ impl Session {
         if probe {
             tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
         }
+        let tracked_ns = self.tracked_ns(ns);
         self.pending.push(Tracked {
             request_id: req.request_id(),
-            ns: ns.to_string(),
-            command: info.name.to_string(),
+            ns: tracked_ns,
+            command: tracked_command(info.name),
             policy: target.policy.clone(),
             original: req.clone(),
             started: now,
