@@ -78,10 +78,12 @@ impl Decoder for MessageCodec {
             // request then takes a 1-byte read, a 7-byte read, the rest, and a read that
             // fails with EAGAIN (a read that fills the buffer exactly cannot tell tokio the
             // socket is drained). `reserve` on an empty buffer takes back its own allocation
-            // when no frame from it is alive; otherwise it allocates MIN_ROOM, or the size
-            // class of the buffer's first allocation when larger (bytes caps that at 64 KiB).
-            if src.capacity() < MIN_ROOM / 2 {
-                src.reserve(MIN_ROOM);
+            // when no frame from it is alive; otherwise it allocates MIN_ROOM (or the maximum
+            // message size when smaller), or the size class of the buffer's first allocation
+            // when larger (bytes caps that at 64 KiB).
+            let room = MIN_ROOM.min(self.max);
+            if src.capacity() < room / 2 {
+                src.reserve(room);
             }
             return Ok(None);
         }
