@@ -159,6 +159,25 @@ fn partial_frame_reserves_at_most_the_frame() {
     assert!(buf.capacity() <= MAX + SLACK, "reserved {}", buf.capacity());
 }
 
+/// A frame that filled the buffer exactly leaves it without room; between messages the
+/// decoder gives it room for a whole small message again, so the next one takes one read
+/// (not a 1-byte read, a 7-byte read, the rest and an EAGAIN).
+#[test]
+fn room_for_the_next_message_after_a_frame_that_filled_the_buffer() {
+    let frame = ping(1);
+    let mut buf = BytesMut::with_capacity(frame.len());
+    buf.put_slice(&frame);
+    let mut codec = MessageCodec::new(48 * 1024 * 1024);
+    assert_eq!(codec.decode(&mut buf).unwrap(), Some(frame.clone()));
+    assert_eq!(buf.capacity(), 0);
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    assert!(buf.capacity() >= 4 * 1024, "room {}", buf.capacity());
+    // A maximum below that bounds the room too.
+    let mut small = BytesMut::new();
+    assert_eq!(MessageCodec::new(MAX).decode(&mut small).unwrap(), None);
+    assert!(small.capacity() <= MAX, "room {}", small.capacity());
+}
+
 /// A header declaring a huge message, followed by a trickle: the buffer follows the bytes
 /// that arrived (at most twice them, at least 8 KiB), never the declared length (issue 11:
 /// 500 connections declaring 47 MB each reserved 23 GB of address space).

@@ -18,6 +18,10 @@ pub const PASS_COLL: &str = "products";
 /// The fallback namespace of the e2e config (its breaker gets opened for the rewrite run).
 pub const FALLBACK_DB: &str = "demo";
 pub const FALLBACK_COLL: &str = "store_inventory";
+/// A second fallback namespace of the e2e config that never fails: its breaker stays closed,
+/// so every read on it is tracked (the governed-read run).
+pub const GOVERNED_DB: &str = "demo";
+pub const GOVERNED_COLL: &str = "store_ledger";
 
 /// `readConcern.level: "available"` as a BSON string element, the way both the driver and
 /// staleguard's rewrite encode it.

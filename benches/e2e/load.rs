@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::counts::{self, Counts};
 use crate::msgs;
 use crate::procs;
 
@@ -27,6 +28,8 @@ pub struct Spec {
     pub reply_len: usize,
     /// The process whose CPU time is sampled (the proxy), if any.
     pub cpu_pid: Option<u32>,
+    /// Also count that process's system calls and context switches (`E2E_COUNT`).
+    pub count: bool,
 }
 
 pub struct Outcome {
@@ -38,6 +41,8 @@ pub struct Outcome {
     /// Proxy CPU seconds (user, system) spent during the window.
     pub cpu_secs: Option<(f64, f64)>,
     pub unexpected: u64,
+    /// System calls and context switches of the proxy in the window, when asked for.
+    pub counts: Option<Result<Counts, String>>,
 }
 
 impl Outcome {
@@ -199,13 +204,24 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
     let t0 = Instant::now();
     let warm_end = t0 + spec.warmup;
     let end = warm_end + spec.measure;
+    let (count, measure) = (spec.count, spec.measure);
     let sampler = spec.cpu_pid.map(|pid| {
         tokio::spawn(async move {
             tokio::time::sleep_until(warm_end).await;
+            let window = count.then(|| counts::start(pid, measure));
             let a = procs::cpu_seconds(pid);
             tokio::time::sleep_until(end).await;
             let b = procs::cpu_seconds(pid);
-            a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1))
+            let counted = match window {
+                Some(Ok(w)) => Some(
+                    tokio::task::spawn_blocking(move || w.finish())
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string())),
+                ),
+                Some(Err(e)) => Some(Err(e)),
+                None => None,
+            };
+            (a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1)), counted)
         })
     });
     let joins: Vec<_> = clients
@@ -223,9 +239,9 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         lat_ns.extend_from_slice(&r.lat_ns);
         unexpected += r.unexpected;
     }
-    let cpu_secs = match sampler {
+    let (cpu_secs, counts) = match sampler {
         Some(s) => s.await.map_err(|e| e.to_string())?,
-        None => None,
+        None => (None, None),
     };
     lat_ns.sort_unstable();
     Ok(Outcome {
@@ -234,6 +250,7 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         lat_ns,
         cpu_secs,
         unexpected,
+        counts,
     })
 }
 

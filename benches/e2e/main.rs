@@ -5,13 +5,14 @@
 //!   ├─ --role upstream         fast fake mongos (own process) <┼─ direct
 //!   ├─ --role forwarder        copy_bidirectional floor       <┼─ floor
 //!   ├─ haproxy -f <tmp cfg>    tcp mode, nbthread 2           <┼─ haproxy
-//!   └─ staleguard run          the release binary             <┴─ staleguard, staleguard-rewrite
+//!   └─ staleguard run          the release binary             <┴─ staleguard, -governed, -rewrite
 //! ```
 //!
 //! For each connection count, rounds of every target in turn (rotated each round); medians
 //! of throughput, latency percentiles and proxy CPU per round trip; ratios to the floor;
 //! then RSS per idle connection pair; then PASS/MISS against the targets of issue 6.
 
+mod counts;
 mod forwarder;
 mod load;
 mod memory;
@@ -50,6 +51,8 @@ struct Opts {
     micro: bool,
     latency: bool,
     memory: bool,
+    /// Count the proxy's system calls and context switches in each window (`E2E_COUNT=1`).
+    count: bool,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -94,7 +97,7 @@ impl Opts {
             conns,
             targets: env_list(
                 "E2E_TARGETS",
-                "direct,floor,haproxy,staleguard,staleguard-rewrite",
+                "direct,floor,haproxy,staleguard,staleguard-governed,staleguard-rewrite",
             ),
             client_threads: env_or("E2E_CLIENT_THREADS", 2),
             mem_pairs: env_or("E2E_MEM_PAIRS", if quick { 500 } else { 10_000 }),
@@ -104,6 +107,7 @@ impl Opts {
             micro: !has("--no-micro") && !memory_only,
             latency: !has("--no-latency") && !memory_only,
             memory: !has("--no-memory"),
+            count: std::env::var("E2E_COUNT").is_ok_and(|v| !v.is_empty() && v != "0"),
         }
     }
 }
@@ -230,7 +234,10 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
     } else {
         None
     };
-    let staleguard = if wants("staleguard") || wants("staleguard-rewrite") {
+    let staleguard = if ["staleguard", "staleguard-governed", "staleguard-rewrite"]
+        .iter()
+        .any(|t| wants(t))
+    {
         Some(start_staleguard(
             tmp.path(),
             upstream.addr,
@@ -287,14 +294,20 @@ fn start_staleguard(
 ) -> Result<Proc, String> {
     let port = procs::free_port()?;
     // Passthrough traffic goes to an unlisted namespace; the rewrite run to the fallback one,
-    // whose breaker stays open for the whole benchmark once opened.
+    // whose breaker stays open for the whole benchmark once opened; the governed run to a
+    // second fallback namespace that never fails (breaker closed: every read tracked).
+    // `min_connections = 1`, `per_connection = 10`: the harness opens the breaker from one
+    // connection; `min_cooldown` as long as `cooldown`, or the first probe closes it again.
     let toml = format!(
         "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n\n\
-         [defaults]\ncooldown = \"10h\"\n\n\
+         [defaults]\ncooldown = \"10h\"\nmin_cooldown = \"10h\"\n\n\
+         [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\nmin_connections = 1\nper_connection = 10\n\n\
          [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\n\n\
          [[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n",
         msgs::FALLBACK_DB,
-        msgs::FALLBACK_COLL
+        msgs::FALLBACK_COLL,
+        msgs::GOVERNED_DB,
+        msgs::GOVERNED_COLL,
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml).map_err(|e| e.to_string())?;
@@ -372,13 +385,18 @@ fn targets(opts: &Opts, fleet: &Fleet) -> Vec<Target> {
         &msgs::find_body(msgs::FALLBACK_DB, msgs::FALLBACK_COLL),
         false,
     );
+    let governed = msgs::op_msg(
+        0,
+        &msgs::find_body(msgs::GOVERNED_DB, msgs::GOVERNED_COLL),
+        false,
+    );
     let mut out = Vec::new();
     for name in &opts.targets {
         let (proc, rewrite) = match name.as_str() {
             "direct" => (None, false),
             "floor" => (fleet.floor.as_ref(), false),
             "haproxy" => (fleet.haproxy.as_ref(), false),
-            "staleguard" => (fleet.staleguard.as_ref(), false),
+            "staleguard" | "staleguard-governed" => (fleet.staleguard.as_ref(), false),
             "staleguard-rewrite" => (fleet.staleguard.as_ref(), true),
             other => panic!("unknown target {other} (E2E_TARGETS)"),
         };
@@ -391,6 +409,8 @@ fn targets(opts: &Opts, fleet: &Fleet) -> Vec<Target> {
             cpu_pid: proc.map(|p| p.pid()),
             request: if rewrite {
                 fallback.clone()
+            } else if name == "staleguard-governed" {
+                governed.clone()
             } else {
                 pass.clone()
             },
@@ -420,6 +440,7 @@ async fn latency_runs(
                     request: t.request.clone(),
                     reply_len,
                     cpu_pid: t.cpu_pid,
+                    count: opts.count,
                 };
                 let out = load::run(&spec)
                     .await
@@ -479,7 +500,9 @@ fn memory_runs(
         ),
     ];
     for (name, start) in starters {
-        let wanted = wants(name) || (name == "staleguard" && wants("staleguard-rewrite"));
+        let wanted = wants(name)
+            || (name == "staleguard"
+                && (wants("staleguard-rewrite") || wants("staleguard-governed")));
         if !wanted || (name == "haproxy" && fleet.haproxy.is_none()) {
             continue;
         }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use crate::counts::{Counts, CALLS};
 use crate::load::Outcome;
 use crate::memory::MemResult;
 use crate::micro::Micro;
@@ -20,6 +21,10 @@ pub struct Sample {
     pub unexpected: u64,
     /// For the rewrite target: (finds that reached mongos with `available`, all finds).
     pub rewritten: Option<(i64, i64)>,
+    /// The proxy's system calls and context switches in the window, and the round trips
+    /// they are divided by (`E2E_COUNT=1`).
+    pub counts: Option<(Counts, u64)>,
+    pub count_error: Option<String>,
 }
 
 impl Sample {
@@ -33,6 +38,14 @@ impl Sample {
             sys: o.sys_share(),
             unexpected: o.unexpected,
             rewritten: None,
+            counts: match &o.counts {
+                Some(Ok(c)) => Some((c.clone(), o.round_trips)),
+                _ => None,
+            },
+            count_error: match &o.counts {
+                Some(Err(e)) => Some(e.clone()),
+                _ => None,
+            },
         }
     }
 
@@ -49,6 +62,19 @@ impl Sample {
         }
         if let Some((a, f)) = self.rewritten {
             let _ = write!(s, "  rewritten {a}/{f}");
+        }
+        if let Some((c, rt)) = &self.counts {
+            let per = |x: u64| x as f64 / (*rt).max(1) as f64;
+            let _ = write!(
+                s,
+                "  syscalls/rt {:.2}  cs/rt {:.2}+{:.2}",
+                per(c.syscalls),
+                per(c.voluntary),
+                per(c.nonvoluntary)
+            );
+        }
+        if let Some(e) = &self.count_error {
+            let _ = write!(s, "  counts failed: {e}");
         }
         s
     }
@@ -99,13 +125,25 @@ pub struct Summary {
     judge_conns: usize,
 }
 
-const ORDER: [&str; 5] = [
+const ORDER: [&str; 6] = [
     "direct",
     "floor",
     "haproxy",
     "staleguard",
+    "staleguard-governed",
     "staleguard-rewrite",
 ];
+
+/// Per round trip, the median over the rounds of one cell; NaN when not counted.
+fn per_rt(samples: &[Sample], f: impl Fn(&Counts) -> u64) -> f64 {
+    median(
+        samples
+            .iter()
+            .filter_map(|s| s.counts.as_ref())
+            .map(|(c, rt)| f(c) as f64 / (*rt).max(1) as f64)
+            .collect(),
+    )
+}
 
 fn ratio(a: f64, b: f64) -> String {
     if a.is_nan() || b.is_nan() || b == 0.0 {
@@ -145,6 +183,7 @@ impl Summary {
         let mut out = String::new();
         if !self.rows.is_empty() {
             self.render_latency(&mut out);
+            self.render_counts(&mut out);
         }
         if !self.memory.is_empty() {
             self.render_memory(&mut out);
@@ -225,6 +264,72 @@ impl Summary {
                 "\nRewrite check: {a} of {f} finds on the fallback namespace reached the fake mongos with readConcern level \"available\"{}",
                 if a == f && f > 0 { " (all)." } else { ": **NOT ALL REWRITTEN**." }
             );
+        }
+        out.push('\n');
+    }
+
+    /// System calls and context switches per round trip, for the cells that were counted.
+    fn render_counts(&self, out: &mut String) {
+        let counted = |s: &Vec<Sample>| s.iter().any(|s| s.counts.is_some());
+        if !self.rows.values().any(counted) {
+            return;
+        }
+        // Only the calls some process made.
+        let calls: Vec<&str> = CALLS
+            .into_iter()
+            .filter(|c| {
+                self.rows.values().any(|s| {
+                    s.iter()
+                        .filter_map(|s| s.counts.as_ref())
+                        .any(|(k, _)| k.by_call.get(*c).copied().unwrap_or(0) > 0)
+                })
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "## System calls and context switches per round trip (proxy process, medians)\n"
+        );
+        let mut head = "| target | conns | syscalls |".to_string();
+        let mut rule = "|---|---:|---:|".to_string();
+        for c in &calls {
+            let _ = write!(head, " {c} |");
+            rule.push_str("---:|");
+        }
+        head.push_str(" other | voluntary cs | nonvoluntary cs |");
+        rule.push_str("---:|---:|---:|");
+        let _ = writeln!(out, "{head}\n{rule}");
+        for ((n, t), samples) in ORDER
+            .iter()
+            .flat_map(|t| {
+                let mut ns: Vec<usize> = self.rows.keys().map(|(n, _)| *n).collect();
+                ns.dedup();
+                ns.into_iter().map(move |n| (n, *t))
+            })
+            .filter_map(|(n, t)| self.rows.get(&(n, t.to_string())).map(|s| ((n, t), s)))
+        {
+            if !counted(samples) {
+                continue;
+            }
+            let mut row = format!(
+                "| {t} | {n} | {} |",
+                num(per_rt(samples, |c| c.syscalls), 2)
+            );
+            for c in &calls {
+                let v = per_rt(samples, |k| k.by_call.get(*c).copied().unwrap_or(0));
+                let _ = write!(row, " {} |", num(v, 2));
+            }
+            let other = per_rt(samples, |k| {
+                k.syscalls
+                    .saturating_sub(calls.iter().filter_map(|c| k.by_call.get(*c)).sum())
+            });
+            let _ = write!(
+                row,
+                " {} | {} | {} |",
+                num(other, 2),
+                num(per_rt(samples, |c| c.voluntary), 2),
+                num(per_rt(samples, |c| c.nonvoluntary), 2)
+            );
+            let _ = writeln!(out, "{row}");
         }
         out.push('\n');
     }

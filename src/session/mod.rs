@@ -100,6 +100,8 @@ pub struct Session {
     counters: Counters,
     /// Reused for the "db.coll" key of governed reads.
     ns_buf: String,
+    /// The namespace of the last tracked read, shared by the tracked reads on it.
+    last_tracked_ns: Option<Arc<str>>,
     /// The upstream this client is paired with (its configured address).
     upstream: String,
     /// That upstream's guard on primary-rung reads (`[ladder_guard]`).
@@ -142,6 +144,7 @@ impl Session {
             waiting_since: None,
             counters: Counters::default(),
             ns_buf: String::new(),
+            last_tracked_ns: None,
             upstream: String::new(),
             ladder: None,
             ids: Default::default(),
@@ -293,6 +296,19 @@ impl Session {
         tracing::info!(limit, "closing client: past a limit");
     }
 
+    /// `ns` as the tracked reads keep it: the previous read's `Arc` when it was on the same
+    /// namespace (the common case), a new one otherwise.
+    fn tracked_ns(&mut self, ns: &str) -> Arc<str> {
+        match &self.last_tracked_ns {
+            Some(last) if **last == *ns => last.clone(),
+            _ => {
+                let fresh: Arc<str> = Arc::from(ns);
+                self.last_tracked_ns = Some(fresh.clone());
+                fresh
+            }
+        }
+    }
+
     /// Picks up a reloaded config, from the next request on.
     fn refresh_config(&mut self) {
         let generation = self.shared.config.generation();
@@ -304,6 +320,17 @@ impl Session {
 
     fn policy_active(&self) -> bool {
         !self.config.policy.is_passthrough_only()
+    }
+}
+
+/// A tracked read's command name without an allocation when the metrics know it (every read
+/// command the policy tracks does).
+fn tracked_command(name: &str) -> std::borrow::Cow<'static, str> {
+    let known = crate::metrics::Metrics::command_label(name);
+    if known == name {
+        std::borrow::Cow::Borrowed(known)
+    } else {
+        std::borrow::Cow::Owned(name.to_string())
     }
 }
 

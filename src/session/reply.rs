@@ -3,6 +3,7 @@
 //! `policy::judge` (pure), and the session applies the verdict: the breaker, the metrics,
 //! the log, and a resend rewritten from the request opened when it arrived.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -22,8 +23,10 @@ pub(super) const ORPHAN_SCAN_CAP: usize = 4096;
 #[derive(Debug)]
 pub(super) struct Tracked {
     pub(super) request_id: i32,
-    pub(super) ns: String,
-    pub(super) command: String,
+    /// Shared with the session's last tracked namespace: no allocation per read.
+    pub(super) ns: Arc<str>,
+    /// Borrowed from the metrics' command list when there (every read command is).
+    pub(super) command: Cow<'static, str>,
     pub(super) policy: Arc<NsPolicy>,
     /// The client's request as opened on arrival (a retry is rewritten from it, with no
     /// second header read or decompression).

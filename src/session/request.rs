@@ -8,7 +8,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::reply::Tracked;
-use super::{Session, SessionError};
+use super::{tracked_command, Session, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
 use crate::policy::{self, Admission, AfterPrimary, Decision, ErrorReply, Mode, Rung, Target};
 use crate::rewrite;
@@ -250,10 +250,11 @@ impl Session {
             self.forward(out, true);
             return false;
         }
+        let tracked_ns = self.tracked_ns(ns);
         self.pending.push(Tracked {
             request_id: req.request_id(),
-            ns: ns.to_string(),
-            command: info.name.to_string(),
+            ns: tracked_ns,
+            command: tracked_command(info.name),
             policy: target.policy.clone(),
             original: req.clone(),
             started: now,

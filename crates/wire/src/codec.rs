@@ -72,6 +72,19 @@ impl Decoder for MessageCodec {
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
         if src.is_empty() {
             self.partial_since = None;
+            // Between messages: make sure the next read has room for a whole small message.
+            // Left alone, the buffer keeps only what the last frame left behind (nothing,
+            // when a frame filled it exactly), `FramedRead` asks for one byte, and a 333-byte
+            // request then takes a 1-byte read, a 7-byte read, the rest, and a read that
+            // fails with EAGAIN (a read that fills the buffer exactly cannot tell tokio the
+            // socket is drained). `reserve` on an empty buffer takes back its own allocation
+            // when no frame from it is alive; otherwise it allocates MIN_ROOM (or the maximum
+            // message size when smaller), or the size class of the buffer's first allocation
+            // when larger (bytes caps that at 64 KiB).
+            let room = MIN_ROOM.min(self.max);
+            if src.capacity() < room / 2 {
+                src.reserve(room);
+            }
             return Ok(None);
         }
         if src.len() < 4 {
