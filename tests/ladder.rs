@@ -24,41 +24,22 @@ use support::mongos::Hooked;
 const ACCOUNTS: &str = "pay.accounts";
 const INVENTORY: &str = "demo.store_inventory";
 
-/// Strict `pay.*` and fallback inventory, both with the primary rung and the built-in
-/// budget split (written out: `Env` otherwise gives the first attempt the whole budget);
-/// one connection's errors count (the evidence rules have their own tests).
+/// The decision-table namespaces (`BASE_NAMESPACES`: one connection's errors count, a fixed
+/// 30 s cooldown), both with the primary rung and the built-in budget split (written out:
+/// `Env` otherwise gives the first attempt the whole budget), then `guard`.
 fn namespaces(guard: &str) -> String {
-    format!(
-        r#"
-[[namespaces]]
-pattern = "demo.store_inventory"
-mode = "fallback"
-ladder = ["primary", "available"]
-attempt_share = 0.5
-attempt_limit = "500ms"
-threshold = 3
-window = "10s"
-cooldown = "30s"
-min_cooldown = "30s"
-min_connections = 1
-per_connection = 1000
-min_wait = "0s"
-
-[[namespaces]]
-pattern = "pay.*"
-mode = "strict"
-ladder = ["primary"]
-attempt_share = 0.5
-attempt_limit = "500ms"
-threshold = 3
-window = "10s"
-cooldown = "30s"
-min_cooldown = "30s"
-min_connections = 1
-per_connection = 1000
-min_wait = "0s"
-{guard}"#
-    )
+    let split = "attempt_share = 0.5\nattempt_limit = \"500ms\"\n";
+    let with_rung = BASE_NAMESPACES
+        .replace(
+            "mode = \"fallback\"\n",
+            &format!("mode = \"fallback\"\nladder = [\"primary\", \"available\"]\n{split}"),
+        )
+        .replace(
+            "mode = \"strict\"\n",
+            &format!("mode = \"strict\"\nladder = [\"primary\"]\n{split}"),
+        );
+    assert_eq!(with_rung.matches("ladder =").count(), 2, "{with_rung}");
+    format!("{with_rung}{guard}")
 }
 
 fn secondary_coll(client: &Client, ns: &str) -> Collection<Document> {

@@ -7,13 +7,10 @@
 //! exactly, so `1` and `1.0` differ as they do to the server's `_id` index) and counts the
 //! documents whose `_id` was seen earlier in the same reply. Bounded: at most `cap`
 //! documents are looked at (the rest are reported as not examined); the only memory is an
-//! [`IdSet`] the caller keeps and reuses, three integers per document.
+//! [`IdSet`] the caller keeps and reuses, three integers per document. A whole reply message
+//! is counted by [`crate::Reply::status_and_duplicates`], in the pass that reads its status.
 
-use crate::body::checked_header;
-use crate::compressed::Compressed;
-use crate::opmsg::OpMsg;
 use crate::scan::{self, Elements, Malformed};
-use crate::{OpCode, WireError, HEADER_LEN};
 
 /// Reusable scratch space: one (hash, start, end) per `_id`, offsets into the body.
 #[derive(Debug, Default)]
@@ -108,34 +105,10 @@ pub fn duplicate_ids(body: &[u8], set: &mut IdSet, cap: usize) -> Result<DupCoun
     Ok(count)
 }
 
-/// [`duplicate_ids`] of a whole reply message: OP_MSG, or OP_COMPRESSED wrapping OP_MSG
-/// (decompressed once). Any other reply counts nothing.
-pub fn reply_duplicate_ids(
-    msg: &[u8],
-    max_message_size: usize,
-    set: &mut IdSet,
-    cap: usize,
-) -> Result<DupCount, WireError> {
-    let bad = |_| WireError::BadBson("reply batch");
-    let header = checked_header(msg, max_message_size)?;
-    let payload = &msg[HEADER_LEN..];
-    match header.op_code {
-        OpCode::MSG => duplicate_ids(OpMsg::parse(payload)?.body.as_bytes(), set, cap).map_err(bad),
-        OpCode::COMPRESSED => {
-            let c = Compressed::parse(payload)?;
-            if c.original_opcode != OpCode::MSG {
-                return Ok(DupCount::default());
-            }
-            let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
-            duplicate_ids(OpMsg::parse(&inner)?.body.as_bytes(), set, cap).map_err(bad)
-        }
-        _ => Ok(DupCount::default()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{OpCode, HEADER_LEN};
     use bson::{rawdoc, RawDocumentBuf};
 
     fn reply(batch_key: &str, docs: Vec<RawDocumentBuf>) -> RawDocumentBuf {
@@ -239,7 +212,13 @@ mod tests {
         let body = reply("firstBatch", vec![rawdoc! {"_id": 1}, rawdoc! {"_id": 1}]);
         let msg = crate::reply::op_msg(7, 3, 0, &body);
         let mut set = IdSet::default();
-        let c = reply_duplicate_ids(&msg, 1 << 20, &mut set, 100).unwrap();
+        let dups = |m: &[u8], set: &mut IdSet| {
+            let reply = crate::Reply::new(bytes::Bytes::copy_from_slice(m));
+            let (status, c) = reply.status_and_duplicates(1 << 20, set, 100).unwrap();
+            assert!(status.ok);
+            c.expect("an ok OP_MSG reply is counted")
+        };
+        let c = dups(&msg, &mut set);
         assert_eq!((c.examined, c.duplicates), (2, 1));
         for id in [1u8, 2, 3] {
             let data = crate::compressed::compress(id, &msg[HEADER_LEN..]).unwrap();
@@ -255,7 +234,7 @@ mod tests {
             z.extend_from_slice(&((msg.len() - HEADER_LEN) as i32).to_le_bytes());
             z.push(id);
             z.extend_from_slice(&data);
-            let c = reply_duplicate_ids(&z, 1 << 20, &mut set, 100).unwrap();
+            let c = dups(&z, &mut set);
             assert_eq!(c.duplicates, 1, "compressor {id}");
         }
     }
