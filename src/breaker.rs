@@ -257,6 +257,10 @@ pub struct Breakers {
     max: usize,
     /// Slots taken in `map` (reserved before an insert, so the bound is exact).
     taken: AtomicUsize,
+    /// Breakers not closed (open or half-open). Changed under the breaker's map lock by
+    /// [`Breakers::moved`]; while it is 0 every read is admitted without touching the map
+    /// (a read of a line that changes only on transitions, no lock taken).
+    not_closed: AtomicUsize,
     /// Where transitions are counted (`breaker_state`).
     metrics: Arc<Metrics>,
     /// While the write-stall watch holds fallback breakers open: why (see `hold`).
@@ -283,12 +287,33 @@ impl Breakers {
             map: DashMap::new(),
             max,
             taken: AtomicUsize::new(0),
+            not_closed: AtomicUsize::new(0),
             metrics,
             hold: Mutex::new(None),
         }
     }
 
     /// Logs and counts a transition of `ns` (the one place that does).
+    /// Counts a transition in `not_closed`; called with the breaker's entry still locked,
+    /// so the transitions of one breaker are counted in the order they happened.
+    fn moved(&self, t: Transition) -> Transition {
+        match (t.from == State::Closed, t.to == State::Closed) {
+            (true, false) => {
+                self.not_closed.fetch_add(1, Ordering::AcqRel);
+            }
+            (false, true) => {
+                self.not_closed.fetch_sub(1, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+        t
+    }
+
+    /// Open or half-open breakers now.
+    pub fn not_closed(&self) -> usize {
+        self.not_closed.load(Ordering::Acquire)
+    }
+
     fn report(&self, ns: &str, t: Option<Transition>) -> Option<Transition> {
         if let Some(t) = &t {
             self.metrics.breaker_state(ns, t.to.gauge());
@@ -315,6 +340,10 @@ impl Breakers {
         policy: &NsPolicy,
         now: Instant,
     ) -> (Admission, Option<Transition>) {
+        // No breaker open anywhere (the common case): nothing to look up.
+        if self.not_closed.load(Ordering::Acquire) == 0 {
+            return (Admission::Closed, None);
+        }
         // Fast path under a read lock: no breaker yet, closed, or open with nothing to
         // change (the common cases, every request while a breaker is open included).
         {
@@ -342,7 +371,7 @@ impl Breakers {
                     "cooldown elapsed"
                 };
                 b.early = false;
-                let t = b.move_to(State::HalfOpen, why.into(), now);
+                let t = self.moved(b.move_to(State::HalfOpen, why.into(), now));
                 b.probe_since = Some(now);
                 (Admission::Probe, Some(t))
             }
@@ -393,7 +422,7 @@ impl Breakers {
                 "probe failed: {what}; next probe in {}",
                 humantime::format_duration(next)
             );
-            return Some(b.open(reason, why, now));
+            return Some(self.moved(b.open(reason, why, now)));
         }
         if !b.count(policy, conn, now) {
             self.metrics.limits.ignored("per_connection");
@@ -408,20 +437,24 @@ impl Breakers {
             b.errors.len(),
             policy.window
         );
-        Some(b.open(reason, why, now))
+        Some(self.moved(b.open(reason, why, now)))
     }
 
-    /// Reports a read on `ns` that answered without a trigger error.
+    /// Reports a read on `ns` that answered without a trigger error. Only a probe's
+    /// answer changes anything: other reads do not touch the map.
     pub fn record_success(&self, ns: &str, probe: bool, now: Instant) -> Option<Transition> {
+        if !probe {
+            return None;
+        }
         let t = {
             let mut b = self.map.get_mut(ns)?;
-            if !(probe && b.state == State::HalfOpen) {
+            if b.state != State::HalfOpen {
                 return None;
             }
             b.errors.clear();
             b.probe_since = None;
             b.step = 0;
-            b.move_to(State::Closed, "probe succeeded".into(), now)
+            self.moved(b.move_to(State::Closed, "probe succeeded".into(), now))
         };
         self.report(ns, Some(t))
     }
@@ -465,10 +498,13 @@ impl Breakers {
 
     /// Drops breakers whose namespace no longer has an acting policy (after a reload).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.map.retain(|k, _| {
+        self.map.retain(|k, b| {
             let kept = keep(k);
             if !kept {
                 self.taken.fetch_sub(1, Ordering::AcqRel);
+                if b.state != State::Closed {
+                    self.not_closed.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             kept
         });
@@ -596,6 +632,38 @@ mod tests {
         assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
         let t = b.record_failure("demo.inv", &p, Reason::TimeLimit, "50", true, 9, later);
         assert_eq!(t.expect("reopens").to, State::Open);
+    }
+
+    #[test]
+    fn not_closed_follows_every_transition_and_removal() {
+        let b = Breakers::default();
+        let p = defaults();
+        let t0 = Instant::now();
+        assert_eq!(b.not_closed(), 0);
+        for conn in 1..=3 {
+            fail_from(&b, &p, conn, t0);
+        }
+        assert_eq!(b.not_closed(), 1, "open");
+        // Open: reads are not admitted as if closed (the count sends them to the map).
+        assert!(matches!(
+            b.admit("demo.inv", &p, t0).0,
+            Admission::Open { .. }
+        ));
+        let later = t0 + p.cooldown;
+        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
+        assert_eq!(b.not_closed(), 1, "half-open");
+        // A plain read's success changes nothing; the probe's closes.
+        assert!(b.record_success("demo.inv", false, later).is_none());
+        assert_eq!(b.state("demo.inv"), State::HalfOpen);
+        let t = b.record_success("demo.inv", true, later).expect("closes");
+        assert_eq!(t.to, State::Closed);
+        assert_eq!(b.not_closed(), 0, "closed");
+        // Held open by the watch, then dropped by a reload: the count goes back to 0.
+        assert!(b.hold_open("demo.other", "stall", later).is_some());
+        assert_eq!(b.not_closed(), 1);
+        b.retain(|ns| ns != "demo.other");
+        assert_eq!(b.not_closed(), 0);
+        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Closed);
     }
 
     #[test]

@@ -177,7 +177,9 @@ async fn accept_loop(
                         continue;
                     };
                     let id = shared.ids.next_conn();
-                    let sess = session::Session::new(shared.clone(), peer, id, stop.clone(), kill.clone());
+                    // Child tokens: a session polls its own (each poll locks the token's
+                    // node), not one node every session shares.
+                    let sess = session::Session::new(shared.clone(), peer, id, stop.child_token(), kill.child_token());
                     let (shared, kill) = (shared.clone(), kill.clone());
                     tracker.spawn(async move {
                         // The connection's place is held until its session ends.

@@ -37,7 +37,7 @@ impl Breakers {
             // stall to clear before probing.
             return None;
         }
-        Some(b.open(Reason::WriteStall, why.to_string(), now))
+        Some(self.moved(b.open(Reason::WriteStall, why.to_string(), now)))
     }
 
     /// Ends every hold: the stall is over, so each held breaker probes at its next read
