@@ -212,6 +212,16 @@ pub fn find_reply_body() -> RawDocumentBuf {
     }
 }
 
+/// The body of the fake mongos's answer to a `find`: the one-document reply, or about
+/// `bytes` bytes of documents when `bytes` is not 0 (the large-reply runs, `E2E_REPLY_BYTES`).
+pub fn find_reply_for(bytes: usize) -> RawDocumentBuf {
+    if bytes == 0 {
+        find_reply_body()
+    } else {
+        big_cursor_reply_body(bytes)
+    }
+}
+
 /// StaleConfig as a shard reports it through mongos.
 pub fn stale_config_body() -> RawDocumentBuf {
     rawdoc! {

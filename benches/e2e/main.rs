@@ -53,6 +53,9 @@ struct Opts {
     memory: bool,
     /// Count the proxy's system calls and context switches in each window (`E2E_COUNT=1`).
     count: bool,
+    /// The fake mongos answers each `find` with about this many bytes (`E2E_REPLY_BYTES`;
+    /// 0: the 229-byte one-document reply).
+    reply_bytes: usize,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -108,6 +111,7 @@ impl Opts {
             latency: !has("--no-latency") && !memory_only,
             memory: !has("--no-memory"),
             count: std::env::var("E2E_COUNT").is_ok_and(|v| !v.is_empty() && v != "0"),
+            reply_bytes: env_or("E2E_REPLY_BYTES", 0),
         }
     }
 }
@@ -174,7 +178,8 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let mut fleet = start_fleet(opts)?;
-    let mut summary = Summary::new(opts.judge_conns);
+    let reply_len = reply_len(opts.reply_bytes);
+    let mut summary = Summary::new(opts.judge_conns, reply_len);
     if opts.latency {
         if fleet.staleguard.is_some() && opts.targets.iter().any(|t| t == "staleguard-rewrite") {
             let sg = fleet
@@ -211,6 +216,8 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
             stale_ns,
             "--stale-first".into(),
             "3".into(),
+            "--reply-bytes".into(),
+            opts.reply_bytes.to_string(),
         ],
         "E2E_UPSTREAM_WRAPPER",
     )?;
@@ -369,6 +376,11 @@ async fn open_breaker(staleguard: SocketAddr, upstream: SocketAddr) -> Result<()
     Ok(())
 }
 
+/// The length of the fake mongos's `find` reply (see `msgs::find_reply_for`).
+fn reply_len(reply_bytes: usize) -> usize {
+    staleguard::wire::reply::op_msg(0, 0, 0, &msgs::find_reply_for(reply_bytes)).len()
+}
+
 /// Where a target's traffic goes and which process pays for it.
 struct Target {
     name: String,
@@ -425,7 +437,7 @@ async fn latency_runs(
     fleet: &mut Fleet,
 ) -> Result<BTreeMap<(usize, String), Vec<Sample>>, String> {
     let targets = targets(opts, fleet);
-    let reply_len = staleguard::wire::reply::op_msg(0, 0, 0, &msgs::find_reply_body()).len();
+    let reply_len = reply_len(opts.reply_bytes);
     let mut rows: BTreeMap<(usize, String), Vec<Sample>> = BTreeMap::new();
     for &n in &opts.conns {
         for round in 0..opts.rounds {

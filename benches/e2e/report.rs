@@ -123,7 +123,12 @@ pub struct Summary {
     pub micro: Option<Micro>,
     pub notes: Vec<String>,
     judge_conns: usize,
+    /// Bytes in each `find` reply (large with `E2E_REPLY_BYTES`).
+    reply_len: usize,
 }
+
+/// From this reply size up, the tables show bytes per second and the targets judge them.
+const LARGE_REPLY: usize = 64 * 1024;
 
 const ORDER: [&str; 6] = [
     "direct",
@@ -162,14 +167,19 @@ fn num(x: f64, prec: usize) -> String {
 }
 
 impl Summary {
-    pub fn new(judge_conns: usize) -> Summary {
+    pub fn new(judge_conns: usize, reply_len: usize) -> Summary {
         Summary {
             rows: BTreeMap::new(),
             memory: Vec::new(),
             micro: None,
             notes: Vec::new(),
             judge_conns,
+            reply_len,
         }
+    }
+
+    fn large(&self) -> bool {
+        self.reply_len >= LARGE_REPLY
     }
 
     fn cell(&self, n: usize, target: &str) -> Option<Med> {
@@ -201,13 +211,23 @@ impl Summary {
             out,
             "## Round trips (medians of {rounds} rounds; ratios to the floor at the same connection count)\n"
         );
+        let large = self.large();
+        if large {
+            let _ = writeln!(
+                out,
+                "Replies of {} bytes; MiB/s counts reply bytes delivered to the clients.\n",
+                self.reply_len
+            );
+        }
         let _ = writeln!(
             out,
-            "| target | conns | req/s | p50 µs | p99 µs | p99.9 µs | proxy CPU µs/rt | of it kernel | req/s vs floor | CPU vs floor | p99 vs floor |"
+            "| target | conns | req/s |{} p50 µs | p99 µs | p99.9 µs | proxy CPU µs/rt | of it kernel | req/s vs floor | CPU vs floor | p99 vs floor |",
+            if large { " reply MiB/s |" } else { "" }
         );
         let _ = writeln!(
             out,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---:|---:|{}---:|---:|---:|---:|---:|---:|---:|---:|",
+            if large { "---:|" } else { "" }
         );
         let conns: Vec<usize> = {
             let mut c: Vec<usize> = self.rows.keys().map(|(n, _)| *n).collect();
@@ -226,9 +246,14 @@ impl Summary {
                     ),
                     _ => ("".into(), "".into(), "".into()),
                 };
+                let mib = if large {
+                    format!(" {} |", num(m.rps * self.reply_len as f64 / 1048576.0, 1))
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     out,
-                    "| {t} | {n} | {} | {} | {} | {} | {} | {} | {r} | {c} | {p} |",
+                    "| {t} | {n} | {} |{mib} {} | {} | {} | {} | {} | {r} | {c} | {p} |",
                     num(m.rps, 0),
                     num(m.p50, 1),
                     num(m.p99, 1),
@@ -242,6 +267,7 @@ impl Summary {
                 );
             }
         }
+        self.render_added(out);
         let bad: u64 = self.rows.values().flatten().map(|s| s.unexpected).sum();
         if bad > 0 {
             let _ = writeln!(
@@ -266,6 +292,28 @@ impl Summary {
             );
         }
         out.push('\n');
+    }
+
+    /// Latency each proxy adds at one connection: its p50 and p99 minus direct's.
+    fn render_added(&self, out: &mut String) {
+        let Some(d) = self.cell(1, "direct") else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "\nLatency added at 1 connection (target minus direct, medians of the rounds):\n\n\
+             | target | p50 added µs | p99 added µs |\n|---|---:|---:|"
+        );
+        for t in ORDER.iter().filter(|t| **t != "direct") {
+            if let Some(m) = self.cell(1, t) {
+                let _ = writeln!(
+                    out,
+                    "| {t} | {} | {} |",
+                    num(m.p50 - d.p50, 1),
+                    num(m.p99 - d.p99, 1)
+                );
+            }
+        }
     }
 
     /// System calls and context switches per round trip, for the cells that were counted.
@@ -457,6 +505,112 @@ impl Summary {
             None => line(
                 None,
                 "<= 32 KiB per idle connection pair: not measured".into(),
+            ),
+        }
+        out.push('\n');
+        self.render_issue13(out);
+    }
+
+    /// Issue 13's targets: against HAProxy on the three paths at the judged connection
+    /// count, 1 MB replies against the floor, and 16 KiB per idle pair.
+    fn render_issue13(&self, out: &mut String) {
+        let _ = writeln!(out, "## Targets of issue 13 (one run)\n");
+        let n = self.judge_conns;
+        let mut line = |ok: Option<bool>, what: String| {
+            let tag = match ok {
+                Some(true) => "PASS",
+                Some(false) => "MISS",
+                None => "n/a ",
+            };
+            let _ = writeln!(out, "- {tag} {what}");
+        };
+        let ha = self.cell(n, "haproxy");
+        let vs = |t: &str, f: fn(&Med) -> f64| {
+            self.cell(n, t)
+                .zip(ha)
+                .map(|(a, b)| (f(&a), f(&b), f(&a) / f(&b)))
+        };
+        let show = |r: Option<(f64, f64, f64)>, unit: &str| match r {
+            Some((a, b, x)) => format!("{a:.1} vs {b:.1} {unit} = {x:.2}x"),
+            None => "not measured".into(),
+        };
+        if self.large() {
+            let mib = |m: &Med| m.rps * self.reply_len as f64 / 1048576.0;
+            let r = self
+                .cell(n, "staleguard")
+                .zip(self.cell(n, "floor"))
+                .map(|(a, b)| (mib(&a), mib(&b), mib(&a) / mib(&b)));
+            line(
+                r.map(|(_, _, x)| x >= 0.95),
+                format!(
+                    "replies of {} bytes: staleguard >= 0.95x the floor's bytes per second at {n} conns: {}",
+                    self.reply_len,
+                    show(r, "MiB/s")
+                ),
+            );
+            out.push('\n');
+            return;
+        }
+        let checks: [(&str, &str, fn(&Med) -> f64, &str, fn(f64) -> bool); 5] = [
+            (
+                "staleguard-governed",
+                "governed-read throughput >= 1.1x haproxy",
+                |m| m.rps,
+                "req/s",
+                |x| x >= 1.1,
+            ),
+            (
+                "staleguard-governed",
+                "governed-read CPU per round trip <= 0.9x haproxy",
+                |m| m.cpu_us,
+                "µs",
+                |x| x <= 0.9,
+            ),
+            (
+                "staleguard-governed",
+                "governed-read p99 <= haproxy",
+                |m| m.p99,
+                "µs",
+                |x| x <= 1.0,
+            ),
+            (
+                "staleguard-rewrite",
+                "rewrite-path throughput >= 1.0x haproxy",
+                |m| m.rps,
+                "req/s",
+                |x| x >= 1.0,
+            ),
+            (
+                "staleguard",
+                "passthrough throughput >= 1.15x haproxy",
+                |m| m.rps,
+                "req/s",
+                |x| x >= 1.15,
+            ),
+        ];
+        for (target, what, f, unit, ok) in checks {
+            let r = vs(target, f);
+            line(
+                r.map(|(_, _, x)| ok(x)),
+                format!("{what} at {n} conns: {}", show(r, unit)),
+            );
+        }
+        match self
+            .memory
+            .iter()
+            .find(|m| m.name.starts_with("staleguard"))
+        {
+            Some(m) => line(
+                Some(m.per_pair_kib() <= 16.0),
+                format!(
+                    "<= 16 KiB per idle connection pair: {:.1} KiB ({} pairs)",
+                    m.per_pair_kib(),
+                    m.pairs
+                ),
+            ),
+            None => line(
+                None,
+                "<= 16 KiB per idle connection pair: not measured".into(),
             ),
         }
         out.push('\n');

@@ -16,11 +16,13 @@ use tokio_util::codec::Decoder;
 use crate::msgs;
 
 /// `--stale-ns db.coll --stale-first N`: answer StaleConfig to the first N finds on db.coll
-/// that do not carry `readConcern: {level: "available"}`.
+/// that do not carry `readConcern: {level: "available"}`. `--reply-bytes N`: answer every
+/// other `find` with about N bytes of documents (0: the one-document reply).
 #[derive(Debug, Clone, Default)]
 pub struct Opts {
     pub stale_ns: Option<(String, String)>,
     pub stale_first: i64,
+    pub reply_bytes: usize,
 }
 
 impl Opts {
@@ -37,6 +39,9 @@ impl Opts {
                 }
                 "--stale-first" => {
                     o.stale_first = it.next().and_then(|n| n.parse().ok()).unwrap_or(0)
+                }
+                "--reply-bytes" => {
+                    o.reply_bytes = it.next().and_then(|n| n.parse().ok()).unwrap_or(0)
                 }
                 _ => {}
             }
@@ -77,12 +82,13 @@ pub fn run(args: &[String]) {
     rt.block_on(async move {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         crate::procs::announce(listener.local_addr().expect("addr"));
+        let find = msgs::find_reply_for(opts.reply_bytes);
         let state = Arc::new(State {
             stale_left: AtomicI64::new(opts.stale_first),
             opts,
             stats: Stats::default(),
             canned: Canned {
-                find: reply::op_msg(0, 0, 0, &msgs::find_reply_body()).to_vec(),
+                find: reply::op_msg(0, 0, 0, &find).to_vec(),
                 stale: reply::op_msg(0, 0, 0, &msgs::stale_config_body()).to_vec(),
                 ok: reply::op_msg(0, 0, 0, &rawdoc! { "ok": 1.0 }).to_vec(),
             },
@@ -106,7 +112,7 @@ async fn serve(mut sock: TcpStream, state: Arc<State>, conn_id: i32) {
     state.stats.connections.fetch_add(1, Ordering::Relaxed);
     let mut codec = MessageCodec::new(DEFAULT_MAX_MESSAGE_SIZE);
     let mut buf = BytesMut::with_capacity(4096);
-    let mut out = Vec::with_capacity(1024);
+    let mut out = Vec::with_capacity(1024.max(state.canned.find.len()));
     let mut reply_id = 1_i32;
     'conn: loop {
         loop {
