@@ -24,13 +24,24 @@ fn check(target: &str, data: &[u8]) {
     }
 }
 
+/// Every seed holds its property. With `FUZZ_CORPUS_DIR` set, the seeds that hold are also
+/// written there as `<target>/seed-<n>` (how `crates/fuzz/run.sh` starts a corpus: the
+/// fuzz crate's own binaries are instrumented and cannot run outside libFuzzer).
 #[test]
 fn every_seed_holds() {
+    let out = std::env::var_os("FUZZ_CORPUS_DIR").map(std::path::PathBuf::from);
     for (target, corpus) in corpora() {
         assert!(corpus.len() >= 10, "{target}: {} seeds", corpus.len());
         for (i, s) in corpus.iter().enumerate() {
             let r = std::panic::catch_unwind(|| check(target, s));
             assert!(r.is_ok(), "{target} seed {i} fails its property");
+        }
+        if let Some(dir) = &out {
+            let d = dir.join(target);
+            std::fs::create_dir_all(&d).expect("corpus directory");
+            for (i, s) in corpus.iter().enumerate() {
+                std::fs::write(d.join(format!("seed-{i:03}")), s).expect("seed written");
+            }
         }
     }
 }

@@ -5,8 +5,9 @@
 #   crates/fuzz/run.sh [SECONDS_PER_TARGET [TARGET...]]     (default: 120 s, all four)
 #
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Corpora grow in
-# crates/fuzz/corpus/<target> (seeded from real driver messages on first use); crashes land
-# in crates/fuzz/artifacts/<target>. Extra libFuzzer flags: FUZZ_FLAGS (e.g. "-jobs=2").
+# crates/fuzz/corpus/<target> (seeded from real driver messages on first use, written by
+# `cargo test --test fuzz_smoke` with FUZZ_CORPUS_DIR); crashes land in
+# crates/fuzz/artifacts/<target>. Extra libFuzzer flags: FUZZ_FLAGS (e.g. "-jobs=2").
 # FUZZ_SANITIZER=none builds without AddressSanitizer (several times the executions per
 # second; the Rust code forbids unsafe, ASan mainly watches zstd's C code).
 # Run it under `nice -n 19` on a shared machine.
@@ -16,15 +17,13 @@ secs=${1:-120}
 [ $# -gt 0 ] && shift
 targets=${*:-frames classify rewrite reply}
 dir=crates/fuzz
-triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
 
 # -a: debug assertions on (the rewrite checks its computed lengths with debug_assert).
 san=${FUZZ_SANITIZER:-address}
 cargo +nightly fuzz build --fuzz-dir "$dir" -a -s "$san"
-seeds="$dir/target/$triple/release/seeds"
 for t in $targets; do
     if [ ! -d "$dir/corpus/$t" ]; then
-        "$seeds" "$dir/corpus" >/dev/null
+        FUZZ_CORPUS_DIR="$PWD/$dir/corpus" cargo test -q --test fuzz_smoke every_seed_holds >/dev/null
     fi
 done
 
