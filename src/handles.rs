@@ -2,6 +2,7 @@
 //! reload are given. Each field is its own `Arc`, so the background tasks (`health`,
 //! `stall`) are handed only the few they use.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
@@ -28,6 +29,10 @@ pub struct Handles {
     pub runtime: Arc<Runtime>,
     /// Client connections open now (`max_connections`).
     pub clients: Arc<ClientSlots>,
+    /// Set when the stop's deadline passes, just before the kill token is cancelled: a
+    /// session looks at it once per message (a load of a line nothing else writes), where
+    /// polling the token would take its lock.
+    pub killed: AtomicBool,
 }
 
 impl Handles {
@@ -46,6 +51,7 @@ impl Handles {
             ids: Arc::default(),
             runtime: Arc::default(),
             clients: Arc::default(),
+            killed: AtomicBool::new(false),
         }
     }
 }

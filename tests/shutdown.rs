@@ -155,3 +155,51 @@ async fn peers_that_stop_reading_cannot_hold_a_stop() {
         "stop took {took:?} with shutdown_timeout {grace:?}"
     );
 }
+
+/// A client that never pauses (pipelined pings, replies read as fast as they come): the
+/// session always has a message ready, so only the per-message kill check can end it. The
+/// stop still finishes at its deadline.
+#[tokio::test]
+async fn a_client_that_never_pauses_cannot_hold_a_stop() {
+    let fake = FakeMongos::start().await;
+    let grace = Duration::from_millis(300);
+    let p = proxy(&fake, grace).await;
+    let client = tokio::net::TcpStream::connect(p.local_addr())
+        .await
+        .expect("connect");
+    let (mut client_in, mut client_out) = client.into_split();
+    let _reader = tokio::spawn(async move {
+        let mut sink = vec![0u8; 64 * 1024];
+        while let Ok(n) = tokio::io::AsyncReadExt::read(&mut client_in, &mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let batch: Vec<u8> = (1..=64)
+        .flat_map(|id| raw::msg(id, 0, &rawdoc! {"ping": 1, "$db": "admin"}).to_vec())
+        .collect();
+    let writer = tokio::spawn(async move {
+        let mut sent = 0u64;
+        while client_out.write_all(&batch).await.is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    fake.wait_for("pings upstream", |log| log.commands.len() > 1000)
+        .await;
+    let started = Instant::now();
+    tokio::time::timeout(grace + Duration::from_secs(10), p.shutdown())
+        .await
+        .expect("the stop finishes although the client never pauses");
+    let took = started.elapsed();
+    assert!(
+        took < grace + Duration::from_secs(2),
+        "stop took {took:?} with shutdown_timeout {grace:?}"
+    );
+    let batches = tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .expect("the client's writes fail once the proxy closed")
+        .expect("writer");
+    assert!(batches > 0);
+}

@@ -3,6 +3,8 @@
 //! requests in flight finish; the kill (the stop's deadline) ends the session whatever the
 //! peers do, reading or not.
 
+use std::sync::atomic::Ordering;
+
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -74,6 +76,10 @@ impl Session {
             if draining && self.drained() {
                 break Ok("proxy stopping");
             }
+            // The kill, seen by a busy session (an idle one is woken by `killed` below).
+            if self.shared.killed.load(Ordering::Acquire) {
+                break Ok("shutdown deadline passed");
+            }
             if self.counters.is_dirty() && !flush_armed {
                 flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
                 flush_armed = true;
@@ -82,15 +88,14 @@ impl Session {
             // proxy itself, so client reads wait on both).
             let read_client = self.to_upstream.has_room() && self.to_client.has_room();
             let read_upstream = self.to_client.has_room();
-            // Biased, in this order: the kill; writes; replies before new requests (finishing
-            // work before taking more; each side is bounded by its outbox's room, so neither
-            // waits long); then the stop and the timers, which are polled only in turns where
-            // no message was ready (a timer that fires during a burst waits for its end,
-            // which is the session's own traffic). Fewer futures are polled per message than
-            // in a random order.
+            // Biased, in this order: writes; replies before new requests (finishing work
+            // before taking more; each side is bounded by its outbox's room, so neither waits
+            // long); then the kill, the stop and the timers, which are polled only in turns
+            // where no message was ready (a timer that fires during a burst waits for its
+            // end, which is the session's own traffic; the kill is also checked above).
+            // Polling a token takes its lock: a message turn polls none.
             tokio::select! {
                 biased;
-                _ = &mut killed => break Ok("shutdown deadline passed"),
                 w = self.to_upstream.step(&mut uw), if !self.to_upstream.is_idle() => {
                     if let Err(e) = w {
                         break Err(SessionError::UpstreamIo(e));
@@ -122,6 +127,7 @@ impl Session {
                         break Ok("client closed");
                     }
                 },
+                _ = &mut killed => break Ok("shutdown deadline passed"),
                 _ = &mut stopping, if !draining => draining = true,
                 _ = &mut flush_timer, if flush_armed => {
                     flush_armed = false;
