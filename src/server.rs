@@ -179,14 +179,15 @@ async fn accept_loop(
                     let id = shared.ids.next_conn();
                     // Child tokens: a session polls its own (each poll locks the token's
                     // node), not one node every session shares.
-                    let sess = session::Session::new(shared.clone(), peer, id, stop.child_token(), kill.child_token());
+                    let sess = Box::new(session::Session::new(shared.clone(), peer, id, stop.child_token(), kill.child_token()));
                     let (shared, kill) = (shared.clone(), kill.clone());
                     tracker.spawn(async move {
                         // The connection's place is held until its session ends.
                         let _slot = slot;
                         // The kill also ends a TLS handshake still under way.
                         let stream = tokio::select! {
-                            s = handshake(&shared, socket, peer, id) => s,
+                            // Boxed: a TLS handshake's state is freed once it is done.
+                            s = Box::pin(handshake(&shared, socket, peer, id)) => s,
                             _ = kill.cancelled() => None,
                         };
                         if let Some(stream) = stream {

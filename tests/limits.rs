@@ -403,3 +403,39 @@ async fn declared_lengths_hold_no_memory_under_a_2_gib_address_space() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// What an idle connection costs in the proxy is mostly its session's task: the future that
+/// `Session::run` returns, plus the session on the heap. It was 9 KiB and more when each
+/// stage of the session held its own copy of it; the e2e memory run (BENCHMARKS.md) depends
+/// on it staying small.
+#[tokio::test]
+async fn an_idle_session_task_stays_small() {
+    use staleguard::config::Config;
+    use staleguard::handles::Handles;
+    use staleguard::session::Session;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    let cfg = Config::for_upstreams("127.0.0.1:0", vec!["127.0.0.1:1".into()]);
+    let shared = Arc::new(Handles::new(Arc::new(cfg)));
+    let peer = "127.0.0.1:9".parse().expect("addr");
+    let session = Box::new(Session::new(
+        shared,
+        peer,
+        1,
+        CancellationToken::new(),
+        CancellationToken::new(),
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let client = TcpStream::connect(listener.local_addr().expect("addr"))
+        .await
+        .expect("connect");
+    let task = session.run(staleguard::tls::Stream::Plain(client));
+    let size = std::mem::size_of_val(&task);
+    assert!(size <= 4096, "a session's task is {size} bytes");
+    assert!(
+        std::mem::size_of::<Session>() <= 1536,
+        "a session is {} bytes",
+        std::mem::size_of::<Session>()
+    );
+}

@@ -156,12 +156,15 @@ impl Session {
         }
     }
 
-    pub async fn run(self, client: Stream) {
+    /// Relays `client` until either side ends. The session is on the heap (boxed by the
+    /// caller): every stage below moves a pointer, not the session, so an idle connection's
+    /// task does not hold several copies of it.
+    pub async fn run(self: Box<Self>, client: Stream) {
         let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.id);
         self.relay(client).instrument(span).await
     }
 
-    async fn relay(self, client: Stream) {
+    async fn relay(self: Box<Self>, client: Stream) {
         match client {
             // Plain TCP keeps its lock-free owned halves.
             Stream::Plain(c) => {
@@ -177,7 +180,7 @@ impl Session {
 
     /// Waits for the client's first message, then dials its upstream (a client that never
     /// sends one costs no upstream connection) and relays.
-    async fn open<CR, CW>(self, cr: CR, cw: CW)
+    async fn open<CR, CW>(self: Box<Self>, cr: CR, cw: CW)
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
@@ -188,8 +191,10 @@ impl Session {
             return;
         };
         // A stop past its deadline also ends a session still dialing its upstream.
+        // Boxed: dialing (TCP, maybe TLS) happens once, and its state need not be part
+        // of the session's task for the connection's whole life.
         let connected = tokio::select! {
-            c = self.shared.upstreams.connect(&self.config, &self.shared.metrics) => c,
+            c = Box::pin(self.shared.upstreams.connect(&self.config, &self.shared.metrics)) => c,
             _ = self.kill.cancelled() => {
                 tracing::debug!("shutdown deadline passed while connecting upstream");
                 return;

@@ -22,7 +22,13 @@ impl Session {
     ///
     /// One `select!` over every event the session waits on; its arms only dispatch, which
     /// is why the function is this long.
-    pub async fn pump<CR, CW, UR, UW>(self, cr: CR, cw: CW, ur: UR, uw: UW)
+    pub fn pump<CR, CW, UR, UW>(
+        self,
+        cr: CR,
+        cw: CW,
+        ur: UR,
+        uw: UW,
+    ) -> impl std::future::Future<Output = ()>
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
@@ -32,13 +38,13 @@ impl Session {
         let max = self.config.max_message_size;
         let cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
         let ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
-        self.relay_framed(cr, cw, ur, uw, None).await
+        Box::new(self).relay_framed(cr, cw, ur, uw, None)
     }
 
     /// The relay over framed readers; `first` is a request read before the upstream was
     /// dialed.
     pub(super) async fn relay_framed<CR, CW, UR, UW>(
-        mut self,
+        mut self: Box<Self>,
         mut cr: FramedRead<CR, MessageCodec>,
         mut cw: CW,
         mut ur: FramedRead<UR, MessageCodec>,
@@ -53,7 +59,7 @@ impl Session {
         if let Some(first) = first {
             if let Err(e) = self.request(first).await {
                 self.finish(Err(e), true);
-                return self.close(&mut cw, &mut uw).await;
+                return Box::pin(self.close(&mut cw, &mut uw)).await;
             }
         }
         let mut draining = false;
@@ -150,7 +156,9 @@ impl Session {
             }
         };
         self.finish(end, cr.read_buffer().is_empty());
-        self.close(&mut cw, &mut uw).await;
+        // Boxed, like the decompression below: a session's task is as large as the largest
+        // state it may ever wait in, and every idle connection pays for that size.
+        Box::pin(self.close(&mut cw, &mut uw)).await;
     }
 
     /// One request; a large compressed one is decompressed off the workers first (this
@@ -159,6 +167,12 @@ impl Session {
         let Some(req) = self.on_request(msg)? else {
             return Ok(());
         };
+        Box::pin(self.inflated(req)).await
+    }
+
+    /// The rare path of [`Session::request`], boxed so its state is not part of every
+    /// session's task.
+    async fn inflated(&mut self, req: crate::wire::Request) -> Result<(), SessionError> {
         let kill = self.kill.clone();
         let opened = tokio::select! {
             r = self.inflate_aside(req) => r?,
