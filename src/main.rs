@@ -126,20 +126,34 @@ fn main() -> ExitCode {
 }
 
 fn init_logs(level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     use std::io::IsTerminal;
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Registry;
+    // RUST_LOG, when set, is read as an EnvFilter (span-field directives and all). Otherwise
+    // the level is a static per-target filter: it keeps no per-span state, where EnvFilter
+    // takes a process-wide lock each time a span is entered or left, that is on every poll
+    // of every session's task.
+    let filter: Box<dyn Layer<Registry> + Send + Sync> = match EnvFilter::try_from_default_env() {
+        Ok(f) => f.boxed(),
+        Err(_) => match level.parse::<Targets>() {
+            Ok(t) => t.boxed(),
+            Err(e) => {
+                eprintln!("warning: log level {level:?}: {e}; logging at info");
+                Targets::new().with_default(LevelFilter::INFO).boxed()
+            }
+        },
+    };
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Pretty => logs.init(),
+        LogFormat::Pretty => registry.with(logs).init(),
         // The connection span (client address, id) rides along on every event.
-        LogFormat::Json => logs
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+        LogFormat::Json => registry
+            .with(logs.json().with_current_span(true).with_span_list(false))
             .init(),
     }
 }
