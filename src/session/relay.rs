@@ -133,8 +133,9 @@ impl Session {
                         break Ok("client closed");
                     }
                 },
-                _ = &mut killed => break Ok("shutdown deadline passed"),
+                // The kill comes only after the stop: one token is waited on at a time.
                 _ = &mut stopping, if !draining => draining = true,
+                _ = &mut killed, if draining => break Ok("shutdown deadline passed"),
                 _ = &mut flush_timer, if flush_armed => {
                     flush_armed = false;
                     self.counters.flush(&self.shared.metrics);
