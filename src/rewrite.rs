@@ -3,7 +3,7 @@
 //! checksum fixed; compression redone.
 
 use bson::RawDocument;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::wire::body::{self, checked_header, inner_header, op_msg_crc, RequestBody};
 use crate::wire::compressed::compress;
@@ -82,7 +82,13 @@ pub fn rewrite_request(
         // There is no "not an OP_MSG" variant; this is the closest.
         RequestBody::NotCommand => return Err(WireError::BadInnerOpcode(header.op_code)),
     };
-    rewrite_parts(&header, &parts, spec, max_message_size)
+    rewrite_parts(
+        &header,
+        &parts,
+        spec,
+        max_message_size,
+        &mut BytesMut::new(),
+    )
 }
 
 /// Rewrites a request opened once ([`Request`]): no header read, no decompression (an
@@ -92,8 +98,20 @@ pub fn rewrite(
     spec: &RewriteSpec,
     max_message_size: usize,
 ) -> Result<Bytes, WireError> {
+    rewrite_into(req, spec, max_message_size, &mut BytesMut::new())
+}
+
+/// [`rewrite`], written in `buf` (an uncompressed message; a compressed one is built on its
+/// own). A session passes the same `buf` every time: once the previous rewritten message is
+/// sent and dropped, its allocation is taken back, so a rewrite allocates nothing.
+pub fn rewrite_into(
+    req: &Request,
+    spec: &RewriteSpec,
+    max_message_size: usize,
+    buf: &mut BytesMut,
+) -> Result<Bytes, WireError> {
     match req.parts() {
-        Some(parts) => rewrite_parts(req.header(), &parts, spec, max_message_size),
+        Some(parts) => rewrite_parts(req.header(), &parts, spec, max_message_size, buf),
         None => Err(WireError::BadInnerOpcode(req.header().op_code)),
     }
 }
@@ -105,6 +123,7 @@ fn rewrite_parts(
     parts: &MsgParts<'_>,
     spec: &RewriteSpec,
     max_message_size: usize,
+    buf: &mut BytesMut,
 ) -> Result<Bytes, WireError> {
     let body = parts
         .payload
@@ -114,19 +133,23 @@ fn rewrite_parts(
     let layout = Layout::new(body, &parts.body_range, parts.sections_end, crc, spec)?;
     let Some(compressor) = parts.compressor else {
         let total = fits(HEADER_LEN + layout.payload_len, max_message_size)?;
-        let mut out = Vec::with_capacity(total);
+        buf.clear();
+        buf.reserve(total);
         Header {
             length: total as i32,
             ..*header
         }
-        .put(&mut out);
-        layout.write(parts.payload, &mut out)?;
-        if crc {
-            let sum = crc32c::crc32c(&out);
-            out.extend_from_slice(&sum.to_le_bytes());
+        .put(buf);
+        if let Err(e) = layout.write(parts.payload, buf) {
+            buf.clear();
+            return Err(e);
         }
-        debug_assert_eq!(out.len(), total);
-        return Ok(Bytes::from(out));
+        if crc {
+            let sum = crc32c::crc32c(buf);
+            buf.extend_from_slice(&sum.to_le_bytes());
+        }
+        debug_assert_eq!(buf.len(), total);
+        return Ok(buf.split().freeze());
     };
     let inner_len = layout.payload_len;
     fits(HEADER_LEN + inner_len, max_message_size)?;
@@ -203,16 +226,16 @@ impl<'b> Layout<'b> {
 
     /// Writes flags and sections (not the checksum): bytes before the body, the new body,
     /// bytes after it.
-    fn write(&self, payload: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
+    fn write(&self, payload: &[u8], out: &mut impl Out) -> Result<(), WireError> {
         let before = payload
             .get(..self.body_start)
             .ok_or(WireError::Truncated("op_msg sections"))?;
         let after = payload
             .get(self.body_end..self.sections_end)
             .ok_or(WireError::Truncated("op_msg sections"))?;
-        out.extend_from_slice(before);
+        out.put(before);
         self.splice.write(out)?;
-        out.extend_from_slice(after);
+        out.put(after);
         Ok(())
     }
 }
@@ -296,14 +319,14 @@ impl<'b> Splice<'b> {
     }
 
     /// Appends the new body (exactly `self.len` bytes) to `out`.
-    fn write(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+    fn write(&self, out: &mut impl Out) -> Result<(), WireError> {
         self.write_inner(out).map_err(bad_body)
     }
 
-    fn write_inner(&self, out: &mut Vec<u8>) -> Result<(), Malformed> {
-        let start_len = out.len();
+    fn write_inner(&self, out: &mut impl Out) -> Result<(), Malformed> {
+        let start_len = out.written();
         let body = self.body;
-        out.extend_from_slice(&(self.len as i32).to_le_bytes());
+        out.put(&(self.len as i32).to_le_bytes());
         let mut edits = [
             self.rc.map(|e| (e.start, e.end, Edit::ReadConcern)),
             self.mt.map(|e| (e.start, e.end, Edit::MaxTime)),
@@ -313,41 +336,41 @@ impl<'b> Splice<'b> {
         edits.sort_by_key(|e| e.map_or(usize::MAX, |(start, _, _)| start));
         let mut copied = 4;
         for (start, end, edit) in edits.into_iter().flatten() {
-            out.extend_from_slice(&body[copied..start]);
+            out.put(&body[copied..start]);
             copied = end;
             match edit {
                 Edit::ReadConcern => self.put_read_concern(out)?,
                 Edit::MaxTime => self.put_max_time_ms(out),
-                Edit::ReadPref => out.extend_from_slice(RP_PRIMARY),
+                Edit::ReadPref => out.put(RP_PRIMARY),
             }
         }
-        out.extend_from_slice(&body[copied..body.len() - 1]);
+        out.put(&body[copied..body.len() - 1]);
         if self.spec.available && self.rc.is_none() {
             self.put_read_concern(out)?;
         }
         if self.spec.max_time_ms.is_some() && self.mt.is_none() {
             self.put_max_time_ms(out);
         }
-        out.push(0);
-        debug_assert_eq!(out.len() - start_len, self.len);
+        out.byte(0);
+        debug_assert_eq!(out.written() - start_len, self.len);
         Ok(())
     }
 
-    fn put_read_concern(&self, out: &mut Vec<u8>) -> Result<(), Malformed> {
-        out.push(scan::DOCUMENT);
-        out.extend_from_slice(RC_KEY);
-        out.extend_from_slice(&((4 + self.rc_fields_len + 1) as i32).to_le_bytes());
+    fn put_read_concern(&self, out: &mut impl Out) -> Result<(), Malformed> {
+        out.byte(scan::DOCUMENT);
+        out.put(RC_KEY);
+        out.put(&((4 + self.rc_fields_len + 1) as i32).to_le_bytes());
         read_concern_fields(old_read_concern(self.rc.as_ref()), &self.spec, out)?;
-        out.push(0);
+        out.byte(0);
         Ok(())
     }
 
-    fn put_max_time_ms(&self, out: &mut Vec<u8>) {
+    fn put_max_time_ms(&self, out: &mut impl Out) {
         if let Some(n) = self.spec.max_time_ms {
             let (tag, value) = max_time_ms(self.mt.map(|e| e.tag), n);
-            out.push(tag);
-            out.extend_from_slice(MT_KEY);
-            out.extend_from_slice(value.as_slice());
+            out.byte(tag);
+            out.put(MT_KEY);
+            out.put(value.as_slice());
         }
     }
 }
@@ -373,6 +396,37 @@ impl Sink for Count {
 impl Sink for Vec<u8> {
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
+    }
+}
+
+impl Sink for BytesMut {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// Where a rewritten message is written: a `Vec` (bodies, compressed messages) or the
+/// session's reusable `BytesMut`.
+trait Out: Sink {
+    fn byte(&mut self, b: u8);
+    fn written(&self) -> usize;
+}
+
+impl Out for Vec<u8> {
+    fn byte(&mut self, b: u8) {
+        self.push(b);
+    }
+    fn written(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Out for BytesMut {
+    fn byte(&mut self, b: u8) {
+        self.extend_from_slice(&[b]);
+    }
+    fn written(&self) -> usize {
+        self.len()
     }
 }
 

@@ -837,3 +837,43 @@ fn primary_rung_whole_message_with_checksum_and_compression() {
         );
     }
 }
+
+/// A session rewrites into one buffer: once the last rewritten message is dropped (sent),
+/// the next rewrite reuses its allocation, so a governed read's `maxTimeMS` costs no malloc.
+/// Each output is still exactly what `rewrite_message` makes.
+#[test]
+fn rewrites_into_one_buffer_reuse_its_allocation() {
+    use bytes::{Bytes, BytesMut};
+    use staleguard::rewrite::rewrite_into;
+    use staleguard::wire::Request;
+    let spec = RewriteSpec {
+        max_time_ms: Some(500),
+        ..RewriteSpec::default()
+    };
+    let body = rawdoc! {"find": "inv", "filter": {}, "maxTimeMS": 2000_i32, "$db": "demo"};
+    let msg = op_msg(7, 0, 0, &body);
+    let req =
+        Request::new(Bytes::copy_from_slice(&msg), DEFAULT_MAX_MESSAGE_SIZE).expect("request");
+    let want = rewrite_message(&msg, &spec, DEFAULT_MAX_MESSAGE_SIZE).expect("rewrites");
+    let mut buf = BytesMut::new();
+    let first = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    assert_eq!(first, want);
+    let at = first.as_ptr();
+    // Still held (not sent yet): the next one needs memory of its own.
+    let second = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    assert_eq!(second, want);
+    assert_ne!(second.as_ptr(), at);
+    drop(first);
+    drop(second);
+    let again = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    assert_eq!(again, want);
+    let at = again.as_ptr();
+    drop(again);
+    let reused = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    assert_eq!(reused, want);
+    assert_eq!(
+        reused.as_ptr(),
+        at,
+        "the dropped message's allocation is taken back"
+    );
+}

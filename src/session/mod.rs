@@ -100,6 +100,9 @@ pub struct Session {
     counters: Counters,
     /// Reused for the "db.coll" key of governed reads.
     ns_buf: String,
+    /// Where rewritten requests are written; its allocation comes back once the last one
+    /// is sent (`rewrite::rewrite_into`).
+    rewrite_buf: bytes::BytesMut,
     /// The namespace of the last tracked read, shared by the tracked reads on it.
     last_tracked_ns: Option<Arc<str>>,
     /// The upstream this client is paired with (its configured address).
@@ -144,6 +147,7 @@ impl Session {
             waiting_since: None,
             counters: Counters::default(),
             ns_buf: String::new(),
+            rewrite_buf: bytes::BytesMut::new(),
             last_tracked_ns: None,
             upstream: String::new(),
             ladder: None,

@@ -332,7 +332,8 @@ impl Session {
     /// Sends `t` again, to rung `to`, rewritten by `spec` (from the request opened on
     /// arrival); false when the rewrite fails and the error goes to the client instead.
     fn resend(&mut self, mut t: Tracked, to: Rung, code: Option<i32>, spec: &RewriteSpec) -> bool {
-        match rewrite::rewrite(&t.original, spec, self.config.max_message_size) {
+        let max = self.config.max_message_size;
+        match rewrite::rewrite_into(&t.original, spec, max, &mut self.rewrite_buf) {
             Ok(out) => {
                 match to {
                     Rung::Primary => {

@@ -274,9 +274,16 @@ impl Session {
     /// The request rewritten by `decision`'s spec, from the opened request (no header read,
     /// no decompression). `None`: no spec, or the rewrite failed (logged); the very bytes
     /// that arrived go instead.
-    fn edited(&self, decision: &Decision, req: &Request, ns: &str, command: &str) -> Option<Bytes> {
+    fn edited(
+        &mut self,
+        decision: &Decision,
+        req: &Request,
+        ns: &str,
+        command: &str,
+    ) -> Option<Bytes> {
         let spec = policy::rewrite_spec(decision)?;
-        match rewrite::rewrite(req, &spec, self.config.max_message_size) {
+        let max = self.config.max_message_size;
+        match rewrite::rewrite_into(req, &spec, max, &mut self.rewrite_buf) {
             Ok(out) => {
                 if !spec.available {
                     tracing::debug!(ns = %ns, command, max_time_ms = spec.max_time_ms, "maxTimeMS capped");
