@@ -100,13 +100,19 @@ const DECISIONS: [&str; 6] = [
     "refuse",
 ];
 
-/// Counters of one namespace that repeat per request while its breaker is open.
+/// Counters of one namespace that repeat per request while its breaker is open. The
+/// ladder's and the orphan estimate's are made on first use (a series appears when it is
+/// first counted, as before), then reached without a label `String` or the family's lock.
 #[derive(Debug)]
 pub struct NsHot {
     pub ns: String,
     pub preemptive: Counter,
     pub fail_fast: Counter,
     pub refusal: Counter,
+    /// The namespace's label (`ns`, or "other" past the label bound).
+    label: String,
+    ladder: [[OnceLock<Counter>; LADDER_RESULTS.len()]; LADDER_RUNGS.len()],
+    orphans: OnceLock<Counter>,
 }
 
 pub struct Metrics {
@@ -362,7 +368,15 @@ impl Metrics {
                     namespace: namespace.clone(),
                 })
                 .clone(),
-            refusal: self.refusals.get_or_create(&NsLabel { namespace }).clone(),
+            refusal: self
+                .refusals
+                .get_or_create(&NsLabel {
+                    namespace: namespace.clone(),
+                })
+                .clone(),
+            label: namespace,
+            ladder: Default::default(),
+            orphans: OnceLock::new(),
         });
         if self.hot.len() < MAX_NS_LABELS {
             self.hot.insert(ns.to_string(), hot.clone());
@@ -398,6 +412,42 @@ impl Metrics {
                 kind,
             })
             .inc();
+    }
+
+    /// [`Metrics::ladder_attempt`] through `hot`'s handles (the per-request path).
+    pub fn hot_ladder_attempt(&self, hot: &NsHot, rung: &'static str, result: &'static str) {
+        let (Some(r), Some(k)) = (
+            LADDER_RUNGS.iter().position(|x| *x == rung),
+            LADDER_RESULTS.iter().position(|x| *x == result),
+        ) else {
+            return;
+        };
+        hot.ladder[r][k]
+            .get_or_init(|| {
+                self.ladder
+                    .attempts
+                    .get_or_create(&NsRungResult {
+                        namespace: hot.label.clone(),
+                        rung,
+                        result,
+                    })
+                    .clone()
+            })
+            .inc();
+    }
+
+    /// [`Metrics::orphans_estimated`] through `hot`'s handle (the per-request path).
+    pub fn hot_orphans_estimated(&self, hot: &NsHot, n: u64) {
+        hot.orphans
+            .get_or_init(|| {
+                self.ladder
+                    .orphans
+                    .get_or_create(&NsLabel {
+                        namespace: hot.label.clone(),
+                    })
+                    .clone()
+            })
+            .inc_by(n);
     }
 
     /// Counts a read that climbed to `rung` of `ns`'s ladder, and what came of it

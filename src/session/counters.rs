@@ -104,6 +104,30 @@ impl Counters {
     }
 
     /// Makes `ns` the namespace outcomes are counted on (flushing the previous one's).
+    /// A read on `ns` that ended at `rung` of its ladder (counted at once, through the
+    /// namespace's cached handles: no label to build, no family lock).
+    pub(super) fn ladder_attempt(
+        &mut self,
+        metrics: &Metrics,
+        ns: &str,
+        rung: &'static str,
+        result: &'static str,
+    ) {
+        self.hot(metrics, ns);
+        if let Some(h) = &self.hot {
+            metrics.hot_ladder_attempt(h, rung, result);
+        }
+    }
+
+    /// Documents seen twice in one `available` reply on `ns` (0 too: the series exists
+    /// from the first such reply).
+    pub(super) fn orphans(&mut self, metrics: &Metrics, ns: &str, n: u64) {
+        self.hot(metrics, ns);
+        if let Some(h) = &self.hot {
+            metrics.hot_orphans_estimated(h, n);
+        }
+    }
+
     fn hot(&mut self, metrics: &Metrics, ns: &str) {
         if self.hot.as_ref().is_none_or(|h| h.ns != ns) {
             self.flush_hot();

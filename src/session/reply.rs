@@ -152,13 +152,12 @@ impl Session {
 
     /// Documents an `available` reply returned twice (same `_id`): orphans the proxy can
     /// see, added to the orphan estimate.
-    fn count_orphans(&self, ns: &str, n: DupCount) {
+    fn count_orphans(&mut self, ns: &str, n: DupCount) {
         if n.duplicates > 0 {
             tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
         }
-        self.shared
-            .metrics
-            .orphans_estimated(ns, u64::from(n.duplicates));
+        self.counters
+            .orphans(&self.shared.metrics, ns, u64::from(n.duplicates));
     }
 
     /// The client left with tracked reads unanswered.
@@ -270,12 +269,11 @@ impl Session {
     }
 
     /// A rung above the first ended: counted in the ladder metric, its guard slot freed.
-    fn ladder_ended(&self, t: &mut Tracked, answered: bool) {
+    fn ladder_ended(&mut self, t: &mut Tracked, answered: bool) {
         t.permit = None;
         let result = if answered { "answered" } else { "failed" };
-        self.shared
-            .metrics
-            .ladder_attempt(&t.ns, t.rung.as_str(), result);
+        self.counters
+            .ladder_attempt(&self.shared.metrics, &t.ns, t.rung.as_str(), result);
     }
 
     /// A slot on this connection's upstream for one primary-rung read, or `None` (counted
