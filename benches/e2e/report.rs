@@ -127,6 +127,15 @@ pub struct Summary {
     reply_len: usize,
 }
 
+/// One of issue 13's comparisons with HAProxy: target, what, the measure, its unit, the test.
+type Check = (
+    &'static str,
+    &'static str,
+    fn(&Med) -> f64,
+    &'static str,
+    fn(f64) -> bool,
+);
+
 /// From this reply size up, the tables show bytes per second and the targets judge them.
 const LARGE_REPLY: usize = 64 * 1024;
 
@@ -551,7 +560,7 @@ impl Summary {
             out.push('\n');
             return;
         }
-        let checks: [(&str, &str, fn(&Med) -> f64, &str, fn(f64) -> bool); 5] = [
+        let checks: [Check; 5] = [
             (
                 "staleguard-governed",
                 "governed-read throughput >= 1.1x haproxy",
