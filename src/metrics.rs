@@ -16,10 +16,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod hot;
 mod ladder;
 pub mod latency;
 mod limits;
 mod stall;
+pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
 pub use limits::{LimitLabel, LimitMetrics, WhyLabel, IGNORED, LIMITS};
@@ -99,21 +101,6 @@ const DECISIONS: [&str; 6] = [
     "fail_fast",
     "refuse",
 ];
-
-/// Counters of one namespace that repeat per request while its breaker is open. The
-/// ladder's and the orphan estimate's are made on first use (a series appears when it is
-/// first counted, as before), then reached without a label `String` or the family's lock.
-#[derive(Debug)]
-pub struct NsHot {
-    pub ns: String,
-    pub preemptive: Counter,
-    pub fail_fast: Counter,
-    pub refusal: Counter,
-    /// The namespace's label (`ns`, or "other" past the label bound).
-    label: String,
-    ladder: [[OnceLock<Counter>; LADDER_RESULTS.len()]; LADDER_RUNGS.len()],
-    orphans: OnceLock<Counter>,
-}
 
 pub struct Metrics {
     request_counters: [[OnceLock<Counter>; DECISIONS.len()]; COMMANDS.len()],
@@ -345,45 +332,6 @@ impl Metrics {
             .inc_by(n);
     }
 
-    /// The per-namespace counters a governed read may bump, made once per namespace; a
-    /// session keeps the last one it used, so a run of reads on one namespace neither
-    /// allocates nor hashes.
-    pub fn ns_hot(&self, ns: &str) -> Arc<NsHot> {
-        if let Some(h) = self.hot.get(ns) {
-            return h.clone();
-        }
-        let namespace = self.ns_label(ns);
-        let hot = Arc::new(NsHot {
-            ns: ns.to_string(),
-            preemptive: self
-                .rewrites
-                .get_or_create(&NsKind {
-                    namespace: namespace.clone(),
-                    kind: "preemptive",
-                })
-                .clone(),
-            fail_fast: self
-                .fail_fasts
-                .get_or_create(&NsLabel {
-                    namespace: namespace.clone(),
-                })
-                .clone(),
-            refusal: self
-                .refusals
-                .get_or_create(&NsLabel {
-                    namespace: namespace.clone(),
-                })
-                .clone(),
-            label: namespace,
-            ladder: Default::default(),
-            orphans: OnceLock::new(),
-        });
-        if self.hot.len() < MAX_NS_LABELS {
-            self.hot.insert(ns.to_string(), hot.clone());
-        }
-        hot
-    }
-
     pub fn trigger_error(&self, ns: &str, code: &str) {
         let namespace = self.ns_label(ns);
         self.ns_errors
@@ -412,42 +360,6 @@ impl Metrics {
                 kind,
             })
             .inc();
-    }
-
-    /// [`Metrics::ladder_attempt`] through `hot`'s handles (the per-request path).
-    pub fn hot_ladder_attempt(&self, hot: &NsHot, rung: &'static str, result: &'static str) {
-        let (Some(r), Some(k)) = (
-            LADDER_RUNGS.iter().position(|x| *x == rung),
-            LADDER_RESULTS.iter().position(|x| *x == result),
-        ) else {
-            return;
-        };
-        hot.ladder[r][k]
-            .get_or_init(|| {
-                self.ladder
-                    .attempts
-                    .get_or_create(&NsRungResult {
-                        namespace: hot.label.clone(),
-                        rung,
-                        result,
-                    })
-                    .clone()
-            })
-            .inc();
-    }
-
-    /// [`Metrics::orphans_estimated`] through `hot`'s handle (the per-request path).
-    pub fn hot_orphans_estimated(&self, hot: &NsHot, n: u64) {
-        hot.orphans
-            .get_or_init(|| {
-                self.ladder
-                    .orphans
-                    .get_or_create(&NsLabel {
-                        namespace: hot.label.clone(),
-                    })
-                    .clone()
-            })
-            .inc_by(n);
     }
 
     /// Counts a read that climbed to `rung` of `ns`'s ladder, and what came of it
