@@ -14,6 +14,9 @@ use super::counters::FLUSH_AFTER;
 use super::{client_err, upstream_err, Session, SessionError};
 use crate::wire::MessageCodec;
 
+/// A session that never goes idle adds its batched metrics at least this often (messages).
+const FLUSH_MSGS: u64 = 1024;
+
 /// Initial read-buffer size per direction; grows to the message size when needed.
 pub(super) const READ_BUFFER: usize = 8 * 1024;
 
@@ -125,6 +128,12 @@ impl Session {
                         msgs += 1;
                         if let Err(e) = self.request(msg).await {
                             break Err(e);
+                        }
+                        // The flush timer is polled only in idle turns; a client that never
+                        // pauses (fire-and-forget writes have no round trip to flush on)
+                        // still reaches the shared metrics every FLUSH_MSGS messages.
+                        if msgs % FLUSH_MSGS == 0 && self.counters.is_dirty() {
+                            self.counters.flush(&self.shared.metrics);
                         }
                     }
                     Some(Err(e)) => break Err(client_err(e)),
