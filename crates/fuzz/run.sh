@@ -7,7 +7,9 @@
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Corpora grow in
 # crates/fuzz/corpus/<target> (seeded from real driver messages on first use, written by
 # `cargo test --test fuzz_smoke` with FUZZ_CORPUS_DIR); crashes land in
-# crates/fuzz/artifacts/<target>. Extra libFuzzer flags: FUZZ_FLAGS (e.g. "-jobs=2").
+# crates/fuzz/artifacts/<target>. Extra libFuzzer flags: FUZZ_FLAGS (not -jobs: each job then
+# writes its statistics to its own fuzz-N.log and the summary shows "?"; to use several cores,
+# run several run.sh at once on different targets).
 # FUZZ_SANITIZER=none builds without AddressSanitizer (several times the executions per
 # second; the Rust code forbids unsafe, ASan mainly watches zstd's C code).
 # Run it under `nice -n 19` on a shared machine.
