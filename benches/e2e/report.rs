@@ -416,14 +416,7 @@ impl Summary {
     fn render_targets(&self, out: &mut String) {
         let _ = writeln!(out, "## Targets (one run)\n");
         let n = self.judge_conns;
-        let mut line = |ok: Option<bool>, what: String| {
-            let tag = match ok {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "n/a ",
-            };
-            let _ = writeln!(out, "- {tag} {what}");
-        };
+        let mut line = |ok: Option<bool>, what: String| verdict(out, ok, &what);
         let sg = self.cell(n, "staleguard");
         let rw = self.cell(n, "staleguard-rewrite");
         let floor = self.cell(n, "floor");
@@ -432,10 +425,6 @@ impl Summary {
             a.zip(b).map(|(a, b)| (f(&a), f(&b), f(&a) / f(&b)))
         };
         let judge = |r: Option<(f64, f64, f64)>, ok: fn(f64) -> bool| r.map(|(_, _, x)| ok(x));
-        let show = |r: Option<(f64, f64, f64)>, unit: &str| match r {
-            Some((a, b, x)) => format!("{a:.1} vs {b:.1} {unit} = {x:.2}x"),
-            None => "not measured".into(),
-        };
         let r = cmp(sg, floor, |m| m.rps);
         line(
             judge(r, |x| x >= 0.95),
@@ -525,23 +514,12 @@ impl Summary {
     fn render_issue13(&self, out: &mut String) {
         let _ = writeln!(out, "## Targets of issue 13 (one run)\n");
         let n = self.judge_conns;
-        let mut line = |ok: Option<bool>, what: String| {
-            let tag = match ok {
-                Some(true) => "PASS",
-                Some(false) => "MISS",
-                None => "n/a ",
-            };
-            let _ = writeln!(out, "- {tag} {what}");
-        };
+        let mut line = |ok: Option<bool>, what: String| verdict(out, ok, &what);
         let ha = self.cell(n, "haproxy");
         let vs = |t: &str, f: fn(&Med) -> f64| {
             self.cell(n, t)
                 .zip(ha)
                 .map(|(a, b)| (f(&a), f(&b), f(&a) / f(&b)))
-        };
-        let show = |r: Option<(f64, f64, f64)>, unit: &str| match r {
-            Some((a, b, x)) => format!("{a:.1} vs {b:.1} {unit} = {x:.2}x"),
-            None => "not measured".into(),
         };
         if self.large() {
             let mib = |m: &Med| m.rps * self.reply_len as f64 / 1048576.0;
@@ -623,6 +601,24 @@ impl Summary {
             ),
         }
         out.push('\n');
+    }
+}
+
+/// One line of a PASS/MISS list.
+fn verdict(out: &mut String, ok: Option<bool>, what: &str) {
+    let tag = match ok {
+        Some(true) => "PASS",
+        Some(false) => "MISS",
+        None => "n/a ",
+    };
+    let _ = writeln!(out, "- {tag} {what}");
+}
+
+/// A comparison (ours, theirs, ratio) for a PASS/MISS line.
+fn show(r: Option<(f64, f64, f64)>, unit: &str) -> String {
+    match r {
+        Some((a, b, x)) => format!("{a:.1} vs {b:.1} {unit} = {x:.2}x"),
+        None => "not measured".into(),
     }
 }
 
