@@ -365,25 +365,13 @@ impl Metrics {
     /// Counts a read that climbed to `rung` of `ns`'s ladder, and what came of it
     /// (`rung` from [`LADDER_RUNGS`], `result` from [`LADDER_RESULTS`]).
     pub fn ladder_attempt(&self, ns: &str, rung: &'static str, result: &'static str) {
-        self.ladder
-            .attempts
-            .get_or_create(&NsRungResult {
-                namespace: self.ns_label(ns),
-                rung,
-                result,
-            })
-            .inc();
+        self.hot_ladder_attempt(&self.ns_hot(ns), rung, result);
     }
 
     /// Adds documents seen twice in one `available` reply on `ns` (0 too: the series of a
     /// namespace served `available` exists from its first such reply).
     pub fn orphans_estimated(&self, ns: &str, n: u64) {
-        self.ladder
-            .orphans
-            .get_or_create(&NsLabel {
-                namespace: self.ns_label(ns),
-            })
-            .inc_by(n);
+        self.hot_orphans_estimated(&self.ns_hot(ns), n);
     }
 
     /// Sets a namespace's breaker gauge: 0 closed, 1 half-open, 2 open (the breaker module
