@@ -20,6 +20,7 @@ mod micro;
 mod procs;
 mod report;
 mod upstream;
+mod uring;
 
 #[path = "../common/msgs.rs"]
 mod msgs;
@@ -124,6 +125,7 @@ fn main() {
         match args.get(1).map(String::as_str) {
             Some("upstream") => upstream::run(rest),
             Some("forwarder") => forwarder::run(rest),
+            Some("forwarder-uring") => uring::run(rest),
             other => panic!("unknown role {other:?}"),
         }
         return;
@@ -139,6 +141,8 @@ fn main() {
 struct Fleet {
     upstream: Proc,
     floor: Option<Proc>,
+    floor_uring: Option<Proc>,
+    floor_percore: Option<Proc>,
     haproxy: Option<Proc>,
     staleguard: Option<Proc>,
     tmp: tempfile::TempDir,
@@ -228,6 +232,29 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
     } else {
         None
     };
+    // The two other floors (other layouts of a relay that parses nothing): their own
+    // processes, skipped with a note when they cannot start here.
+    let mut other_floor = |name: &str, role: &str, extra: &[&str]| {
+        if !wants(name) {
+            return None;
+        }
+        let mut args = vec!["--upstream".to_string(), upstream.addr.to_string()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        match procs::spawn_role(role, &args, "E2E_FLOOR_WRAPPER") {
+            Ok(mut p) => {
+                p.name = name.into();
+                Some(p)
+            }
+            Err(e) => {
+                let note = format!("{name} skipped: {e}");
+                eprintln!("{note}");
+                notes.push(note);
+                None
+            }
+        }
+    };
+    let floor_percore = other_floor("floor-percore", "forwarder", &["--per-core"]);
+    let floor_uring = other_floor("floor-uring", "forwarder-uring", &[]);
     let haproxy = if wants("haproxy") {
         match start_haproxy(tmp.path(), upstream.addr, 4096, "haproxy") {
             Ok(p) => Some(p),
@@ -257,6 +284,8 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
     Ok(Fleet {
         upstream,
         floor,
+        floor_uring,
+        floor_percore,
         haproxy,
         staleguard,
         tmp,
@@ -407,6 +436,8 @@ fn targets(opts: &Opts, fleet: &Fleet) -> Vec<Target> {
         let (proc, rewrite) = match name.as_str() {
             "direct" => (None, false),
             "floor" => (fleet.floor.as_ref(), false),
+            "floor-uring" => (fleet.floor_uring.as_ref(), false),
+            "floor-percore" => (fleet.floor_percore.as_ref(), false),
             "haproxy" => (fleet.haproxy.as_ref(), false),
             "staleguard" | "staleguard-governed" => (fleet.staleguard.as_ref(), false),
             "staleguard-rewrite" => (fleet.staleguard.as_ref(), true),
@@ -476,9 +507,15 @@ async fn latency_runs(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        for p in [&mut fleet.floor, &mut fleet.haproxy, &mut fleet.staleguard]
-            .into_iter()
-            .flatten()
+        for p in [
+            &mut fleet.floor,
+            &mut fleet.floor_uring,
+            &mut fleet.floor_percore,
+            &mut fleet.haproxy,
+            &mut fleet.staleguard,
+        ]
+        .into_iter()
+        .flatten()
         {
             p.check_alive()?;
         }

@@ -139,9 +139,11 @@ type Check = (
 /// From this reply size up, the tables show bytes per second and the targets judge them.
 const LARGE_REPLY: usize = 64 * 1024;
 
-const ORDER: [&str; 6] = [
+const ORDER: [&str; 8] = [
     "direct",
     "floor",
+    "floor-percore",
+    "floor-uring",
     "haproxy",
     "staleguard",
     "staleguard-governed",
