@@ -4,8 +4,8 @@
 //!
 //! What survives a reload: breakers whose namespace is still governed by the same pattern
 //! with the same mode; upstreams still listed (with their health). Settings that need a
-//! restart (`listen`, `[admin] listen`, turning `[tls]` on or off) keep their old values,
-//! with a warning.
+//! restart (`listen`, `layout`, `[admin] listen`, turning `[tls]` on or off) keep their old
+//! values, with a warning.
 
 use std::cell::RefCell;
 use std::ffi::{OsStr, OsString};
@@ -79,6 +79,14 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
             new.listen, old.listen
         ));
         new.listen.clone_from(&old.listen);
+    }
+    if new.layout != old.layout {
+        w.push(format!(
+            "layout: changed to `{}` in the file; needs a restart, still `{}`",
+            new.layout.name(),
+            old.layout.name()
+        ));
+        new.layout = old.layout;
     }
     if new.admin_listen != old.admin_listen {
         let show = |a: &Option<String>| a.clone().unwrap_or_else(|| "off".to_string());

@@ -1,5 +1,6 @@
 //! The accept loop: one session task per client connection (TLS handshake first when
-//! `[tls]` is set), limits, graceful stop. `start` also starts the admin endpoint, the
+//! `[tls]` is set), on a session thread of its own core with `layout = "per-core"`
+//! (`cores`), limits, graceful stop. `start` also starts the admin endpoint, the
 //! upstream health checker, the write-stall watch and the config file watcher.
 
 use std::net::SocketAddr;
@@ -13,10 +14,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Layout};
 use crate::handles::Handles;
+use crate::state::ClientSlot;
 use crate::tls::Stream;
 use crate::{admin, health, reload, session, stall};
+
+mod cores;
+use cores::Cores;
 
 /// Connections past `max_connections` being refused at once (each waits up to
 /// `REFUSE_WAIT` for a first message to answer); past this many they are closed at once.
@@ -117,10 +122,17 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
         tracing::warn!(server_name = ?t.server_name, "upstream_tls.insecure_skip_verify = true: mongos certificates are NOT verified (labs only)");
     }
     let from_file = config.source.is_file();
+    let cores = match config.layout {
+        Layout::PerCore => Some(
+            Cores::start()
+                .map_err(|e| std::io::Error::new(e.kind(), format!("session threads: {e}")))?,
+        ),
+        Layout::Shared => None,
+    };
     let shared = Arc::new(Handles::new(config));
     shared.runtime.set_local_addr(addr);
     let stop = CancellationToken::new();
-    tracing::info!(listen = %addr, tls = shared.config.load().tls.is_some(), upstreams = ?shared.upstreams.addrs(), "staleguard listening");
+    tracing::info!(listen = %addr, tls = shared.config.load().tls.is_some(), upstreams = ?shared.upstreams.addrs(), layout = shared.config.load().layout.name(), "staleguard listening");
     let checker = health::Checker {
         config: shared.config.clone(),
         upstreams: shared.upstreams.clone(),
@@ -144,7 +156,13 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
     let done = CancellationToken::new();
     let admin_join = admin_listener
         .map(|l| tokio::spawn(admin::serve(l, shared.clone(), stop.clone(), done.clone())));
-    let join = tokio::spawn(accept_loop(listener, shared.clone(), stop.clone(), done));
+    let join = tokio::spawn(accept_loop(
+        listener,
+        cores,
+        shared.clone(),
+        stop.clone(),
+        done,
+    ));
     Ok(Running {
         addr,
         admin_addr,
@@ -155,8 +173,12 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
     })
 }
 
+/// Accepts until the stop, then drains and ends the sessions. With `cores` (the per-core
+/// layout) each session runs on a session thread, else on the runtime running this loop;
+/// the session threads end when this loop does (or is dropped).
 async fn accept_loop(
     listener: TcpListener,
+    mut cores: Option<Cores>,
     shared: Arc<Handles>,
     stop: CancellationToken,
     done: CancellationToken,
@@ -180,20 +202,18 @@ async fn accept_loop(
                     // Child tokens: a session polls its own (each poll locks the token's
                     // node), not one node every session shares.
                     let sess = Box::new(session::Session::new(shared.clone(), peer, id, stop.child_token(), kill.child_token()));
-                    let (shared, kill) = (shared.clone(), kill.clone());
-                    tracker.spawn(async move {
-                        // The connection's place is held until its session ends.
-                        let _slot = slot;
-                        // The kill also ends a TLS handshake still under way.
-                        let stream = tokio::select! {
-                            // Boxed: a TLS handshake's state is freed once it is done.
-                            s = Box::pin(handshake(&shared, socket, peer, id)) => s,
-                            _ = kill.cancelled() => None,
-                        };
-                        if let Some(stream) = stream {
-                            sess.run(stream).await;
+                    let client = Client { shared: shared.clone(), kill: kill.clone(), slot, sess, peer, id };
+                    let Some(cores) = cores.as_mut() else {
+                        tracker.spawn(client.serve(socket));
+                        continue;
+                    };
+                    // The socket leaves this runtime's reactor and joins the session thread's.
+                    match socket.into_std() {
+                        Ok(socket) => {
+                            tracker.spawn_on(client.serve_moved(socket), cores.next());
                         }
-                    });
+                        Err(e) => tracing::error!(client.addr = %peer, error = %e, "closing client: cannot hand it to a session thread"),
+                    }
                 }
                 Err(e) => {
                     // EMFILE and friends: keep the loop alive, give the system a moment.
@@ -230,6 +250,52 @@ async fn accept_loop(
     }
     tracing::info!("stopped");
     done.cancel();
+}
+
+/// An accepted client, before its session task runs.
+struct Client {
+    shared: Arc<Handles>,
+    kill: CancellationToken,
+    /// The connection's place under `max_connections`, held until its session ends.
+    slot: ClientSlot,
+    sess: Box<session::Session>,
+    peer: SocketAddr,
+    id: u64,
+}
+
+impl Client {
+    /// The session task: the TLS handshake when `[tls]` is set, then the session.
+    async fn serve(self, socket: TcpStream) {
+        let Client {
+            shared,
+            kill,
+            slot,
+            sess,
+            peer,
+            id,
+        } = self;
+        let _slot = slot;
+        // The kill also ends a TLS handshake still under way.
+        let stream = tokio::select! {
+            // Boxed: a TLS handshake's state is freed once it is done.
+            s = Box::pin(handshake(&shared, socket, peer, id)) => s,
+            _ = kill.cancelled() => None,
+        };
+        if let Some(stream) = stream {
+            sess.run(stream).await;
+        }
+    }
+
+    /// [`Client::serve`] for a socket accepted on another runtime: registered with the
+    /// reactor of the runtime this runs on first.
+    async fn serve_moved(self, socket: std::net::TcpStream) {
+        match TcpStream::from_std(socket) {
+            Ok(socket) => self.serve(socket).await,
+            Err(e) => {
+                tracing::error!(client.addr = %self.peer, error = %e, "closing client: cannot register it on its session thread")
+            }
+        }
+    }
 }
 
 /// The client-facing TLS handshake when `[tls]` is set (bounded by `connect_timeout`).

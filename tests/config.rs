@@ -197,6 +197,23 @@ fn from_policies_builds_the_same_lookup() {
     assert!(PolicyTable::from_policies(vec![NsPolicy::with_defaults("a", Mode::Strict)]).is_err());
 }
 
+// ----------------------------------------------------------------------------- layout
+
+#[test]
+fn layout_is_per_core_or_shared() {
+    assert_eq!(ok("layout = \"shared\"\n").layout, Layout::Shared);
+    assert_eq!(ok("layout = \"per-core\"\n").layout, Layout::PerCore);
+    let e = one_err("listen = \"127.0.0.1:0\"\nlayout = \"thread-per-core\"\n");
+    assert_eq!((e.line, e.key.as_str()), (2, "layout"));
+    assert!(
+        e.message.contains("per-core") && e.message.contains("shared"),
+        "{}",
+        e.message
+    );
+    let e = one_err("layout = 2\n");
+    assert_eq!(e.line, 1);
+}
+
 // ----------------------------------------------------------------------------- defaults
 
 #[test]
@@ -207,6 +224,7 @@ fn empty_file_is_all_defaults() {
     assert_eq!(c.max_message_size, 48_000_000);
     assert_eq!(c.connect_timeout, Duration::from_secs(5));
     assert_eq!(c.shutdown_timeout, Duration::from_secs(10));
+    assert_eq!(c.layout, Layout::Shared);
     assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:9187"));
     assert_eq!(c.admin_token, None);
     assert_eq!(c.health_interval, Some(Duration::from_secs(5)));
@@ -715,6 +733,7 @@ mode = "passthrough"
     assert!(out.contains("max_message_size  48000000"), "{out}");
     assert!(out.contains("connect_timeout   5s"), "{out}");
     assert!(out.contains("shutdown_timeout  10s"), "{out}");
+    assert!(out.contains("layout            shared"), "{out}");
     let lines: Vec<&str> = out.lines().collect();
     let header = lines
         .iter()

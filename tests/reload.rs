@@ -206,20 +206,25 @@ async fn settings_that_need_a_restart_keep_their_old_values() {
     let env = env("strict", "strict").await;
     let changed = text(&env.fake, "strict", "fallback").replacen(
         "listen = \"127.0.0.1:0\"",
-        "listen = \"127.0.0.1:1\"",
+        "listen = \"127.0.0.1:1\"\nlayout = \"per-core\"",
         1,
     );
     write(&env.path, &changed);
     env.proxy.reload().expect("valid config");
     let c = env.proxy.shared().config.load();
     assert_eq!(c.listen, "127.0.0.1:0");
+    assert_eq!(c.layout, staleguard::config::Layout::Shared);
     assert_eq!(env.mode_of("shop"), Mode::Fallback);
     let s = get(admin(&env.proxy), "/status", &[]).await.json();
-    let msg = s["config"]["last_reload"]["messages"][0]
-        .as_str()
-        .unwrap_or_default();
+    let msgs = &s["config"]["last_reload"]["messages"];
+    let msg = msgs[0].as_str().unwrap_or_default();
     assert!(
         msg.contains("listen: changed to `127.0.0.1:1`") && msg.contains("needs a restart"),
+        "{msg}"
+    );
+    let msg = msgs[1].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("layout: changed to `per-core`") && msg.contains("still `shared`"),
         "{msg}"
     );
     // Still accepting on the old address.

@@ -47,6 +47,8 @@ struct Opts {
     mem_pairs: usize,
     ns: (String, String),
     sg_log_level: String,
+    /// `layout` written into staleguard's config; `None` leaves its default.
+    sg_layout: Option<String>,
     /// The connection count the throughput/CPU/p99 targets are judged at.
     judge_conns: usize,
     micro: bool,
@@ -107,6 +109,9 @@ impl Opts {
             mem_pairs: env_or("E2E_MEM_PAIRS", if quick { 500 } else { 10_000 }),
             ns,
             sg_log_level: env_or("E2E_SG_LOG_LEVEL", "info".to_string()),
+            sg_layout: std::env::var("E2E_SG_LAYOUT")
+                .ok()
+                .filter(|v| !v.is_empty()),
             judge_conns: env_or("E2E_JUDGE_CONNS", if quick { 16 } else { 64 }),
             micro: !has("--no-micro") && !memory_only,
             latency: !has("--no-latency") && !memory_only,
@@ -169,8 +174,14 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
     println!("{}", report::machine());
     println!(
         "settings: warm-up {:?}, window {:?}, rounds {}, connections {:?}, client threads {}, \
-         staleguard log level {}, RLIMIT_NOFILE {nofile}\n",
-        opts.warmup, opts.measure, opts.rounds, opts.conns, opts.client_threads, opts.sg_log_level
+         staleguard log level {}, staleguard layout {}, RLIMIT_NOFILE {nofile}\n",
+        opts.warmup,
+        opts.measure,
+        opts.rounds,
+        opts.conns,
+        opts.client_threads,
+        opts.sg_log_level,
+        opts.sg_layout.as_deref().unwrap_or("its default")
     );
     let micro = opts.micro.then(|| {
         eprintln!("micro: timing decode+classify and rewrite in process ...");
@@ -275,7 +286,7 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
         Some(start_staleguard(
             tmp.path(),
             upstream.addr,
-            &opts.sg_log_level,
+            opts,
             "staleguard",
         )?)
     } else {
@@ -325,17 +336,21 @@ fn start_haproxy(
 fn start_staleguard(
     dir: &Path,
     upstream: SocketAddr,
-    log_level: &str,
+    opts: &Opts,
     name: &str,
 ) -> Result<Proc, String> {
     let port = procs::free_port()?;
+    let layout = opts
+        .sg_layout
+        .as_ref()
+        .map_or(String::new(), |l| format!("layout = \"{l}\"\n"));
     // Passthrough traffic goes to an unlisted namespace; the rewrite run to the fallback one,
     // whose breaker stays open for the whole benchmark once opened; the governed run to a
     // second fallback namespace that never fails (breaker closed: every read tracked).
     // `min_connections = 1`, `per_connection = 10`: the harness opens the breaker from one
     // connection; `min_cooldown` as long as `cooldown`, or the first probe closes it again.
     let toml = format!(
-        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n\n\
+        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n{layout}\n\
          [defaults]\ncooldown = \"10h\"\nmin_cooldown = \"10h\"\n\n\
          [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\nmin_connections = 1\nper_connection = 10\n\n\
          [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\n\n\
@@ -352,7 +367,7 @@ fn start_staleguard(
         "E2E_SG_WRAPPER",
     );
     cmd.arg("--log-level")
-        .arg(log_level)
+        .arg(&opts.sg_log_level)
         .arg("run")
         .arg("--config")
         .arg(&path)
@@ -539,7 +554,7 @@ fn memory_runs(
     let starters: Vec<(&str, Starter)> = vec![
         (
             "staleguard",
-            Box::new(|| start_staleguard(&dir, up, &opts.sg_log_level, "staleguard-mem")),
+            Box::new(|| start_staleguard(&dir, up, opts, "staleguard-mem")),
         ),
         ("floor", Box::new(|| start_floor(up))),
         // maxconn leaves HAProxy inside the descriptor limit (two per pair).

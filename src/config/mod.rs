@@ -77,6 +77,9 @@ pub struct Config {
     /// `shutdown_timeout`: how long a graceful stop waits for connections to finish.
     /// Default 10s; zero stops at once. Reloads.
     pub shutdown_timeout: Duration,
+    /// `layout`: how client sessions are spread over threads. Default `shared`. Needs a
+    /// restart.
+    pub layout: Layout,
     /// `[admin] listen`: address of the HTTP admin endpoint. Default `127.0.0.1:9187` in a
     /// file (`[admin] enabled = false` turns it off), none in [`Config::for_upstreams`].
     /// Needs a restart.
@@ -175,6 +178,30 @@ impl Default for Limits {
     }
 }
 
+/// `layout`: where a client connection's session (the client socket, its upstream socket
+/// and the relay between them) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// One single-threaded runtime per core; each accepted connection is handed to the next
+    /// one in turn and stays there, its wake-ups never crossing threads. What HAProxy and
+    /// Envoy do with their threads.
+    PerCore,
+    /// Every session on the one multi-threaded runtime, moved between its workers by work
+    /// stealing (the default).
+    #[default]
+    Shared,
+}
+
+impl Layout {
+    /// The value as written in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::PerCore => "per-core",
+            Layout::Shared => "shared",
+        }
+    }
+}
+
 /// A configuration problem, located.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}:{line}: {key}: {message}")]
@@ -199,6 +226,7 @@ impl Config {
             max_message_size: crate::wire::DEFAULT_MAX_MESSAGE_SIZE,
             connect_timeout: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(10),
+            layout: Layout::default(),
             admin_listen: None,
             admin_token: None,
             health_interval: None,

@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::namespaces::{self, RawEntry};
 use super::spans::{key_at, Ctx};
-use super::{ops, stall, Config, ConfigError, LadderGuardConfig, Limits};
+use super::{ops, stall, Config, ConfigError, LadderGuardConfig, Layout, Limits};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
 
 impl Config {
@@ -70,6 +70,7 @@ struct RawConfig {
     max_message_size: Option<Spanned<i64>>,
     connect_timeout: Option<Spanned<String>>,
     shutdown_timeout: Option<Spanned<String>>,
+    layout: Option<Spanned<String>>,
     health_interval: Option<Spanned<String>>,
     health_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
@@ -119,6 +120,19 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         .map_or(Some(Duration::from_secs(10)), |v| {
             duration(ctx, v, "shutdown_timeout", Duration::ZERO)
         });
+    let layout = raw.layout.as_ref().map_or(Some(Layout::default()), |v| {
+        let layout = [Layout::PerCore, Layout::Shared]
+            .into_iter()
+            .find(|l| l.name() == v.get_ref());
+        if layout.is_none() {
+            ctx.err(
+                v,
+                "layout",
+                format!("`{}`: expected \"per-core\" or \"shared\"", v.get_ref()),
+            );
+        }
+        layout
+    });
     let (admin_listen, admin_token) = ops::admin(ctx, raw.admin.as_ref(), &listen);
     let (health_interval, health_timeout) = ops::health(
         ctx,
@@ -139,6 +153,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         max_message_size: max_message_size?,
         connect_timeout: connect_timeout?,
         shutdown_timeout: shutdown_timeout?,
+        layout: layout?,
         admin_listen,
         admin_token,
         health_interval: health_interval?,

@@ -130,6 +130,7 @@ fn settings(out: &mut String, config: &Config) {
         "shutdown_timeout  {}",
         fmt_duration(config.shutdown_timeout)
     );
+    let _ = writeln!(out, "layout            {}", config.layout.name());
     let _ = writeln!(out, "health            {}", health(config));
     let _ = writeln!(out, "tls               {}", server_tls(config));
     let _ = writeln!(out, "upstream_tls      {}", upstream_tls(config));
