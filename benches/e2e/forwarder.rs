@@ -12,13 +12,17 @@ use std::net::SocketAddr;
 use tokio::io::copy_bidirectional;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-pub fn run(args: &[String]) {
-    let upstream = args
-        .iter()
+/// The `--upstream host:port` every floor relays to.
+pub fn upstream_arg(args: &[String]) -> String {
+    args.iter()
         .position(|a| a == "--upstream")
         .and_then(|i| args.get(i + 1))
         .cloned()
-        .expect("--upstream host:port");
+        .expect("--upstream host:port")
+}
+
+pub fn run(args: &[String]) {
+    let upstream = upstream_arg(args);
     if args.iter().any(|a| a == "--per-core") {
         return per_core(upstream);
     }

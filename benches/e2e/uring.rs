@@ -34,12 +34,7 @@ struct Pair {
 }
 
 pub fn run(args: &[String]) {
-    let upstream = args
-        .iter()
-        .position(|a| a == "--upstream")
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .expect("--upstream host:port");
+    let upstream = crate::forwarder::upstream_arg(args);
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let lfd = listener.as_raw_fd();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
