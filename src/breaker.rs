@@ -1,10 +1,18 @@
 //! Circuit breakers, one per exact namespace (`db.coll`) that has a policy: a sliding window
-//! of trigger errors opens it, it stays open for a cooldown, then lets one probe through.
+//! of confirmed trigger errors opens it; while open it takes *samples* (reads sent to the
+//! secondaries on its terms), and it closes only on a streak of answered samples.
 //!
-//! The cooldown starts short (`min_cooldown`) and doubles with each failed probe, up to
-//! `cooldown`; a probe that succeeds closes the breaker and starts the next opening short
-//! again. When the write-stall signal clears, [`Breakers::probe_early`] lets every open
-//! breaker probe at once: a healed cluster is noticed at the next read, not a cooldown later.
+//! Two ways of sampling (`entry::sends_every_read`): a strict namespace with `on_open =
+//! "bound"` (the default) and no primary rung sends every read, with a short time limit, so
+//! a healthy secondary still answers and only what fails fails; every other open breaker
+//! lets one probe through at a time, the first `min_cooldown` after it opened, the next at
+//! once after an answered probe, or after a wait that doubles with each failed one (up to
+//! `cooldown`). A breaker closes after `close_after` answered samples in a row, from at least
+//! two connections (one when `min_connections` is 1), spanning `min_cooldown`: one read that
+//! met the healthy secondary of a half-stale shard does not close it. There is no half-open
+//! state: a sample changes no state until the streak closes the breaker, so a partly stale
+//! shard does not make it flap. When the write-stall signal clears,
+//! [`Breakers::probe_early`] lets every open breaker probe at its next read.
 //!
 //! The write-stall watch may also *hold* a breaker open (`hold`): it stays open, without a
 //! probe, while the signal lasts; releasing it then lets its next read probe, so the breaker
@@ -13,16 +21,16 @@
 //! Every transition is logged and counted here, by the method that makes it; callers get
 //! the transition back only to look at it.
 //!
-//! Evidence a client cannot fake: each trigger error comes with the id of the client
-//! connection whose read met it. A connection counts at most `per_connection` errors within
-//! `window`, and the breaker opens only when `threshold` counted errors within `window` come
-//! from at least `min_connections` connections (a failed half-open probe re-opens it alone:
-//! the breaker already opened on such evidence). The window keeps at most
+//! Evidence a client cannot fake: what counts is decided by `policy::judge` (and confirmed
+//! by the session where the judge says so); each counted error comes with the id of the
+//! client connection whose read met it. A connection counts at most `per_connection` errors
+//! within `window`, and the breaker opens only when `threshold` counted errors within
+//! `window` come from at least `min_connections` connections. The window keeps at most
 //! `max(threshold, min_connections * per_connection)` entries, so memory is bounded.
 //!
 //! The map holds at most `max` breakers, exactly: a slot is reserved before a breaker is
 //! inserted. When it is full, the closed breaker (not held) idle the longest is evicted to
-//! make room; open, half-open and held breakers are never evicted.
+//! make room; open and held breakers are never evicted.
 
 mod bound;
 mod entry;
@@ -30,7 +38,7 @@ mod hold;
 mod snapshot;
 
 pub use entry::backoff;
-use entry::{Breaker, Wait};
+use entry::Breaker;
 
 pub use snapshot::Snapshot;
 
@@ -49,7 +57,6 @@ pub use crate::policy::{Admission, Reason};
 pub enum State {
     Closed,
     Open,
-    HalfOpen,
 }
 
 impl State {
@@ -57,15 +64,14 @@ impl State {
         match self {
             State::Closed => "closed",
             State::Open => "open",
-            State::HalfOpen => "half-open",
         }
     }
 
-    /// The value of the `breaker_state` gauge.
+    /// The value of the `breaker_state` gauge (2 for open, as before the half-open state
+    /// was dropped, so dashboards and rules keep their meaning).
     pub fn gauge(self) -> i64 {
         match self {
             State::Closed => 0,
-            State::HalfOpen => 1,
             State::Open => 2,
         }
     }
@@ -79,6 +85,18 @@ pub struct Transition {
     pub reason: String,
 }
 
+/// How a sample (a read admitted as `Probe` or `Bounded`) ended, for [`Breakers::sampled`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sample {
+    /// Answered without a trigger error.
+    Answered,
+    /// A trigger error (or the sample's own time bound ran out).
+    Failed,
+    /// Nothing can be said (the client left, the reply was unreadable, ...): the probe's
+    /// slot is freed, the streak is left as it was.
+    Unknown,
+}
+
 /// All breakers. Bounded exactly by `max`: when full, the closed breaker idle the longest
 /// makes room; when every breaker is open or held, a new namespace is not tracked (behaves
 /// as closed). A flood of random names can neither grow memory nor keep new namespaces out.
@@ -88,11 +106,11 @@ pub struct Breakers {
     max: usize,
     /// Slots taken in `map` (reserved before an insert, so the bound is exact).
     taken: AtomicUsize,
-    /// Breakers not closed (open or half-open). Changed under the breaker's map lock by
-    /// [`Breakers::moved`]; while it is 0 every read is admitted without touching the map
-    /// (a read of a line that changes only on transitions, no lock taken).
+    /// Breakers open. Changed under the breaker's map lock by [`Breakers::moved`]; while it
+    /// is 0 every read is admitted without touching the map (a read of a line that changes
+    /// only on transitions, no lock taken).
     not_closed: AtomicUsize,
-    /// Where transitions are counted (`breaker_state`).
+    /// Where transitions are counted (`breaker_state`, `breaker_transitions_total`).
     metrics: Arc<Metrics>,
     /// While the write-stall watch holds fallback breakers open: why (see `hold`).
     hold: Mutex<Option<String>>,
@@ -124,15 +142,14 @@ impl Breakers {
         }
     }
 
-    /// Logs and counts a transition of `ns` (the one place that does).
     /// Counts a transition in `not_closed`; called with the breaker's entry still locked,
     /// so the transitions of one breaker are counted in the order they happened.
     fn moved(&self, t: Transition) -> Transition {
-        match (t.from == State::Closed, t.to == State::Closed) {
-            (true, false) => {
+        match (t.from, t.to) {
+            (State::Closed, State::Open) => {
                 self.not_closed.fetch_add(1, Ordering::AcqRel);
             }
-            (false, true) => {
+            (State::Open, State::Closed) => {
                 self.not_closed.fetch_sub(1, Ordering::AcqRel);
             }
             _ => {}
@@ -140,159 +157,127 @@ impl Breakers {
         t
     }
 
-    /// Open or half-open breakers now.
+    /// Open breakers now.
     pub fn not_closed(&self) -> usize {
         self.not_closed.load(Ordering::Acquire)
     }
 
+    /// Logs and counts a transition of `ns` (the one place that does).
     fn report(&self, ns: &str, t: Option<Transition>) -> Option<Transition> {
         if let Some(t) = &t {
             self.metrics.breaker_state(ns, t.to.gauge());
+            self.metrics
+                .breaker_transition(ns, t.from.as_str(), t.to.as_str());
             tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
         }
         t
     }
 
-    /// Decides what an eligible read on `ns` may do now; claims the probe when half-open.
-    /// Returns the admission and a transition (open → half-open) when one happened.
-    pub fn admit(
-        &self,
-        ns: &str,
-        policy: &NsPolicy,
-        now: Instant,
-    ) -> (Admission, Option<Transition>) {
-        let (a, t) = self.decide_admission(ns, policy, now);
-        (a, self.report(ns, t))
-    }
-
-    fn decide_admission(
-        &self,
-        ns: &str,
-        policy: &NsPolicy,
-        now: Instant,
-    ) -> (Admission, Option<Transition>) {
+    /// Decides what an eligible read on `ns` may do now; claims the probe when one is due.
+    pub fn admit(&self, ns: &str, policy: &NsPolicy, now: Instant) -> Admission {
         // No breaker open anywhere (the common case): nothing to look up.
         if self.not_closed.load(Ordering::Acquire) == 0 {
-            return (Admission::Closed, None);
+            return Admission::Closed;
         }
-        // Fast path under a read lock: no breaker yet, closed, or open with nothing to
-        // change (the common cases, every request while a breaker is open included).
+        // Under a read lock first: no breaker, closed, bounded, or open with no probe due
+        // (every request while a breaker is open included).
         {
             let Some(b) = self.map.get(ns) else {
-                return (Admission::Closed, None);
+                return Admission::Closed;
             };
-            match b.waiting(policy, now) {
-                Wait::Closed => return (Admission::Closed, None),
-                Wait::For(probe_in) => return (b.admission(probe_in), None),
-                Wait::Probe => {}
+            match b.peek(policy, now) {
+                Admission::Probe => {}
+                a => return a,
             }
         }
-        // Something changes: take the write lock and decide again (another session may have
-        // moved the breaker in between).
+        // A probe is due: take the write lock and decide again (another session may have
+        // claimed it in between).
         let Some(mut b) = self.map.get_mut(ns) else {
-            return (Admission::Closed, None);
+            return Admission::Closed;
         };
-        match b.waiting(policy, now) {
-            Wait::Closed => (Admission::Closed, None),
-            Wait::For(probe_in) => (b.admission(probe_in), None),
-            Wait::Probe if b.state == State::Open => {
-                let why = if b.early {
-                    "write stall cleared: early probe"
-                } else {
-                    "cooldown elapsed"
-                };
-                b.early = false;
-                let t = self.moved(b.move_to(State::HalfOpen, why.into(), now));
-                b.probe_since = Some(now);
-                (Admission::Probe, Some(t))
-            }
-            // A probe that never reported (its client vanished without us noticing) is
-            // given up after one cooldown, so the breaker cannot stick half-open.
-            Wait::Probe => {
-                b.probe_since = Some(now);
-                (Admission::Probe, None)
-            }
+        let a = b.peek(policy, now);
+        if a == Admission::Probe {
+            b.claim_probe(now);
+            tracing::info!(ns = %ns, "breaker open: probe sent to the secondaries");
         }
+        a
     }
 
-    /// Counts a trigger error on `ns`, met by a read of client connection `conn`. `probe`
-    /// says the request was the half-open probe.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_failure(
-        &self,
-        ns: &str,
-        policy: &NsPolicy,
-        reason: Reason,
-        what: &str,
-        probe: bool,
-        conn: u64,
-        now: Instant,
-    ) -> Option<Transition> {
-        let t = self.count_failure(ns, policy, reason, what, probe, conn, now);
+    /// Counts a trigger error on `ns`, met by a read of client connection `conn` while the
+    /// breaker was closed (samples of an open breaker report through [`Breakers::sampled`]).
+    pub fn record_failure(&self, ns: &str, e: &Counted<'_>, now: Instant) -> Option<Transition> {
+        let t = self.count_failure(ns, e, now);
         self.report(ns, t)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn count_failure(
-        &self,
-        ns: &str,
-        policy: &NsPolicy,
-        reason: Reason,
-        what: &str,
-        probe: bool,
-        conn: u64,
-        now: Instant,
-    ) -> Option<Transition> {
+    fn count_failure(&self, ns: &str, e: &Counted<'_>, now: Instant) -> Option<Transition> {
         let mut b = self.slot(ns, now)?;
-        if b.state == State::HalfOpen && probe {
-            // The probe is one read sent on the breaker's own terms: its failure re-opens.
-            b.count(policy, conn, now);
-            b.step = b.step.saturating_add(1);
-            let next = backoff(policy, b.step);
-            let why = format!(
-                "probe failed: {what}; next probe in {}",
-                humantime::format_duration(next)
-            );
-            return Some(self.moved(b.open(reason, why, now)));
-        }
-        if !b.count(policy, conn, now) {
+        if !b.count(e.policy, e.conn, now) {
             self.metrics.limits.ignored("per_connection");
             return None;
         }
-        if b.state != State::Closed || !b.enough(policy) {
+        if b.state != State::Closed || !b.enough(e.policy) {
             return None;
         }
-        b.step = 0;
         let why = format!(
-            "{} trigger errors within {:?} (last: {what})",
+            "{} trigger errors within {:?} (last: {})",
             b.errors.len(),
-            policy.window
+            e.policy.window,
+            e.what
         );
-        Some(self.moved(b.open(reason, why, now)))
+        Some(self.moved(b.open(e.reason, why, now, e.policy.min_cooldown)))
     }
 
-    /// Reports a read on `ns` that answered without a trigger error. Only a probe's
-    /// answer changes anything: other reads do not touch the map.
-    pub fn record_success(&self, ns: &str, probe: bool, now: Instant) -> Option<Transition> {
-        if !probe {
-            return None;
-        }
+    /// Reports how a sample of `ns` (admitted as `Probe` or `Bounded`) from connection
+    /// `conn` ended; returns the transition when a streak of answers closed the breaker.
+    pub fn sampled(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        outcome: Sample,
+        conn: u64,
+        now: Instant,
+    ) -> Option<Transition> {
         let t = {
             let mut b = self.map.get_mut(ns)?;
-            if b.state != State::HalfOpen {
+            if b.state != State::Open {
                 return None;
             }
-            b.errors.clear();
-            b.probe_since = None;
-            b.step = 0;
-            self.moved(b.move_to(State::Closed, "probe succeeded".into(), now))
+            match outcome {
+                Sample::Unknown => {
+                    b.probe_since = None;
+                    None
+                }
+                Sample::Failed => {
+                    b.sample_failed(policy, now);
+                    None
+                }
+                Sample::Answered if b.held => {
+                    b.probe_since = None;
+                    None
+                }
+                Sample::Answered => {
+                    if !b.sample_ok(policy, conn, now) {
+                        return None;
+                    }
+                    let why = format!(
+                        "{} samples answered in a row over {} ms, from {} connections",
+                        b.streak.count,
+                        b.streak
+                            .since
+                            .map_or(0, |s| now.saturating_duration_since(s).as_millis()),
+                        b.streak.connections()
+                    );
+                    Some(self.moved(b.close(why, now)))
+                }
+            }
         };
-        self.report(ns, Some(t))
+        self.report(ns, t)
     }
 
     /// The write-stall signal cleared: every open breaker that is not held lets its next
-    /// read through as a probe instead of waiting out its cooldown. Returns the namespaces
-    /// concerned; holds are ended by [`Breakers::release_held`].
+    /// read through as a probe instead of waiting. Returns the namespaces concerned; holds
+    /// are ended by [`Breakers::release_held`].
     pub fn probe_early(&self) -> Vec<String> {
         let mut out = Vec::new();
         for mut e in self.map.iter_mut() {
@@ -344,67 +329,67 @@ impl Breakers {
     }
 }
 
+/// A counted trigger error: the namespace's policy, why, the evidence as text, and the
+/// client connection whose read met it.
+#[derive(Debug, Clone, Copy)]
+pub struct Counted<'a> {
+    pub policy: &'a NsPolicy,
+    pub reason: Reason,
+    pub what: &'a str,
+    pub conn: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Causal, Mode};
+    use crate::policy::Mode;
     use std::time::Duration;
 
-    fn policy() -> NsPolicy {
-        NsPolicy {
-            pattern: "demo.inv".into(),
-            mode: Mode::Fallback,
-            threshold: 3,
-            window: Duration::from_secs(10),
-            cooldown: Duration::from_secs(30),
-            read_preferences: 0xff,
-            trigger_codes: vec![13388, 50],
-            max_time: None,
-            dry_run: false,
-            causal: Causal::Drop,
-            slow_read: None,
-            // The classic fixed cooldown unless a test asks for a short first one.
-            min_cooldown: Duration::from_secs(30),
-            attempt_share: 0.5,
-            attempt_limit: Some(Duration::from_millis(500)),
-            primary_rung: false,
-            min_wait: Duration::from_secs(1),
-            // The transition tests below count errors of one connection; the connection
-            // rules have tests of their own.
-            min_connections: 1,
-            per_connection: 1000,
-        }
+    const NS: &str = "demo.inv";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 
-    fn fail(b: &Breakers, p: &NsPolicy, now: Instant, probe: bool) -> Option<Transition> {
-        b.record_failure("demo.inv", p, Reason::StaleRouting, "13388", probe, 1, now)
+    fn fallback() -> NsPolicy {
+        NsPolicy::with_defaults(NS, Mode::Fallback)
     }
 
-    fn fail_from(b: &Breakers, p: &NsPolicy, conn: u64, now: Instant) -> Option<Transition> {
-        b.record_failure(
-            "demo.inv",
-            p,
-            Reason::StaleRouting,
-            "13388",
-            false,
+    fn strict() -> NsPolicy {
+        NsPolicy::with_defaults(NS, Mode::Strict)
+    }
+
+    fn fail(b: &Breakers, p: &NsPolicy, conn: u64, now: Instant) -> Option<Transition> {
+        let e = Counted {
+            policy: p,
+            reason: Reason::StaleRouting,
+            what: "13388",
             conn,
-            now,
-        )
+        };
+        b.record_failure(NS, &e, now)
     }
 
-    fn defaults() -> NsPolicy {
-        NsPolicy::with_defaults("demo.inv", Mode::Fallback)
+    /// Opens `NS` with errors from three connections at `t0`.
+    fn opened(b: &Breakers, p: &NsPolicy, t0: Instant) {
+        for conn in 1..=3 {
+            fail(b, p, conn, t0);
+        }
+        assert_eq!(b.state(NS), State::Open);
+    }
+
+    fn sample(b: &Breakers, p: &NsPolicy, o: Sample, conn: u64, at: Instant) -> Option<Transition> {
+        b.sampled(NS, p, o, conn, at)
     }
 
     #[test]
     fn one_connection_alone_never_opens() {
         let b = Breakers::default();
-        let p = defaults();
+        let p = fallback();
         let t0 = Instant::now();
         for i in 0..50 {
-            assert!(fail_from(&b, &p, 7, t0 + Duration::from_millis(i)).is_none());
+            assert!(fail(&b, &p, 7, t0 + ms(i)).is_none());
         }
-        assert_eq!(b.state("demo.inv"), State::Closed);
+        assert_eq!(b.state(NS), State::Closed);
         // Counted once in the window (per_connection = 1).
         assert_eq!(b.snapshot()[0].errors_in_window, 1);
     }
@@ -412,365 +397,328 @@ mod tests {
     #[test]
     fn threshold_errors_from_enough_connections_open() {
         let b = Breakers::default();
-        let p = defaults();
+        let p = fallback();
         let t0 = Instant::now();
-        // Two connections, each counted once: 2 < threshold 3.
-        assert!(fail_from(&b, &p, 1, t0).is_none());
-        assert!(fail_from(&b, &p, 2, t0).is_none());
-        assert!(fail_from(&b, &p, 2, t0).is_none());
-        let t = fail_from(&b, &p, 3, t0).expect("third connection opens");
-        assert_eq!(t.to, State::Open);
+        assert!(fail(&b, &p, 1, t0).is_none());
+        assert!(fail(&b, &p, 2, t0).is_none());
+        assert!(fail(&b, &p, 2, t0).is_none());
+        let t = fail(&b, &p, 3, t0).expect("third connection opens");
+        assert_eq!((t.from, t.to), (State::Closed, State::Open));
     }
 
     #[test]
     fn per_connection_cap_and_min_connections_together() {
         let b = Breakers::default();
-        let mut p = defaults();
+        let mut p = fallback();
         p.per_connection = 3;
-        p.min_connections = 2;
         let t0 = Instant::now();
         for _ in 0..10 {
-            assert!(fail_from(&b, &p, 1, t0).is_none(), "one connection");
+            assert!(fail(&b, &p, 1, t0).is_none(), "one connection");
         }
-        assert!(
-            fail_from(&b, &p, 2, t0).is_some(),
-            "3 from one + 1 from another"
-        );
+        assert!(fail(&b, &p, 2, t0).is_some(), "3 from one + 1 from another");
     }
 
     #[test]
     fn window_memory_is_bounded_by_the_policy() {
         let b = Breakers::default();
-        let mut p = defaults();
+        let mut p = fallback();
         p.min_connections = 100;
         let t0 = Instant::now();
         for conn in 0..10_000u64 {
-            fail_from(&b, &p, conn, t0);
+            fail(&b, &p, conn, t0);
         }
-        // max(threshold 3, 100 connections x 1) entries, not 10,000.
         assert_eq!(b.snapshot()[0].errors_in_window, 100);
-        assert_eq!(b.state("demo.inv"), State::Open);
+        assert_eq!(b.state(NS), State::Open);
     }
 
     #[test]
-    fn a_failed_probe_reopens_alone() {
+    fn errors_outside_the_window_do_not_add_up() {
         let b = Breakers::default();
-        let p = defaults();
+        let p = fallback();
         let t0 = Instant::now();
-        for conn in 1..=3 {
-            fail_from(&b, &p, conn, t0);
-        }
-        let later = t0 + p.cooldown;
-        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
-        let t = b.record_failure("demo.inv", &p, Reason::TimeLimit, "50", true, 9, later);
-        assert_eq!(t.expect("reopens").to, State::Open);
+        fail(&b, &p, 1, t0);
+        fail(&b, &p, 2, t0 + Duration::from_secs(5));
+        // The first error has left the 10 s window by now.
+        assert!(fail(&b, &p, 3, t0 + Duration::from_secs(11)).is_none());
+        assert!(fail(&b, &p, 4, t0 + Duration::from_secs(12)).is_some());
     }
 
     #[test]
-    fn not_closed_follows_every_transition_and_removal() {
+    fn an_open_strict_breaker_sends_every_read_bounded_and_closes_on_a_streak() {
         let b = Breakers::default();
-        let p = defaults();
+        let p = strict();
         let t0 = Instant::now();
-        assert_eq!(b.not_closed(), 0);
-        for conn in 1..=3 {
-            fail_from(&b, &p, conn, t0);
+        opened(&b, &p, t0);
+        assert_eq!(
+            b.admit(NS, &p, t0),
+            Admission::Bounded {
+                reason: Reason::StaleRouting,
+                errors: 3
+            }
+        );
+        // Answers from one connection only: not enough, however many.
+        for i in 1..=10 {
+            assert!(sample(&b, &p, Sample::Answered, 5, t0 + ms(200 * i)).is_none());
         }
-        assert_eq!(b.not_closed(), 1, "open");
-        // Open: reads are not admitted as if closed (the count sends them to the map).
+        assert_eq!(b.state(NS), State::Open);
+        // A failure starts the streak over.
+        sample(&b, &p, Sample::Failed, 6, t0 + ms(2_100));
+        assert_eq!(b.snapshot()[0].streak, 0);
+        // Three answers from two connections, but within min_cooldown (1 s): not yet.
+        let s = t0 + ms(3_000);
+        assert!(sample(&b, &p, Sample::Answered, 5, s).is_none());
+        assert!(sample(&b, &p, Sample::Answered, 6, s + ms(100)).is_none());
+        assert!(sample(&b, &p, Sample::Answered, 5, s + ms(200)).is_none());
+        // An unknown ending (client gone) changes nothing.
+        assert!(sample(&b, &p, Sample::Unknown, 7, s + ms(300)).is_none());
+        let t = sample(&b, &p, Sample::Answered, 6, s + ms(1_000)).expect("closes");
+        assert_eq!((t.from, t.to), (State::Open, State::Closed));
+        assert!(
+            t.reason.contains("4 samples answered in a row"),
+            "{}",
+            t.reason
+        );
+        assert_eq!(b.admit(NS, &p, s + ms(1_000)), Admission::Closed);
+    }
+
+    /// The partial incident: one secondary stale, one healthy; samples alternate. The
+    /// breaker must not flap.
+    #[test]
+    fn a_half_stale_shard_does_not_make_it_flap() {
+        let b = Breakers::default();
+        let p = strict();
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let mut transitions = 0;
+        for i in 0..600u64 {
+            // 20 samples a second for 30 s, from 4 connections; every other one fails,
+            // two answered in a row now and then.
+            let outcome = if i % 3 == 0 {
+                Sample::Failed
+            } else {
+                Sample::Answered
+            };
+            if sample(&b, &p, outcome, 1 + i % 4, t0 + ms(50 * i)).is_some() {
+                transitions += 1;
+            }
+        }
+        assert_eq!(transitions, 0);
+        assert_eq!(b.state(NS), State::Open);
+    }
+
+    #[test]
+    fn refuse_mode_probes_one_at_a_time() {
+        let b = Breakers::default();
+        let mut p = strict();
+        p.on_open = crate::policy::OnOpen::Refuse;
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        // The first probe after min_cooldown.
+        assert!(
+            matches!(b.admit(NS, &p, t0 + ms(999)), Admission::Open { probe_in, .. } if probe_in == ms(1))
+        );
+        assert_eq!(b.admit(NS, &p, t0 + ms(1_000)), Admission::Probe);
+        assert!(
+            matches!(b.admit(NS, &p, t0 + ms(1_000)), Admission::Open { .. }),
+            "one at a time"
+        );
+    }
+
+    #[test]
+    fn probe_mode_backs_off_on_failures_and_probes_at_once_after_an_answer() {
+        let b = Breakers::default();
+        let mut p = fallback();
+        p.cooldown = Duration::from_secs(10);
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let mut now = t0;
+        // Waits of 1 s (min_cooldown), then 1, 2, 4, 8, and 10 (the cap) for good.
+        for wait in [1, 1, 2, 4, 8, 10, 10] {
+            let w = Duration::from_secs(wait);
+            assert!(
+                matches!(b.admit(NS, &p, now), Admission::Open { probe_in, .. } if probe_in == w),
+                "{wait}"
+            );
+            now += w;
+            assert_eq!(b.admit(NS, &p, now), Admission::Probe);
+            assert!(sample(&b, &p, Sample::Failed, 1, now).is_none());
+        }
+        // An answered probe: the next read probes at once, and the wait starts over.
+        now += Duration::from_secs(10);
+        assert_eq!(b.admit(NS, &p, now), Admission::Probe);
+        sample(&b, &p, Sample::Answered, 1, now);
+        assert_eq!(b.admit(NS, &p, now), Admission::Probe);
+        sample(&b, &p, Sample::Failed, 2, now);
+        assert!(
+            matches!(b.admit(NS, &p, now), Admission::Open { probe_in, .. } if probe_in == Duration::from_secs(1))
+        );
+        // Three answers from two connections over a second close it.
+        let mut at = now + Duration::from_secs(1);
+        for conn in [1, 2, 1] {
+            assert_eq!(b.admit(NS, &p, at), Admission::Probe);
+            sample(&b, &p, Sample::Answered, conn, at);
+            at += ms(500);
+        }
+        assert_eq!(b.state(NS), State::Closed);
+    }
+
+    #[test]
+    fn a_probe_that_never_reports_is_given_up_after_cooldown() {
+        let b = Breakers::default();
+        let p = fallback();
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let at = t0 + Duration::from_secs(1);
+        assert_eq!(b.admit(NS, &p, at), Admission::Probe);
         assert!(matches!(
-            b.admit("demo.inv", &p, t0).0,
+            b.admit(NS, &p, at + p.cooldown - ms(1)),
             Admission::Open { .. }
         ));
-        let later = t0 + p.cooldown;
-        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
-        assert_eq!(b.not_closed(), 1, "half-open");
-        // A plain read's success changes nothing; the probe's closes.
-        assert!(b.record_success("demo.inv", false, later).is_none());
-        assert_eq!(b.state("demo.inv"), State::HalfOpen);
-        let t = b.record_success("demo.inv", true, later).expect("closes");
-        assert_eq!(t.to, State::Closed);
-        assert_eq!(b.not_closed(), 0, "closed");
+        assert_eq!(b.admit(NS, &p, at + p.cooldown), Admission::Probe);
+        b.release_probe(NS);
+        assert_eq!(b.admit(NS, &p, at + p.cooldown), Admission::Probe);
+    }
+
+    #[test]
+    fn not_closed_and_transitions_follow_every_change() {
+        let metrics = Arc::new(Metrics::new());
+        let b = Breakers::with_metrics(10, metrics.clone());
+        let p = strict();
+        let t0 = Instant::now();
+        assert_eq!(b.not_closed(), 0);
+        opened(&b, &p, t0);
+        assert_eq!(b.not_closed(), 1);
+        for (i, conn) in [1, 2, 1, 2].into_iter().enumerate() {
+            sample(&b, &p, Sample::Answered, conn, t0 + ms(400 * i as u64));
+        }
+        assert_eq!(b.state(NS), State::Closed);
+        assert_eq!(b.not_closed(), 0);
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"staleguard_breaker_transitions_total{namespace="demo.inv",from="closed",to="open"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"staleguard_breaker_transitions_total{namespace="demo.inv",from="open",to="closed"} 1"#));
         // Held open by the watch, then dropped by a reload: the count goes back to 0.
-        assert!(b.hold_open("demo.other", "stall", later).is_some());
+        assert!(b.hold_open("demo.other", "stall", t0).is_some());
         assert_eq!(b.not_closed(), 1);
         b.retain(|ns| ns != "demo.other");
         assert_eq!(b.not_closed(), 0);
-        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Closed);
+        assert_eq!(b.admit(NS, &p, t0), Admission::Closed);
     }
 
     #[test]
     fn a_cooldown_past_the_clock_never_overflows() {
         let b = Breakers::default();
-        let mut p = defaults();
+        let mut p = fallback();
         p.min_connections = 1;
         p.threshold = 1;
-        let t0 = Instant::now();
-        fail_from(&b, &p, 1, t0);
         p.cooldown = Duration::MAX;
         p.min_cooldown = Duration::MAX;
+        let t0 = Instant::now();
+        fail(&b, &p, 1, t0);
         assert!(matches!(
-            b.admit("demo.inv", &p, t0 + Duration::from_secs(1)).0,
-            Admission::Open { probe_in, .. } if probe_in == Duration::MAX
+            b.admit(NS, &p, t0 + Duration::from_secs(1)),
+            Admission::Open { .. }
         ));
     }
 
     #[test]
     fn a_full_map_evicts_the_idlest_closed_breaker() {
         let b = Breakers::new(3);
-        let mut p = defaults();
+        let mut p = fallback();
         p.min_connections = 1;
         p.threshold = 1;
-        let t0 = Instant::now();
-        // One open breaker, two closed ones (threshold 2 for them).
-        b.record_failure("a.open", &p, Reason::TimeLimit, "50", false, 1, t0);
         let mut closed = p.clone();
         closed.threshold = 2;
-        b.record_failure("a.old", &closed, Reason::TimeLimit, "50", false, 1, t0);
-        let t1 = t0 + Duration::from_millis(5);
-        b.record_failure("a.new", &closed, Reason::TimeLimit, "50", false, 1, t1);
+        let t0 = Instant::now();
+        let f = |ns: &str, p: &NsPolicy, conn, at| {
+            let e = Counted {
+                policy: p,
+                reason: Reason::TimeLimit,
+                what: "50",
+                conn,
+            };
+            b.record_failure(ns, &e, at)
+        };
+        f("a.open", &p, 1, t0);
+        f("a.old", &closed, 1, t0);
+        f("a.new", &closed, 1, t0 + ms(5));
         // A new namespace takes the slot of the idlest closed one and can open.
-        let t2 = t0 + Duration::from_millis(10);
-        let t = b.record_failure("a.fresh", &p, Reason::TimeLimit, "50", false, 1, t2);
+        let t = f("a.fresh", &p, 1, t0 + ms(10));
         assert_eq!(t.expect("opens").to, State::Open);
-        assert_eq!(b.len(), 3);
         let names: Vec<String> = b.snapshot().into_iter().map(|s| s.ns).collect();
         assert_eq!(names, ["a.fresh", "a.new", "a.open"]);
         // Full of open breakers: a new one is not tracked.
-        b.record_failure("a.new", &p, Reason::TimeLimit, "50", false, 2, t2);
-        assert!(b
-            .record_failure("a.x", &p, Reason::TimeLimit, "50", false, 1, t2)
-            .is_none());
+        f("a.new", &p, 2, t0 + ms(10));
+        assert!(f("a.x", &p, 1, t0 + ms(10)).is_none());
         assert_eq!(b.len(), 3);
-    }
-
-    #[test]
-    fn opens_at_threshold_within_window() {
-        let b = Breakers::default();
-        let p = policy();
-        let t0 = Instant::now();
-        assert_eq!(b.admit("demo.inv", &p, t0).0, Admission::Closed);
-        assert!(fail(&b, &p, t0, false).is_none());
-        assert!(fail(&b, &p, t0 + Duration::from_secs(1), false).is_none());
-        let t = fail(&b, &p, t0 + Duration::from_secs(2), false).expect("opens");
-        assert_eq!((t.from, t.to), (State::Closed, State::Open));
-        match b.admit("demo.inv", &p, t0 + Duration::from_secs(3)).0 {
-            Admission::Open {
-                reason, probe_in, ..
-            } => {
-                assert_eq!(reason, Reason::StaleRouting);
-                assert_eq!(probe_in, Duration::from_secs(29));
-            }
-            other => panic!("expected open, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn errors_outside_the_window_do_not_add_up() {
-        let b = Breakers::default();
-        let p = policy();
-        let t0 = Instant::now();
-        fail(&b, &p, t0, false);
-        fail(&b, &p, t0 + Duration::from_secs(5), false);
-        // The first error has left the 10 s window by now.
-        assert!(fail(&b, &p, t0 + Duration::from_secs(11), false).is_none());
-        assert_eq!(b.state("demo.inv"), State::Closed);
-        assert!(fail(&b, &p, t0 + Duration::from_secs(12), false).is_some());
-    }
-
-    #[test]
-    fn half_open_lets_one_probe_and_success_closes() {
-        let b = Breakers::default();
-        let p = policy();
-        let t0 = Instant::now();
-        for i in 0..3 {
-            fail(&b, &p, t0 + Duration::from_millis(i), false);
-        }
-        let later = t0 + Duration::from_secs(31);
-        let (a, t) = b.admit("demo.inv", &p, later);
-        assert_eq!(a, Admission::Probe);
-        assert_eq!(t.expect("transition").to, State::HalfOpen);
-        // A second request while the probe is out is treated as open.
-        assert!(matches!(
-            b.admit("demo.inv", &p, later).0,
-            Admission::Open { .. }
-        ));
-        let t = b.record_success("demo.inv", true, later).expect("closes");
-        assert_eq!((t.from, t.to), (State::HalfOpen, State::Closed));
-        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Closed);
-    }
-
-    #[test]
-    fn failed_probe_reopens_for_a_full_cooldown() {
-        let b = Breakers::default();
-        let p = policy();
-        let t0 = Instant::now();
-        for _ in 0..3 {
-            fail(&b, &p, t0, false);
-        }
-        let later = t0 + Duration::from_secs(30);
-        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
-        let t = fail(&b, &p, later, true).expect("reopens");
-        assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
-        match b.admit("demo.inv", &p, later + Duration::from_secs(1)).0 {
-            Admission::Open { probe_in, .. } => assert_eq!(probe_in, Duration::from_secs(29)),
-            other => panic!("expected open, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_non_probe_success_does_not_close_half_open() {
-        let b = Breakers::default();
-        let p = policy();
-        let t0 = Instant::now();
-        for _ in 0..3 {
-            fail(&b, &p, t0, false);
-        }
-        let later = t0 + Duration::from_secs(30);
-        assert_eq!(b.admit("demo.inv", &p, later).0, Admission::Probe);
-        assert!(b.record_success("demo.inv", false, later).is_none());
-        assert_eq!(b.state("demo.inv"), State::HalfOpen);
     }
 
     #[test]
     fn held_breakers_stay_open_until_released_then_probe_at_once() {
         let b = Breakers::default();
-        let p = policy();
+        let p = fallback();
         let t0 = Instant::now();
-        let t = b.hold_open("demo.inv", "write stall", t0).expect("opens");
+        let t = b.hold_open(NS, "write stall", t0).expect("opens");
         assert_eq!((t.from, t.to), (State::Closed, State::Open));
-        assert!(b.hold_open("demo.inv", "again", t0).is_none(), "held once");
-        // Long past the cooldown: still open, no probe while held.
+        assert!(b.hold_open(NS, "again", t0).is_none(), "held once");
         let later = t0 + Duration::from_secs(300);
         assert!(matches!(
-            b.admit("demo.inv", &p, later).0,
+            b.admit(NS, &p, later),
             Admission::Open {
                 reason: Reason::WriteStall,
                 ..
             }
         ));
-        assert_eq!(b.release_held(later), ["demo.inv"]);
-        assert!(!b.is_held("demo.inv"));
-        // The stall is over: the next read probes, no cooldown first.
-        let (a, t) = b.admit("demo.inv", &p, later);
-        assert_eq!(a, Admission::Probe);
-        assert_eq!(
-            t.expect("half-open").reason,
-            "write stall cleared: early probe"
-        );
-        b.record_success("demo.inv", true, later);
-        assert_eq!(b.state("demo.inv"), State::Closed);
-    }
-
-    fn short(p: &mut NsPolicy) {
-        p.min_cooldown = Duration::from_secs(1);
-        p.cooldown = Duration::from_secs(10);
-    }
-
-    fn probe_in(b: &Breakers, p: &NsPolicy, now: Instant) -> Option<Duration> {
-        match b.admit("demo.inv", p, now).0 {
-            Admission::Open { probe_in, .. } => Some(probe_in),
-            _ => None,
-        }
-    }
-
-    #[test]
-    fn cooldown_starts_short_and_doubles_on_each_failed_probe_up_to_cooldown() {
-        let b = Breakers::default();
-        let mut p = policy();
-        short(&mut p);
-        let mut now = Instant::now();
-        for _ in 0..3 {
-            fail(&b, &p, now, false);
-        }
-        // 1 s, then 2, 4, 8, and 10 (the cap) for good.
-        for expected in [1, 2, 4, 8, 10, 10] {
-            let wait = Duration::from_secs(expected);
-            assert_eq!(probe_in(&b, &p, now), Some(wait), "step {expected}");
-            assert!(probe_in(&b, &p, now + wait - Duration::from_millis(1)).is_some());
-            now += wait;
-            assert_eq!(b.admit("demo.inv", &p, now).0, Admission::Probe);
-            let t = fail(&b, &p, now, true).expect("reopens");
-            assert_eq!(t.to, State::Open);
-        }
-        // A probe that succeeds closes it and resets the backoff: the next opening is short.
-        now += Duration::from_secs(10);
-        assert_eq!(b.admit("demo.inv", &p, now).0, Admission::Probe);
-        b.record_success("demo.inv", true, now);
-        for _ in 0..3 {
-            fail(&b, &p, now, false);
-        }
-        assert_eq!(probe_in(&b, &p, now), Some(Duration::from_secs(1)));
+        // Samples do not close a held breaker.
+        assert!(sample(&b, &p, Sample::Answered, 1, later).is_none());
+        assert_eq!(b.release_held(later), [NS]);
+        assert!(!b.is_held(NS));
+        assert_eq!(b.admit(NS, &p, later), Admission::Probe);
     }
 
     #[test]
     fn a_cleared_write_stall_lets_open_breakers_probe_at_once() {
         let b = Breakers::default();
-        let mut p = policy();
-        short(&mut p);
+        let p = fallback();
         let t0 = Instant::now();
-        for _ in 0..3 {
-            fail(&b, &p, t0, false);
-        }
-        // Backed off to 8 s.
+        opened(&b, &p, t0);
         let mut now = t0;
-        for wait in [1, 2, 4] {
+        for wait in [1, 1, 2] {
             now += Duration::from_secs(wait);
-            assert_eq!(b.admit("demo.inv", &p, now).0, Admission::Probe);
-            fail(&b, &p, now, true);
+            assert_eq!(b.admit(NS, &p, now), Admission::Probe);
+            sample(&b, &p, Sample::Failed, 1, now);
         }
-        assert_eq!(probe_in(&b, &p, now), Some(Duration::from_secs(8)));
-        assert_eq!(b.probe_early(), ["demo.inv"]);
+        assert!(matches!(b.admit(NS, &p, now), Admission::Open { .. }));
+        assert_eq!(b.probe_early(), [NS]);
         assert!(b.probe_early().is_empty(), "once");
-        let snap = &b.snapshot()[0];
-        assert_eq!(snap.next_probe(&p), Some(now));
-        let (a, t) = b.admit("demo.inv", &p, now + Duration::from_millis(1));
-        assert_eq!(a, Admission::Probe);
-        assert_eq!(t.expect("half-open").to, State::HalfOpen);
-        // A closed or half-open breaker is left alone.
-        assert!(b.probe_early().is_empty());
-        // If that probe fails, the backoff goes on from where it was.
-        fail(&b, &p, now, true);
-        assert_eq!(probe_in(&b, &p, now), Some(Duration::from_secs(10)));
-    }
-
-    #[test]
-    fn backoff_never_overflows_and_respects_the_cap() {
-        let mut p = policy();
-        short(&mut p);
-        assert_eq!(backoff(&p, 0), Duration::from_secs(1));
-        assert_eq!(backoff(&p, 3), Duration::from_secs(8));
-        assert_eq!(backoff(&p, 40), Duration::from_secs(10));
-        assert_eq!(backoff(&p, u32::MAX), Duration::from_secs(10));
-        p.min_cooldown = p.cooldown;
-        assert_eq!(backoff(&p, 0), p.cooldown);
+        assert_eq!(b.admit(NS, &p, now + ms(1)), Admission::Probe);
     }
 
     #[test]
     fn holding_a_breaker_open_on_its_own_errors_keeps_its_reason() {
         let b = Breakers::default();
-        let p = policy();
+        let p = fallback();
         let t0 = Instant::now();
-        for _ in 0..3 {
-            fail(&b, &p, t0, false);
-        }
-        assert!(b.hold_open("demo.inv", "write stall", t0).is_none());
-        assert!(b.is_held("demo.inv"));
-        match b.admit("demo.inv", &p, t0 + Duration::from_secs(60)).0 {
+        opened(&b, &p, t0);
+        assert!(b.hold_open(NS, "write stall", t0).is_none());
+        assert!(b.is_held(NS));
+        match b.admit(NS, &p, t0 + Duration::from_secs(60)) {
             Admission::Open { reason, .. } => assert_eq!(reason, Reason::StaleRouting),
             other => panic!("expected open, got {other:?}"),
         }
     }
 
     #[test]
-    fn bounded_number_of_breakers() {
-        let b = Breakers::new(2);
-        let p = policy();
-        let now = Instant::now();
-        for ns in ["a.x", "a.y", "a.z"] {
-            b.record_failure(ns, &p, Reason::TimeLimit, "50", false, 1, now);
-        }
-        assert_eq!(b.len(), 2);
-        assert_eq!(b.state("a.z"), State::Closed);
+    fn backoff_never_overflows_and_respects_the_cap() {
+        let mut p = fallback();
+        p.cooldown = Duration::from_secs(10);
+        assert_eq!(backoff(&p, 0), Duration::from_secs(1));
+        assert_eq!(backoff(&p, 1), Duration::from_secs(1));
+        assert_eq!(backoff(&p, 4), Duration::from_secs(8));
+        assert_eq!(backoff(&p, 40), Duration::from_secs(10));
+        assert_eq!(backoff(&p, u32::MAX), Duration::from_secs(10));
     }
 
     #[test]

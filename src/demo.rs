@@ -679,9 +679,8 @@ async fn watch_breakers(
             let what = match (s.state, strict) {
                 (State::Open, false) => "OPEN: its reads now go out with readConcern \"available\"",
                 (State::Open, true) => {
-                    "OPEN: its reads now fail fast instead of hanging (never relaxed)"
+                    "OPEN: its reads now go out bounded by a short time limit: healthy secondaries answer, the others fail fast instead of hanging (never relaxed)"
                 }
-                (State::HalfOpen, _) => "half-open: one probe read goes out unmodified",
                 (State::Closed, _) => "closed: reads go out unmodified again",
             };
             let why = if s.held {

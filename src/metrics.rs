@@ -16,11 +16,13 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+mod breaker;
 mod hot;
 mod ladder;
 pub mod latency;
 mod limits;
 mod stall;
+pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
@@ -93,11 +95,13 @@ pub struct SideLabel {
 pub const REQUEST_SLOTS: (usize, usize) = (COMMANDS.len(), DECISIONS.len());
 
 /// Decisions that get their own `decision` label (see `policy::Decision::name`).
-const DECISIONS: [&str; 6] = [
+const DECISIONS: [&str; 8] = [
     "forward",
     "track",
     "track_retry",
+    "bounded",
     "rewrite",
+    "primary",
     "fail_fast",
     "refuse",
 ];
@@ -113,7 +117,7 @@ pub struct Metrics {
     pub rewrites: Family<NsKind, Counter>,
     pub fail_fasts: Family<NsLabel, Counter>,
     pub refusals: Family<NsLabel, Counter>,
-    /// 0 closed, 1 half-open, 2 open.
+    /// 0 closed, 2 open.
     pub breaker_state: Family<NsLabel, Gauge>,
     pub upstream_up: Family<UpstreamLabel, Gauge>,
     pub upstream_latency: Family<UpstreamLabel, LatencyHistogram>,
@@ -133,6 +137,8 @@ pub struct Metrics {
     pub ladder: LadderMetrics,
     /// The resource limits and the evidence set aside.
     pub limits: LimitMetrics,
+    /// Breaker transitions and confirming reads.
+    pub breakers: BreakerMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -178,6 +184,7 @@ impl Metrics {
             stall: StallMetrics::default(),
             ladder: LadderMetrics::default(),
             limits: LimitMetrics::default(),
+            breakers: BreakerMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -192,7 +199,7 @@ impl Metrics {
             );
             r.register(
                 "requests",
-                "Requests by command and decision (forward, track, track_retry, rewrite, fail_fast, refuse)",
+                "Requests by command and decision (forward, track, track_retry, bounded, rewrite, primary, fail_fast, refuse)",
                 m.requests.clone(),
             );
             r.register(
@@ -222,7 +229,7 @@ impl Metrics {
             );
             r.register(
                 "breaker_state",
-                "Breaker state by namespace: 0 closed, 1 half-open, 2 open",
+                "Breaker state by namespace: 0 closed, 2 open",
                 m.breaker_state.clone(),
             );
             r.register(
@@ -253,6 +260,7 @@ impl Metrics {
             m.stall.register(&mut r);
             m.ladder.register(&mut r);
             m.limits.register(&mut r);
+            m.breakers.register(&mut r);
         }
         // Both outcomes exist from the start at 0, so the first failed reload is an
         // increase that `increase()`/`rate()` can see (a series born at 1 is not).
@@ -382,6 +390,18 @@ impl Metrics {
                 namespace: self.ns_label(ns),
             })
             .set(gauge);
+    }
+
+    /// A breaker moved (counted in `breaker_transitions_total`).
+    pub fn breaker_transition(&self, ns: &str, from: &'static str, to: &'static str) {
+        self.breakers
+            .transitions
+            .get_or_create(&TransitionLabels {
+                namespace: self.ns_label(ns),
+                from,
+                to,
+            })
+            .inc();
     }
 
     pub fn upstream_health(&self, upstream: &str, up: bool) {

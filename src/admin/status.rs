@@ -386,13 +386,16 @@ fn action(policy: Option<&NsPolicy>, state: State, code_name: &str) -> String {
         (Mode::Strict, State::Closed, true) => {
             "forwarded; a trigger error is retried on the primary".into()
         }
+        (Mode::Strict, State::Open, false) if p.on_open == crate::policy::OnOpen::Bound => format!(
+            "sent with maxTimeMS at most {} ms: healthy secondaries answer, the others fail fast with {code_name}",
+            p.open_time_limit.as_millis()
+        ),
         (Mode::Strict, State::Open, false) => {
-            format!("failing fast with {code_name}, nothing sent")
+            format!("failing fast with {code_name}, nothing sent (one probe at a time)")
         }
         (Mode::Strict, State::Open, true) => format!(
             "sent to the primary (read concern untouched); failing fast with {code_name} when the ladder guard is full"
         ),
-        (_, State::HalfOpen, _) => "one probe sent unmodified, others as if open".into(),
     };
     if p.dry_run && p.mode != Mode::Passthrough {
         format!("dry run (only logged and counted); would be: {what}")

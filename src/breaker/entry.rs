@@ -1,6 +1,7 @@
 //! One namespace's breaker: its state, the window of trigger errors (with the connection
-//! each came from), and the cooldown arithmetic. [`super::Breakers`] holds them in its map
-//! and makes every transition through the methods here.
+//! each came from), the samples taken while it is open, and the probe spacing.
+//! [`super::Breakers`] holds them in its map and makes every transition through the methods
+//! here.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Reason, State, Transition};
-use crate::policy::{Admission, NsPolicy};
+use crate::policy::{Admission, NsPolicy, OnOpen};
 
 #[derive(Debug)]
 pub(super) struct Breaker {
@@ -16,20 +17,66 @@ pub(super) struct Breaker {
     /// Counted trigger errors inside the window, oldest first, with the client connection
     /// each came from (at most `max(threshold, min_connections * per_connection)` kept).
     pub(super) errors: VecDeque<(Instant, u64)>,
-    /// The last error counted or refused, or the creation: how long it has been idle.
+    /// The last error counted or refused, a read admitted while open, or the creation: how
+    /// long it has been idle.
     pub(super) last_seen: Instant,
     pub(super) opened_at: Instant,
     pub(super) reason: Reason,
-    /// When the half-open probe was let through, if one is out.
+    /// When the probe in flight was let through (probe mode: one at a time).
     pub(super) probe_since: Option<Instant>,
+    /// Probe mode: the next probe may go from this instant on.
+    pub(super) probe_after: Instant,
     pub(super) last_transition: Instant,
     pub(super) last_reason: String,
     /// Held open by the write-stall watch: no probe until released.
     pub(super) held: bool,
-    /// Failed probes since the breaker opened: the cooldown is `min_cooldown * 2^step`.
+    /// Failed samples in a row since the breaker opened: the probe spacing is
+    /// `min_cooldown * 2^step`, at most `cooldown`.
     pub(super) step: u32,
-    /// The next read may probe without waiting out the cooldown (the stall cleared).
+    /// The next read may probe without waiting (the stall cleared).
     pub(super) early: bool,
+    /// Samples answered in a row while open (reset by a failed one), since when, and the
+    /// first connections they came from.
+    pub(super) streak: Streak,
+}
+
+/// Successful samples in a row while a breaker is open: it closes on a streak, not on one
+/// read that happened to meet a healthy node.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Streak {
+    pub(super) count: u32,
+    pub(super) since: Option<Instant>,
+    /// The first two distinct connections of the streak (0 = none yet).
+    conns: [u64; 2],
+}
+
+impl Streak {
+    fn add(&mut self, conn: u64, now: Instant) {
+        if self.count == 0 {
+            self.since = Some(now);
+        }
+        self.count = self.count.saturating_add(1);
+        if !self.conns.contains(&conn) {
+            if let Some(slot) = self.conns.iter_mut().find(|c| **c == 0) {
+                *slot = conn;
+            }
+        }
+    }
+
+    pub(super) fn connections(&self) -> u32 {
+        self.conns.iter().filter(|&&c| c != 0).count() as u32
+    }
+
+    /// Enough to close under `policy`: `close_after` in a row, from `min(min_connections, 2)`
+    /// connections, spanning at least `min_cooldown`.
+    fn enough(&self, policy: &NsPolicy, now: Instant) -> bool {
+        let spans = self
+            .since
+            .is_some_and(|s| now.saturating_duration_since(s) >= policy.min_cooldown);
+        self.count >= policy.close_after.max(1)
+            && self.connections() >= policy.min_connections.clamp(1, 2)
+            && spans
+    }
 }
 
 impl Breaker {
@@ -41,21 +88,14 @@ impl Breaker {
             opened_at: now,
             reason: Reason::StaleRouting,
             probe_since: None,
+            probe_after: now,
             last_transition: now,
             last_reason: String::from("created"),
             held: false,
             step: 0,
             early: false,
+            streak: Streak::default(),
         }
-    }
-
-    /// How long this opening lasts: zero after an early-probe signal, else
-    /// `min_cooldown * 2^step`, at most `cooldown`.
-    pub(super) fn cooldown(&self, policy: &NsPolicy) -> Duration {
-        if self.early {
-            return Duration::ZERO;
-        }
-        backoff(policy, self.step)
     }
 
     pub(super) fn move_to(&mut self, to: State, reason: String, now: Instant) -> Transition {
@@ -70,42 +110,99 @@ impl Breaker {
         t
     }
 
-    pub(super) fn open(&mut self, reason: Reason, why: String, now: Instant) -> Transition {
+    /// Opens; the first probe may go `first_wait` later.
+    pub(super) fn open(
+        &mut self,
+        reason: Reason,
+        why: String,
+        now: Instant,
+        first_wait: Duration,
+    ) -> Transition {
         self.opened_at = now;
         self.early = false;
         self.reason = reason;
         self.probe_since = None;
+        self.step = 0;
+        self.probe_after = later(now, first_wait);
+        self.streak = Streak::default();
         self.move_to(State::Open, why, now)
     }
 
-    /// What an eligible read meets now. `Instant + cooldown` is checked: a deadline past
-    /// the clock's range is never reached.
-    /// An opening lasts [`Breaker::cooldown`]; a probe that never reports is given up
-    /// after the full `cooldown`.
-    pub(super) fn waiting(&self, policy: &NsPolicy, now: Instant) -> Wait {
-        let until = |from: Instant, cooldown: Duration| match from.checked_add(cooldown) {
-            Some(at) if now >= at => Wait::Probe,
-            Some(at) => Wait::For(at - now),
-            None => Wait::For(cooldown),
-        };
-        match self.state {
-            State::Closed => Wait::Closed,
-            // Unknown while held: the cooldown starts when the write stall clears.
-            State::Open if self.held => Wait::For(policy.cooldown),
-            State::Open => until(self.opened_at, self.cooldown(policy)),
-            State::HalfOpen => match self.probe_since {
-                Some(since) => until(since, policy.cooldown),
-                None => Wait::Probe,
-            },
-        }
+    pub(super) fn close(&mut self, why: String, now: Instant) -> Transition {
+        self.errors.clear();
+        self.probe_since = None;
+        self.step = 0;
+        self.early = false;
+        self.streak = Streak::default();
+        self.move_to(State::Closed, why, now)
     }
 
+    /// What an eligible read meets now, without claiming anything (a read lock is enough):
+    /// `Probe` says a probe is due, to be claimed with [`Breaker::claim_probe`].
+    pub(super) fn peek(&self, policy: &NsPolicy, now: Instant) -> Admission {
+        if self.state == State::Closed {
+            return Admission::Closed;
+        }
+        if self.held {
+            // Unknown while held: probing starts when the write stall clears.
+            return self.admission(policy.cooldown);
+        }
+        if sends_every_read(policy) {
+            return Admission::Bounded {
+                reason: self.reason,
+                errors: self.errors.len() as u32,
+            };
+        }
+        // A probe that never reported (its client vanished without us noticing) is given
+        // up after `cooldown`, so the breaker cannot stop probing.
+        if let Some(since) = self.probe_since {
+            match since.checked_add(policy.cooldown) {
+                Some(at) if now < at => return self.admission(at - now),
+                None => return self.admission(policy.cooldown),
+                Some(_) => {}
+            }
+        }
+        if !self.early && now < self.probe_after {
+            return self.admission(self.probe_after - now);
+        }
+        Admission::Probe
+    }
+
+    /// Takes the due probe for one read.
+    pub(super) fn claim_probe(&mut self, now: Instant) {
+        self.early = false;
+        self.probe_since = Some(now);
+        self.last_seen = now;
+    }
+
+    /// Acting as open, a probe due in `probe_in`.
     pub(super) fn admission(&self, probe_in: Duration) -> Admission {
         Admission::Open {
             reason: self.reason,
             probe_in,
             errors: self.errors.len() as u32,
         }
+    }
+
+    /// A sample (a probe, or a read sent bounded while open) answered: the streak grows;
+    /// `true` when it is enough to close.
+    pub(super) fn sample_ok(&mut self, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
+        self.probe_since = None;
+        self.step = 0;
+        // After a good answer the next read may probe at once: a healed cluster is seen
+        // at the pace of its readers.
+        self.probe_after = now;
+        self.streak.add(conn, now);
+        self.state == State::Open && self.streak.enough(policy, now)
+    }
+
+    /// A sample failed: the streak starts over, and the next probe waits longer.
+    pub(super) fn sample_failed(&mut self, policy: &NsPolicy, now: Instant) {
+        self.probe_since = None;
+        self.streak = Streak::default();
+        self.step = self.step.saturating_add(1);
+        let wait = backoff(policy, self.step);
+        self.probe_after = later(now, wait);
     }
 
     /// Counts a trigger error from connection `conn` unless that connection already
@@ -139,6 +236,23 @@ impl Breaker {
     }
 }
 
+/// `now + wait`, or a century from now when that is past the clock's range (a wait of
+/// `Duration::MAX` never ends in practice).
+fn later(now: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    now.checked_add(wait)
+        .or_else(|| now.checked_add(CENTURY))
+        .unwrap_or(now)
+}
+
+/// While open, every eligible read of `policy` goes out bounded (strict, `on_open =
+/// "bound"`, no primary rung), rather than one probe at a time.
+pub(super) fn sends_every_read(policy: &NsPolicy) -> bool {
+    policy.mode == crate::policy::Mode::Strict
+        && policy.on_open == OnOpen::Bound
+        && !policy.primary_rung
+}
+
 /// The window entries a breaker keeps: enough to hold `threshold` errors, and (as each
 /// connection holds at most `per_connection`) enough to hold `min_connections` connections.
 pub(super) fn keep(policy: &NsPolicy) -> usize {
@@ -162,19 +276,11 @@ pub(super) fn distinct_at_least(errors: &VecDeque<(Instant, u64)>, n: usize) -> 
     found >= n
 }
 
-/// What a breaker lets an eligible read do now.
-pub(super) enum Wait {
-    Closed,
-    /// Act as open; a probe is let through in this long.
-    For(Duration),
-    /// The cooldown is over: this read may be the probe.
-    Probe,
-}
-
-/// The cooldown after `step` failed probes: `min_cooldown` doubled `step` times, at most
-/// `cooldown` (and never below it when `min_cooldown` is larger).
+/// The wait before the next probe after `step` failed samples: `min_cooldown` doubled
+/// `step - 1` times (`step` 0 and 1: `min_cooldown`), at most `cooldown` (and never below
+/// it when `min_cooldown` is larger).
 pub fn backoff(policy: &NsPolicy, step: u32) -> Duration {
-    let factor = 1u32.checked_shl(step).unwrap_or(u32::MAX);
+    let factor = 1u32.checked_shl(step.saturating_sub(1)).unwrap_or(u32::MAX);
     policy
         .min_cooldown
         .checked_mul(factor)

@@ -37,7 +37,12 @@ impl Breakers {
             // stall to clear before probing.
             return None;
         }
-        Some(self.moved(b.open(Reason::WriteStall, why.to_string(), now)))
+        Some(self.moved(b.open(
+            Reason::WriteStall,
+            why.to_string(),
+            now,
+            std::time::Duration::ZERO,
+        )))
     }
 
     /// Ends every hold: the stall is over, so each held breaker probes at its next read
@@ -52,6 +57,8 @@ impl Breakers {
                 e.probe_since = None;
                 e.step = 0;
                 e.early = true;
+                e.probe_after = now;
+                e.streak = Default::default();
                 out.push(e.key().clone());
             }
         }

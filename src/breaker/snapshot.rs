@@ -2,7 +2,8 @@
 
 use tokio::time::Instant;
 
-use super::{backoff, Breakers, Reason, State};
+use super::entry::sends_every_read;
+use super::{Breakers, Reason, State};
 use crate::policy::NsPolicy;
 
 /// A snapshot of one breaker, for status pages and tests.
@@ -18,20 +19,25 @@ pub struct Snapshot {
     pub held: bool,
     /// When it opened (or was released by the write-stall watch).
     pub opened_at: Instant,
-    /// Failed probes since it opened.
+    /// Failed samples in a row since it opened (or since the last answered one).
     pub step: u32,
     /// Its next read probes at once (the write stall cleared).
     pub early: bool,
+    /// When the next probe may go (probe mode).
+    pub probe_after: Instant,
+    /// Samples answered in a row while open.
+    pub streak: u32,
 }
 
 impl Snapshot {
     /// When an open breaker lets its next probe through under `policy` (`None` while held,
-    /// or when not open).
+    /// when not open, or when every read is a sample).
     pub fn next_probe(&self, policy: &NsPolicy) -> Option<Instant> {
         match self.state {
-            State::Open if !self.held && self.early => Some(self.opened_at),
-            State::Open if !self.held => self.opened_at.checked_add(backoff(policy, self.step)),
-            _ => None,
+            State::Open if self.held || sends_every_read(policy) => None,
+            State::Open if self.early => Some(self.opened_at.min(self.probe_after)),
+            State::Open => Some(self.probe_after),
+            State::Closed => None,
         }
     }
 }
@@ -53,6 +59,8 @@ impl Breakers {
                 opened_at: e.opened_at,
                 step: e.step,
                 early: e.early,
+                probe_after: e.probe_after,
+                streak: e.streak.count,
             })
             .collect();
         v.sort_by(|a, b| a.ns.cmp(&b.ns));

@@ -140,6 +140,9 @@ pub struct CommandInfo<'a> {
     pub read_pref: Option<ReadPrefMode>,
     /// `$readPreference` present with a mode we do not know.
     pub read_pref_unknown: bool,
+    /// `$readPreference.tags` (or the Rust driver's `tagSets`) lists tag sets and none of
+    /// them is the empty set that matches any member: the client pinned the read to members.
+    pub read_pref_tags: bool,
     pub read_concern: ReadConcernInfo<'a>,
     /// `autocommit` present (any value) or `startTransaction` present.
     pub in_transaction: bool,
@@ -347,6 +350,7 @@ fn read_preference<'a>(
 ) -> Result<(), ClassifyError> {
     info.read_pref = None;
     info.read_pref_unknown = true;
+    info.read_pref_tags = false;
     if e.tag != scan::DOCUMENT {
         return Ok(());
     }
@@ -358,9 +362,30 @@ fn read_preference<'a>(
             let mode = string_value(&f)?.and_then(ReadPrefMode::parse);
             info.read_pref = mode;
             info.read_pref_unknown = mode.is_none();
+        } else if f.key == b"tags" || f.key == b"tagSets" {
+            info.read_pref_tags |= pins_members(&f)?;
         }
     }
     Ok(())
+}
+
+/// A list of tag sets that pins a read: at least one set, and no empty set (`{}` matches
+/// any member). Anything but an array of documents pins too (the server would refuse it,
+/// and such a read's 133 is the client's doing).
+fn pins_members(e: &Elem<'_>) -> Result<bool, ClassifyError> {
+    if e.tag != scan::ARRAY {
+        return Ok(true);
+    }
+    let mut sets = Elements::new(e.value)?;
+    let mut any = false;
+    while let Some(set) = sets.next_elem()? {
+        any = true;
+        // An empty document is 5 bytes: its length and the terminating zero.
+        if set.tag == scan::DOCUMENT && set.value.len() <= 5 {
+            return Ok(false);
+        }
+    }
+    Ok(any)
 }
 
 fn read_concern<'a>(

@@ -20,7 +20,7 @@ use super::values::{
     check_ladder, count, ladder, read_preferences, threshold, trigger_codes, Ladder,
 };
 use crate::policy::{
-    Causal, Mode, NsPolicy, Pattern, PolicyTable, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
+    Causal, Mode, NsPolicy, OnOpen, Pattern, PolicyTable, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
 };
 
 /// One `[[namespaces]]` entry, or `[defaults]` (where `pattern` and `mode` are refused).
@@ -45,6 +45,10 @@ pub(super) struct RawEntry {
     min_wait: Option<Spanned<String>>,
     min_connections: Option<Spanned<i64>>,
     per_connection: Option<Spanned<i64>>,
+    on_open: Option<Spanned<String>>,
+    open_time_limit: Option<Spanned<String>>,
+    close_after: Option<Spanned<i64>>,
+    confirm_time: Option<Spanned<String>>,
 }
 
 impl RawEntry {
@@ -70,6 +74,10 @@ impl RawEntry {
             ("min_wait", at(&self.min_wait)),
             ("min_connections", at(&self.min_connections)),
             ("per_connection", at(&self.per_connection)),
+            ("on_open", at(&self.on_open)),
+            ("open_time_limit", at(&self.open_time_limit)),
+            ("close_after", at(&self.close_after)),
+            ("confirm_time", at(&self.confirm_time)),
         ]
         .into_iter()
         .filter_map(|(k, o)| o.map(|o| (k, o)))
@@ -126,6 +134,10 @@ struct Overrides {
     min_wait: Option<Duration>,
     min_connections: Option<u32>,
     per_connection: Option<u32>,
+    on_open: Option<OnOpen>,
+    open_time_limit: Option<Duration>,
+    close_after: Option<u32>,
+    confirm_time: Option<Duration>,
 }
 
 impl Overrides {
@@ -150,6 +162,10 @@ impl Overrides {
         p.min_wait = self.min_wait.unwrap_or(p.min_wait);
         p.min_connections = self.min_connections.unwrap_or(p.min_connections);
         p.per_connection = self.per_connection.unwrap_or(p.per_connection);
+        p.on_open = self.on_open.unwrap_or(p.on_open);
+        p.open_time_limit = self.open_time_limit.unwrap_or(p.open_time_limit);
+        p.close_after = self.close_after.unwrap_or(p.close_after);
+        p.confirm_time = self.confirm_time.unwrap_or(p.confirm_time);
     }
 }
 
@@ -293,7 +309,37 @@ fn read_overrides(ctx: &mut Ctx, e: &RawEntry, prefix: &str) -> Overrides {
             .per_connection
             .as_ref()
             .and_then(|v| count(ctx, v, &key("per_connection"), MAX_PER_CONNECTION)),
+        on_open: e.on_open.as_ref().and_then(|v| {
+            let o = OnOpen::parse(v.get_ref());
+            if o.is_none() {
+                let msg = format!("unknown value `{}`; expected `bound` or `refuse`", v.get_ref());
+                ctx.err(v, &key("on_open"), msg);
+            }
+            o
+        }),
+        open_time_limit: e
+            .open_time_limit
+            .as_ref()
+            .and_then(|v| bounded_ms(ctx, v, &key("open_time_limit"), i32::MAX as u64)),
+        close_after: e
+            .close_after
+            .as_ref()
+            .and_then(|v| count(ctx, v, &key("close_after"), MAX_PER_CONNECTION)),
+        confirm_time: e
+            .confirm_time
+            .as_ref()
+            .and_then(|v| bounded_ms(ctx, v, &key("confirm_time"), 60_000)),
     }
+}
+
+/// A duration of 1 ms up to `max_ms`.
+fn bounded_ms(ctx: &mut Ctx, v: &Spanned<String>, key: &str, max_ms: u64) -> Option<Duration> {
+    let d = duration(ctx, v, key, Duration::from_millis(1))?;
+    if d.as_millis() > max_ms as u128 {
+        ctx.err(v, key, format!("must be at most {max_ms}ms"));
+        return None;
+    }
+    Some(d)
 }
 
 /// Every `[[namespaces]]` entry; `None` when any is invalid (errors already recorded).
@@ -483,6 +529,21 @@ fn unreachable_settings(ctx: &mut Ctx, raw: &RawEntry, mode: Mode, prefix: &str)
                 ctx.err(c, &format!("{prefix}.causal"), msg);
             }
         }
-        Mode::Fallback => {}
+        Mode::Fallback => {
+            for (name, v) in [
+                ("on_open", at(&raw.on_open)),
+                ("open_time_limit", at(&raw.open_time_limit)),
+            ] {
+                if let Some(offset) = v {
+                    let line = ctx.line(offset);
+                    let msg = "has no effect: an open breaker sends fallback reads with readConcern available".to_string();
+                    ctx.err_line(line, &format!("{prefix}.{name}"), msg);
+                }
+            }
+        }
     }
+}
+
+fn at<T>(v: &Option<Spanned<T>>) -> Option<usize> {
+    v.as_ref().map(|s| s.span().start)
 }

@@ -19,7 +19,7 @@ fn fmt_opt(d: Option<Duration>) -> String {
 /// The names of a read-preference bit set, comma-separated.
 /// The per-namespace settings, in the order `policy_cells` gives them (after pattern and mode):
 /// the table's columns and the lines of `--explain`.
-const POLICY_COLUMNS: [&str; 16] = [
+const POLICY_COLUMNS: [&str; 20] = [
     "threshold",
     "window",
     "cooldown",
@@ -36,6 +36,10 @@ const POLICY_COLUMNS: [&str; 16] = [
     "ladder",
     "attempt_share",
     "attempt_limit",
+    "on_open",
+    "open_time_limit",
+    "close_after",
+    "confirm_time",
 ];
 
 pub fn read_pref_names(bits: u8) -> String {
@@ -85,6 +89,17 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
             .map_or_else(|| "off".to_string(), fmt_duration);
         cells.extend([p.attempt_share.to_string(), limit]);
     }
+    // Only a strict read without a primary rung is sent bounded (or refused) while open.
+    if p.mode == Mode::Strict && !p.primary_rung {
+        let limit = match p.on_open {
+            crate::policy::OnOpen::Bound => fmt_duration(p.open_time_limit),
+            crate::policy::OnOpen::Refuse => "-".to_string(),
+        };
+        cells.extend([p.on_open.as_str().to_string(), limit]);
+    } else {
+        cells.extend(["-".to_string(), "-".to_string()]);
+    }
+    cells.extend([p.close_after.to_string(), fmt_duration(p.confirm_time)]);
     cells
 }
 

@@ -30,7 +30,15 @@ pub const LIMITS: [&str; 5] = [
 ];
 
 /// The `why` labels of `evidence_ignored_total`.
-pub const IGNORED: [&str; 3] = ["short_wait", "short_time_limit", "per_connection"];
+pub const IGNORED: [&str; 7] = [
+    "short_wait",
+    "short_time_limit",
+    "per_connection",
+    "client_gone",
+    "tagged",
+    "unconfirmed",
+    "queued",
+];
 
 #[derive(Default)]
 pub struct LimitMetrics {
@@ -62,7 +70,7 @@ impl LimitMetrics {
         r.register("breakers", "Breakers in the map now", self.breakers.clone());
         r.register(
             "evidence_ignored",
-            "Trigger errors not counted: short_wait (client gave up or slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window)",
+            "Trigger errors not counted: short_wait (slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window), client_gone (the client closed before the reply), tagged (133 on a read with tag sets), unconfirmed (a time limit the confirming read did not confirm), queued (a read mongos had not started yet)",
             self.ignored.clone(),
         );
         r.register(

@@ -58,21 +58,36 @@ pub fn attempt_budget(
     }
 }
 
-/// What the next rung of a read may spend after `elapsed`: `Ok(None)` no limit,
-/// `Ok(Some(ms))` the rest of the budget, `Err(())` nothing left (the client's own time
-/// limit has passed: answering it now would be too late).
-#[allow(clippy::result_unit_err)]
-pub fn next_rung_ms(total_ms: Option<i64>, elapsed: Duration) -> Result<Option<i64>, ()> {
-    match total_ms {
-        None => Ok(None),
-        Some(t) => {
-            let left = t.saturating_sub(ms(elapsed));
-            if left > 0 {
-                Ok(Some(left))
-            } else {
-                Err(())
-            }
+/// What the next rung of a read may spend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remaining {
+    /// The read has no budget: no limit.
+    Unbounded,
+    /// The rest of the budget, in milliseconds (above 0).
+    Ms(i64),
+    /// Nothing left: the client's own time limit has passed, answering now would be too
+    /// late.
+    Spent,
+}
+
+impl Remaining {
+    /// The next rung's `maxTimeMS`, `None` for no limit (`Spent` has no next rung).
+    pub fn ms(self) -> Option<i64> {
+        match self {
+            Remaining::Ms(ms) => Some(ms),
+            Remaining::Unbounded | Remaining::Spent => None,
         }
+    }
+}
+
+/// What the next rung of a read may spend after `elapsed` of its budget `total_ms`.
+pub fn next_rung_ms(total_ms: Option<i64>, elapsed: Duration) -> Remaining {
+    match total_ms {
+        None => Remaining::Unbounded,
+        Some(t) => match t.saturating_sub(ms(elapsed)) {
+            left if left > 0 => Remaining::Ms(left),
+            _ => Remaining::Spent,
+        },
     }
 }
 
@@ -208,15 +223,21 @@ mod tests {
 
     #[test]
     fn next_rung_spends_what_is_left() {
-        assert_eq!(next_rung_ms(None, Duration::from_secs(99)), Ok(None));
+        assert_eq!(
+            next_rung_ms(None, Duration::from_secs(99)),
+            Remaining::Unbounded
+        );
         assert_eq!(
             next_rung_ms(Some(1000), Duration::from_millis(501)),
-            Ok(Some(499))
+            Remaining::Ms(499)
         );
         assert_eq!(
             next_rung_ms(Some(1000), Duration::from_millis(1000)),
-            Err(())
+            Remaining::Spent
         );
-        assert_eq!(next_rung_ms(Some(1000), Duration::from_secs(5)), Err(()));
+        assert_eq!(
+            next_rung_ms(Some(1000), Duration::from_secs(5)),
+            Remaining::Spent
+        );
     }
 }

@@ -71,6 +71,9 @@ pub enum Decision<'a> {
         retry: bool,
         /// On a trigger error, resend once to the primary first (`ladder`).
         primary: bool,
+        /// Sent while the breaker is open, bounded by `open_time_limit` (`on_open =
+        /// "bound"`): a trigger error is answered with the fail-fast error.
+        bounded: Option<Bounded>,
     },
     /// Rewrite to `available` before sending (fallback, breaker open).
     Rewrite {
@@ -94,6 +97,17 @@ pub enum Decision<'a> {
     /// Reply an error at once, send nothing: a strict namespace asked for `available`, or
     /// a policy-relevant field is repeated.
     Refuse(Refusal<'a>),
+}
+
+/// A strict read sent while its breaker is open, with its time bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounded {
+    /// Why the breaker is open (the fail-fast error's code and text).
+    pub reason: Reason,
+    pub errors: u32,
+    /// The bound was set by staleguard (below the read's own budget): a time-limit error is
+    /// the bound's, and is answered with the fail-fast error.
+    pub ours: bool,
 }
 
 /// What a read whose breaker is open does when its primary rung cannot answer.
@@ -264,6 +278,8 @@ pub fn decide<'a>(
         p.attempt_share,
         p.attempt_limit,
     );
+    // A read pinned by tag sets is never sent to the primary: the client chose its members.
+    let primary = p.primary_rung && !info.read_pref_tags;
     let track = |probe| {
         if climbs {
             Decision::Track {
@@ -271,7 +287,8 @@ pub fn decide<'a>(
                 budget_ms: split.total_ms,
                 probe,
                 retry: fallback,
-                primary: p.primary_rung,
+                primary,
+                bounded: None,
             }
         } else {
             Decision::Track {
@@ -280,17 +297,37 @@ pub fn decide<'a>(
                 probe,
                 retry: false,
                 primary: false,
+                bounded: None,
             }
         }
     };
     match admission {
         Admission::Closed => track(false),
         Admission::Probe => track(true),
+        Admission::Bounded { reason, errors } => {
+            let bound = p.open_time_limit.as_millis().clamp(1, i32::MAX as u128) as i64;
+            let (cap, ours) = match split.total_ms {
+                Some(total) if total <= bound => (cap_ms, false),
+                _ => (Some(bound), true),
+            };
+            Decision::Track {
+                cap_ms: cap,
+                budget_ms: split.total_ms,
+                probe: true,
+                retry: false,
+                primary: false,
+                bounded: Some(Bounded {
+                    reason,
+                    errors,
+                    ours,
+                }),
+            }
+        }
         Admission::Open {
             reason,
             probe_in,
             errors,
-        } => match (fallback, p.primary_rung) {
+        } => match (fallback, primary) {
             (true, false) => Decision::Rewrite {
                 drop_after_cluster_time: true,
                 cap_ms,
@@ -327,6 +364,9 @@ impl Decision<'_> {
         match self {
             Decision::Forward => "forward",
             Decision::Track { retry: true, .. } => "track_retry",
+            Decision::Track {
+                bounded: Some(_), ..
+            } => "bounded",
             Decision::Track { .. } => "track",
             Decision::Rewrite { .. } => "rewrite",
             Decision::Primary { .. } => "primary",
@@ -392,6 +432,7 @@ mod tests {
                 probe: false,
                 retry: true,
                 primary: false,
+                bounded: None,
             }
         );
         let (_, d) = run(&find, open()).expect("governed");
@@ -411,6 +452,7 @@ mod tests {
                 probe: true,
                 retry: true,
                 primary: false,
+                bounded: None,
             }
         );
     }
@@ -431,6 +473,7 @@ mod tests {
                 probe: false,
                 retry: true,
                 primary: false,
+                bounded: None,
             }
         );
         // With the client's own 1 s: half of it.
@@ -444,6 +487,7 @@ mod tests {
                 probe: false,
                 retry: true,
                 primary: false,
+                bounded: None,
             }
         );
     }
@@ -475,6 +519,7 @@ mod tests {
                 probe: false,
                 retry: false,
                 primary: true,
+                bounded: None,
             }
         );
         // Open: straight to the primary with the whole budget, then the fail-fast error.
@@ -526,6 +571,7 @@ mod tests {
                 probe: false,
                 retry: false,
                 primary: false,
+                bounded: None,
             }
         );
         match run(&find, open()).expect("governed").1 {

@@ -1,29 +1,36 @@
-//! The reply side's judgement: what the way a tracked read ended means for its namespace's
-//! breaker, and whether the read goes again. Pure, like `policy::decide` on the request side:
-//! the read, how it ended and the time in, a [`Verdict`] out; no I/O, no shared state. The
-//! session only applies verdicts.
+//! The reply side's judgement, the read's state machine: what the way a tracked read ended
+//! means for its namespace's breaker, and what happens next to the read (its reply goes to
+//! the client, is replaced by the fail-fast error, or the read climbs to the next rung).
+//! Pure, like `policy::decide` on the request side: the read, how it ended and the time in,
+//! a [`Verdict`] out; no I/O, no shared state. The session only carries verdicts out.
 //!
-//! The evidence rules live here and nowhere else: which codes count, when a slow reply
-//! counts, what a client that gave up counts as, when a read is sent again.
+//! The evidence rules live here and nowhere else. The breaker acts for every client, so it
+//! hears only what the cluster says about itself:
+//! - stale routing (StaleConfig 13388, StaleShardVersion 63, StaleEpoch 150, StaleDbVersion
+//!   249) is the cluster's word: counted at once;
+//! - FailedToSatisfyReadPreference (133) is counted, but never for a read with tag sets (a
+//!   tag set no member matches is the client's doing);
+//! - a time limit (MaxTimeMSExpired 50, ExceededTimeLimit 262, NetworkInterfaceExceeded-
+//!   TimeLimit 202, NetworkTimeout 89) or a slow reply is ambiguous: a slow query and a hung
+//!   secondary look the same. It is never counted by itself: when the read's own limit was
+//!   below `floor` it is set aside, otherwise the session confirms it with a cheap read of the
+//!   same namespace on the same connection ([`confirmation`]), and only a confirming read
+//!   that fails counts;
+//! - a client that closes before its reply is never evidence (nothing is left to confirm
+//!   on), and a reply is timed from when mongos could start the read (its connection had
+//!   no earlier request waiting), not from when it was sent.
 //!
-//! A client's word alone is no evidence about the cluster (the breaker adds the rule that
-//! errors come from `min_connections` connections, at most `per_connection` each). Here,
-//! with `floor` the namespace's [`NsPolicy::evidence_floor`] (`min_wait`, or `max_time`
-//! when shorter):
-//! - a client that gave up counts only after waiting at least `floor`;
-//! - a slow reply counts only when slower than both `slow_read` and `floor`;
-//! - a time-limit code the read's own `maxTimeMS` can cause (MaxTimeMSExpired 50,
-//!   ExceededTimeLimit 262) counts only when that limit, as sent, was at least `floor`.
-//!
-//! A read set aside this way changes nothing for the breaker (a half-open probe gives its
-//! slot back), and its reply goes to the client as it came.
+//! A read admitted while the breaker is open is a *sample*: whatever it meets is reported to
+//! the breaker as a sample (answered or failed), never as evidence, since the breaker is
+//! open already.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::{next_rung_ms, rung_share};
+use super::budget::{next_rung_ms, rung_share, Remaining};
+use super::decide::Bounded;
 use super::reason::Reason;
 use super::table::{Causal, NsPolicy};
 use crate::rewrite::RewriteSpec;
@@ -33,13 +40,23 @@ use crate::wire::ReplyStatus;
 #[derive(Debug, Clone, Copy)]
 pub struct Read<'t> {
     pub policy: &'t NsPolicy,
-    /// When the read was sent (its first attempt).
+    /// When the read was sent (its first attempt): its budget runs from here.
     pub started: Instant,
-    /// The read's whole budget (the client's `maxTimeMS`, capped by `max_time`); the resend
-    /// spends what the first attempt left of it. `None`: no limit.
+    /// When mongos could start it (no earlier request on its connection was waiting);
+    /// `None`: not yet.
+    pub began: Option<Instant>,
+    /// The read's whole budget (the client's `maxTimeMS`, capped by `max_time`); the next
+    /// rung spends what this attempt left of it. `None`: no limit.
     pub max_time_ms: Option<i64>,
-    /// The breaker's half-open probe.
-    pub probe: bool,
+    /// This attempt went out with a `maxTimeMS` staleguard wrote (a cap, the first
+    /// attempt's share, an open breaker's bound).
+    pub limit_ours: bool,
+    /// The read lists tag sets (`CommandInfo::read_pref_tags`).
+    pub tagged: bool,
+    /// Admitted while the breaker was open: a sample (`bounded`: sent under the open
+    /// breaker's time bound).
+    pub sample: bool,
+    pub bounded: Option<Bounded>,
     /// The primary rung is still ahead: a trigger error sends the read to the primary.
     pub primary: bool,
     /// The `available` rung is still ahead (fallback).
@@ -77,7 +94,7 @@ pub enum Ending<'s> {
     Reply(&'s ReplyStatus),
     /// The upstream replied with something whose status cannot be read.
     Unreadable,
-    /// The client closed its connection before the reply (its driver gave up).
+    /// The client closed its connection before the reply.
     ClientGone,
     /// The upstream connection ended before the reply.
     UpstreamGone,
@@ -100,183 +117,245 @@ pub enum Evidence<'s> {
     },
     /// A reply (success or a non-trigger error) slower than the namespace's `slow_read`.
     Slow { elapsed: Duration, limit: Duration },
-    /// The client left before the reply, after waiting this long.
-    ClientGaveUp { waited: Duration },
 }
 
-/// What to do about a tracked read that ended.
+/// How a sample of an open breaker ended (see `breaker::Sample`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleEnd {
+    Answered,
+    Failed,
+    Unknown,
+}
+
+/// What the breaker hears of a read that ended.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict<'s> {
-    /// A success for the breaker (a half-open probe closes it).
-    Success,
-    /// A failure for the breaker; whatever the upstream said goes to the client.
-    /// `out_of_time`: this rung was due, but the read's budget is spent.
-    Fail {
-        failure: Failure<'s>,
-        out_of_time: Option<Rung>,
-    },
-    /// The read climbs to rung `to`, sent again rewritten by `spec`; the client never sees
-    /// this reply. `failure`: what the breaker counts (the first attempt's trigger error;
-    /// `None` when a rung failed, which says nothing about the secondaries). `or_else`:
-    /// when `to` is the primary and its guard refuses the read, the `available` resend to
-    /// send instead (`None`: the reply goes to the client).
-    Retry {
-        failure: Option<Failure<'s>>,
+pub enum Heard<'s> {
+    /// Nothing; `Some(why)` when a trigger error (or what could have been one) was set aside.
+    Nothing(Option<SetAside>),
+    /// The cluster's word: counted now.
+    Count(Failure<'s>),
+    /// Ambiguous: counted only when a confirming read fails too.
+    Confirm(Failure<'s>),
+    /// A sample of an open breaker.
+    Sample(SampleEnd),
+}
+
+/// Why a possible trigger error was set aside (the `why` of `evidence_ignored_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetAside {
+    /// A slow reply within the evidence floor.
+    ShortWait,
+    /// A time limit of the read's own `maxTimeMS`, below the evidence floor.
+    ShortTimeLimit,
+    /// The client closed its connection before the reply (mongos had started the read).
+    ClientGone,
+    /// The client closed before mongos could even start the read (queued behind an earlier
+    /// request on its connection, e.g. an awaitable hello).
+    Queued,
+    /// FailedToSatisfyReadPreference on a read pinned by tag sets.
+    Tagged,
+}
+
+impl SetAside {
+    pub fn label(self) -> &'static str {
+        match self {
+            SetAside::ShortWait => "short_wait",
+            SetAside::ShortTimeLimit => "short_time_limit",
+            SetAside::ClientGone => "client_gone",
+            SetAside::Queued => "queued",
+            SetAside::Tagged => "tagged",
+        }
+    }
+}
+
+/// What happens to the read next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Then {
+    /// Its reply (if any) goes to the client as it came.
+    Reply,
+    /// Its reply is replaced by the fail-fast error: a read sent under an open breaker's
+    /// bound ran out of it (or met a trigger error).
+    FailFast(Bounded),
+    /// It climbs to rung `to`, sent again rewritten by `spec`; the client never sees this
+    /// reply. `or_else`: when `to` is the primary and its guard refuses the read, the
+    /// `available` resend to send instead (`None`: the reply goes to the client).
+    Climb {
         to: Rung,
         spec: RewriteSpec,
         or_else: Option<RewriteSpec>,
     },
-    /// Nothing for the breaker.
-    Ignore(Ignored),
+    /// Rung `0` was due, but the read's budget is spent: the reply goes to the client.
+    NoTime(Rung),
 }
 
-/// Why a read's end counts for nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ignored {
-    /// A rung above the first ended: the read was counted on its first reply, not twice.
-    /// `trigger`: the rung failed with that trigger code too; `ok`: it answered `ok: 1`;
-    /// `no_time`: the next rung was due but the read's budget is spent.
-    Retried {
-        rung: Rung,
-        trigger: Option<i32>,
-        ok: bool,
-        no_time: bool,
-    },
-    /// The reply's status cannot be read; a half-open probe gives its slot back.
-    Unreadable { release_probe: bool },
-    /// The upstream connection ended: that is the upstream's failure, not the namespace's.
-    UpstreamGone,
-    /// No evidence: the client gave up, or the reply was slow, before `floor`.
-    ShortWait { release_probe: bool },
-    /// No evidence: a time-limit error caused by the read's own `maxTimeMS`, below `floor`.
-    ShortTimeLimit { release_probe: bool },
+/// What to do about a tracked read that ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict<'s> {
+    pub heard: Heard<'s>,
+    pub then: Then,
 }
 
-/// Codes a read's own `maxTimeMS` can cause.
-const OWN_TIME_LIMIT: [i32; 2] = [50, 262];
+impl<'s> Verdict<'s> {
+    fn new(heard: Heard<'s>, then: Then) -> Verdict<'s> {
+        Verdict { heard, then }
+    }
+
+    fn nothing(then: Then) -> Verdict<'s> {
+        Verdict::new(Heard::Nothing(None), then)
+    }
+}
+
+/// Stale-routing codes: the cluster's own word that a shard could not check its routing.
+const ROUTING: [i32; 4] = [13388, 63, 150, 249];
+/// Codes a read's own `maxTimeMS` can cause (the server's ExceededTimeLimitError class).
+const OWN_TIME_LIMIT: [i32; 3] = [50, 202, 262];
+/// FailedToSatisfyReadPreference.
+const NO_MEMBER: i32 = 133;
+/// NetworkTimeout: a time limit too, not of the read's own making.
+const NETWORK_TIMEOUT: i32 = 89;
 
 /// Judges how a tracked read ended, at `now`.
 pub fn judge<'s>(read: &Read<'_>, ending: Ending<'s>, now: Instant) -> Verdict<'s> {
-    let elapsed = now.saturating_duration_since(read.started);
-    match ending {
-        Ending::UpstreamGone => Verdict::Ignore(Ignored::UpstreamGone),
-        Ending::Unreadable => Verdict::Ignore(Ignored::Unreadable {
-            release_probe: read.probe,
-        }),
-        // Its first attempt's error was counted; the read is not counted twice.
-        Ending::ClientGone if read.rung != Rung::First => Verdict::Ignore(Ignored::Retried {
-            rung: read.rung,
-            trigger: None,
-            ok: false,
-            no_time: false,
-        }),
-        // A client that leaves at once proves nothing about the cluster.
-        Ending::ClientGone if elapsed < read.policy.evidence_floor() => {
-            Verdict::Ignore(Ignored::ShortWait {
-                release_probe: read.probe,
-            })
+    let unknown = || {
+        if read.sample && read.rung == Rung::First {
+            Verdict::new(Heard::Sample(SampleEnd::Unknown), Then::Reply)
+        } else {
+            Verdict::nothing(Then::Reply)
         }
-        // The driver's socket timeout: counts as a time-limit error.
-        Ending::ClientGone => Verdict::Fail {
-            failure: Failure {
-                reason: Reason::TimeLimit,
-                evidence: Evidence::ClientGaveUp { waited: elapsed },
-            },
-            out_of_time: None,
-        },
-        Ending::Reply(status) => judge_reply(read, status, elapsed),
+    };
+    match ending {
+        Ending::UpstreamGone | Ending::Unreadable => unknown(),
+        Ending::ClientGone if read.rung != Rung::First || read.sample => unknown(),
+        Ending::ClientGone => {
+            let why = if read.began.is_some() {
+                SetAside::ClientGone
+            } else {
+                SetAside::Queued
+            };
+            Verdict::new(Heard::Nothing(Some(why)), Then::Reply)
+        }
+        Ending::Reply(status) => judge_reply(read, status, now),
     }
 }
 
-fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, elapsed: Duration) -> Verdict<'s> {
+fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, now: Instant) -> Verdict<'s> {
     let policy = read.policy;
+    let elapsed = now.saturating_duration_since(read.started);
     let trigger = status.code.filter(|&c| !status.ok && policy.is_trigger(c));
     if read.rung != Rung::First {
-        return judge_rung(read, status.ok, trigger, elapsed);
+        return judge_rung(read, trigger, elapsed);
     }
-    let floor = policy.evidence_floor();
-    if let Some(code) = trigger {
-        let own_limit = read.max_time_ms.filter(|_| OWN_TIME_LIMIT.contains(&code));
-        if own_limit.is_some_and(|ms| (ms as u128) < floor.as_millis()) {
-            return Verdict::Ignore(Ignored::ShortTimeLimit {
-                release_probe: read.probe,
-            });
+    let Some(code) = trigger else {
+        return judge_answer(read, now);
+    };
+    let failure = Failure {
+        reason: Reason::of_code(code),
+        evidence: Evidence::Code {
+            code,
+            code_name: status.code_name.as_deref(),
+        },
+    };
+    let heard = if read.sample {
+        // 133 on a pinned read is the client's own doing, even as a sample.
+        if code == NO_MEMBER && read.tagged {
+            Heard::Sample(SampleEnd::Unknown)
+        } else {
+            Heard::Sample(SampleEnd::Failed)
         }
-        let failure = Failure {
-            reason: Reason::of_code(code),
-            evidence: Evidence::Code {
-                code,
-                code_name: status.code_name.as_deref(),
-            },
+    } else {
+        evidence(read, code, failure.clone())
+    };
+    if let Some(b) = read.bounded {
+        // The bound's own time limit, or the cluster's word: the fail-fast error either
+        // way, unless the read's own, shorter limit ran out (its error is its own).
+        let own_limit = !b.ours && OWN_TIME_LIMIT.contains(&code);
+        let then = if own_limit {
+            Then::Reply
+        } else {
+            Then::FailFast(b)
         };
-        let next = match (read.primary, read.retry) {
-            (true, _) => Rung::Primary,
-            (false, true) => Rung::Available,
-            (false, false) => {
-                return Verdict::Fail {
-                    failure,
-                    out_of_time: None,
-                }
-            }
-        };
-        // The next rung carries what the first attempt left of the read's whole budget.
-        let Ok(remaining) = next_rung_ms(read.max_time_ms, elapsed) else {
-            return Verdict::Fail {
-                failure,
-                out_of_time: Some(next),
-            };
-        };
-        return climb(read, Some(failure), next, remaining);
+        return Verdict::new(heard, then);
     }
-    match policy.slow_read.filter(|&limit| elapsed > limit) {
-        // Slower than slow_read but within the floor: an ordinary answer.
-        Some(_) if elapsed < floor => Verdict::Success,
-        Some(limit) => Verdict::Fail {
-            failure: Failure {
+    let next = match (read.primary, read.retry) {
+        (true, _) => Rung::Primary,
+        (false, true) => Rung::Available,
+        (false, false) => return Verdict::new(heard, Then::Reply),
+    };
+    // The next rung carries what the first attempt left of the read's whole budget.
+    match next_rung_ms(read.max_time_ms, elapsed) {
+        Remaining::Spent => Verdict::new(heard, Then::NoTime(next)),
+        left => Verdict::new(heard, climb(read, next, left.ms())),
+    }
+}
+
+/// What the breaker hears of trigger error `code` on a read sent while it was closed.
+fn evidence<'s>(read: &Read<'_>, code: i32, failure: Failure<'s>) -> Heard<'s> {
+    let floor = read.policy.evidence_floor();
+    if ROUTING.contains(&code) {
+        return Heard::Count(failure);
+    }
+    if code == NO_MEMBER {
+        return if read.tagged {
+            Heard::Nothing(Some(SetAside::Tagged))
+        } else {
+            Heard::Count(failure)
+        };
+    }
+    if OWN_TIME_LIMIT.contains(&code) {
+        // The client's own limit, below the floor: its error is its own.
+        let own = (!read.limit_ours).then_some(read.max_time_ms).flatten();
+        if own.is_some_and(|ms| (ms as u128) < floor.as_millis()) {
+            return Heard::Nothing(Some(SetAside::ShortTimeLimit));
+        }
+        return Heard::Confirm(failure);
+    }
+    if code == NETWORK_TIMEOUT {
+        return Heard::Confirm(failure);
+    }
+    // A code the operator added to `trigger_codes`: their word that it is the cluster's.
+    Heard::Count(failure)
+}
+
+/// A reply without a trigger error: an answer, unless slower than `slow_read` (timed from
+/// when mongos could start the read) and the floor, which is ambiguous like a time limit.
+fn judge_answer<'s>(read: &Read<'_>, now: Instant) -> Verdict<'s> {
+    if read.sample {
+        return Verdict::new(Heard::Sample(SampleEnd::Answered), Then::Reply);
+    }
+    let began = read.began.unwrap_or(read.started);
+    let elapsed = now.saturating_duration_since(began);
+    match read.policy.slow_read.filter(|&limit| elapsed > limit) {
+        Some(_) if elapsed < read.policy.evidence_floor() => {
+            Verdict::new(Heard::Nothing(Some(SetAside::ShortWait)), Then::Reply)
+        }
+        Some(limit) => {
+            let failure = Failure {
                 reason: Reason::TimeLimit,
                 evidence: Evidence::Slow { elapsed, limit },
-            },
-            out_of_time: None,
-        },
-        None => Verdict::Success,
+            };
+            Verdict::new(Heard::Confirm(failure), Then::Reply)
+        }
+        None => Verdict::nothing(Then::Reply),
     }
 }
 
 /// A rung above the first ended: nothing for the breaker (a primary's or an `available`
 /// read's answer says nothing about the secondaries); the primary rung's trigger error
 /// climbs on to `available` when that rung is ahead.
-fn judge_rung<'s>(
-    read: &Read<'_>,
-    ok: bool,
-    trigger: Option<i32>,
-    elapsed: Duration,
-) -> Verdict<'s> {
-    let ended = |no_time| {
-        Verdict::Ignore(Ignored::Retried {
-            rung: read.rung,
-            trigger,
-            ok,
-            no_time,
-        })
-    };
+fn judge_rung<'s>(read: &Read<'_>, trigger: Option<i32>, elapsed: Duration) -> Verdict<'s> {
     if read.rung != Rung::Primary || !read.retry || trigger.is_none() {
-        return ended(false);
+        return Verdict::nothing(Then::Reply);
     }
     match next_rung_ms(read.max_time_ms, elapsed) {
-        Ok(remaining) => climb(read, None, Rung::Available, remaining),
-        Err(()) => ended(true),
+        Remaining::Spent => Verdict::nothing(Then::NoTime(Rung::Available)),
+        left => Verdict::nothing(climb(read, Rung::Available, left.ms())),
     }
 }
 
 /// The resend to rung `to` with `remaining` of the budget: the primary gets a share of it
 /// when `available` follows (the guard's refusal sends `available` at once instead), the
 /// last rung all of it.
-fn climb<'s>(
-    read: &Read<'_>,
-    failure: Option<Failure<'s>>,
-    to: Rung,
-    remaining: Option<i64>,
-) -> Verdict<'s> {
+fn climb(read: &Read<'_>, to: Rung, remaining: Option<i64>) -> Then {
     let policy = read.policy;
     let available = RewriteSpec {
         available: true,
@@ -291,8 +370,7 @@ fn climb<'s>(
             } else {
                 remaining
             };
-            Verdict::Retry {
-                failure,
+            Then::Climb {
                 to,
                 spec: RewriteSpec {
                     primary: true,
@@ -302,12 +380,40 @@ fn climb<'s>(
                 or_else: read.retry.then_some(available),
             }
         }
-        _ => Verdict::Retry {
-            failure,
+        _ => Then::Climb {
             to: Rung::Available,
             spec: available,
             or_else: None,
         },
+    }
+}
+
+/// What a confirming read's reply says of the time limit it was sent to confirm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmation {
+    /// It failed too (a trigger error, its own short limit included): the secondary it met
+    /// is stale or hung. Counted, with the reason of its code.
+    Confirmed { code: i32, reason: Reason },
+    /// It was answered: the first read was slow on its own account. Not counted.
+    Unconfirmed,
+    /// Nothing to judge (another error, e.g. no rights on the namespace; unreadable).
+    Unknown,
+}
+
+/// Judges the reply to a confirming read of `policy`'s namespace.
+pub fn confirmation(policy: &NsPolicy, status: Option<&ReplyStatus>) -> Confirmation {
+    let Some(status) = status else {
+        return Confirmation::Unknown;
+    };
+    if status.ok {
+        return Confirmation::Unconfirmed;
+    }
+    match status.code {
+        Some(code) if code != NO_MEMBER && policy.is_trigger(code) => Confirmation::Confirmed {
+            code,
+            reason: Reason::of_code(code),
+        },
+        _ => Confirmation::Unknown,
     }
 }
 
@@ -317,7 +423,6 @@ impl Evidence<'_> {
         match self {
             Evidence::Code { code, .. } => code.to_string(),
             Evidence::Slow { .. } => "slow".to_string(),
-            Evidence::ClientGaveUp { .. } => "timeout".to_string(),
         }
     }
 }
@@ -336,9 +441,6 @@ impl fmt::Display for Evidence<'_> {
                 elapsed.as_millis(),
                 limit.as_millis()
             ),
-            Evidence::ClientGaveUp { waited } => {
-                write!(f, "client gave up after {} ms", waited.as_millis())
-            }
         }
     }
 }
@@ -351,162 +453,8 @@ mod tests {
     const STALE: i32 = 13388;
     const MAX_TIME: i32 = 50;
 
-    fn policy(mode: Mode) -> NsPolicy {
-        let mut p = NsPolicy::with_defaults("demo.inventory", mode);
-        p.slow_read = Some(Duration::from_millis(200));
-        // The table below is about codes and timing, not the evidence floor (tested apart).
-        p.min_wait = Duration::from_millis(10);
-        p
-    }
-
-    fn read(p: &NsPolicy, started: Instant, max_time_ms: Option<i64>, probe: bool) -> Read<'_> {
-        Read {
-            policy: p,
-            started,
-            max_time_ms,
-            probe,
-            primary: false,
-            retry: false,
-            rung: Rung::First,
-        }
-    }
-
-    #[test]
-    fn a_clients_word_below_the_floor_is_no_evidence() {
-        let ms = Duration::from_millis;
-        let mut p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
-        p.slow_read = Some(ms(200));
-        let capped = NsPolicy {
-            max_time: Some(ms(300)),
-            ..p.clone()
-        };
-        let start = Instant::now();
-
-        let max_time = status(false, Some(MAX_TIME), Some("MaxTimeMSExpired"));
-        let exceeded = status(false, Some(262), Some("ExceededTimeLimit"));
-        let stale = status(false, Some(STALE), Some("StaleConfig"));
-        let ok = status(true, None, None);
-        let short_wait = |probe| {
-            Verdict::Ignore(Ignored::ShortWait {
-                release_probe: probe,
-            })
-        };
-        let short_limit = |probe| {
-            Verdict::Ignore(Ignored::ShortTimeLimit {
-                release_probe: probe,
-            })
-        };
-        // Connect, read, close at once: nothing (a probe gives its slot back).
-        assert_eq!(
-            judge(
-                &read(&p, start, None, false),
-                Ending::ClientGone,
-                start + ms(5)
-            ),
-            short_wait(false)
-        );
-        assert_eq!(
-            judge(
-                &read(&p, start, None, true),
-                Ending::ClientGone,
-                start + ms(999)
-            ),
-            short_wait(true)
-        );
-        assert!(matches!(
-            judge(
-                &read(&p, start, None, false),
-                Ending::ClientGone,
-                start + ms(1000)
-            ),
-            Verdict::Fail { .. }
-        ));
-        // maxTimeMS: 1 answered with 50 (or 262): the client's own limit, nothing.
-        assert_eq!(
-            judge(
-                &read(&p, start, Some(1), false),
-                Ending::Reply(&max_time),
-                start + ms(2)
-            ),
-            short_limit(false)
-        );
-        assert_eq!(
-            judge(
-                &read(&p, start, Some(999), true),
-                Ending::Reply(&exceeded),
-                start + ms(999)
-            ),
-            short_limit(true)
-        );
-        assert!(matches!(
-            judge(
-                &read(&p, start, Some(1000), false),
-                Ending::Reply(&max_time),
-                start + ms(1000)
-            ),
-            Verdict::Fail { .. }
-        ));
-        // No limit of its own: the cluster's time limit, counted.
-        assert!(matches!(
-            judge(
-                &read(&p, start, None, false),
-                Ending::Reply(&max_time),
-                start + ms(2)
-            ),
-            Verdict::Fail { .. }
-        ));
-        // StaleConfig is the cluster's word whatever the read's limit.
-        assert!(matches!(
-            judge(
-                &read(&p, start, Some(1), false),
-                Ending::Reply(&stale),
-                start + ms(2)
-            ),
-            Verdict::Fail { .. }
-        ));
-        // Slower than slow_read but not than the floor: an ordinary answer.
-        assert_eq!(
-            judge(
-                &read(&p, start, None, false),
-                Ending::Reply(&ok),
-                start + ms(500)
-            ),
-            Verdict::Success
-        );
-        assert!(matches!(
-            judge(
-                &read(&p, start, None, false),
-                Ending::Reply(&ok),
-                start + ms(1001)
-            ),
-            Verdict::Fail { .. }
-        ));
-        // The operator's max_time below min_wait lowers the floor to it.
-        let p = capped;
-        assert_eq!(
-            judge(
-                &read(&p, start, Some(1), false),
-                Ending::Reply(&max_time),
-                start + ms(2)
-            ),
-            short_limit(false)
-        );
-        assert!(matches!(
-            judge(
-                &read(&p, start, Some(300), false),
-                Ending::Reply(&max_time),
-                start + ms(300)
-            ),
-            Verdict::Fail { .. }
-        ));
-        assert!(matches!(
-            judge(
-                &read(&p, start, None, false),
-                Ending::ClientGone,
-                start + ms(300)
-            ),
-            Verdict::Fail { .. }
-        ));
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 
     fn status(ok: bool, code: Option<i32>, name: Option<&str>) -> ReplyStatus {
@@ -517,257 +465,364 @@ mod tests {
         }
     }
 
-    fn code(reason: Reason, code: i32, name: &str) -> Failure<'_> {
-        Failure {
-            reason,
-            evidence: Evidence::Code {
-                code,
-                code_name: Some(name),
-            },
+    /// Replies live for the whole test (leaked: a few bytes per test run).
+    fn err(code: i32) -> &'static ReplyStatus {
+        Box::leak(Box::new(status(false, Some(code), None)))
+    }
+
+    fn ok() -> &'static ReplyStatus {
+        Box::leak(Box::new(status(true, None, None)))
+    }
+
+    /// A closed strict read sent at `t0` and started at once.
+    fn read(p: &NsPolicy, t0: Instant, max_time_ms: Option<i64>) -> Read<'_> {
+        Read {
+            policy: p,
+            started: t0,
+            began: Some(t0),
+            max_time_ms,
+            limit_ours: false,
+            tagged: false,
+            sample: false,
+            bounded: None,
+            primary: false,
+            retry: false,
+            rung: Rung::First,
         }
     }
 
-    /// One row: a read (fallback reads retry, strict ones do not) that ended `after` its
-    /// start, and the verdict it must get.
-    struct Row<'s> {
-        what: &'static str,
-        mode: Mode,
-        probe: bool,
-        retried: bool,
-        max_time_ms: Option<i64>,
-        ending: Ending<'s>,
-        after: Duration,
-        want: Verdict<'s>,
+    fn heard<'s>(r: &Read<'_>, e: Ending<'s>, at: Instant) -> Heard<'s> {
+        judge(r, e, at).heard
     }
 
-    fn check(rows: &[Row<'_>]) {
-        let start = Instant::now();
-        for r in rows {
-            let p = policy(r.mode);
-            let read = Read {
-                policy: &p,
-                started: start,
-                max_time_ms: r.max_time_ms,
-                probe: r.probe,
-                primary: false,
-                retry: r.mode == Mode::Fallback,
-                rung: if r.retried {
-                    Rung::Available
-                } else {
-                    Rung::First
-                },
-            };
-            let got = judge(&read, r.ending, start + r.after);
-            assert_eq!(got, r.want, "{}", r.what);
+    fn kind(h: &Heard<'_>) -> &'static str {
+        match h {
+            Heard::Nothing(None) => "nothing",
+            Heard::Nothing(Some(why)) => why.label(),
+            Heard::Count(_) => "count",
+            Heard::Confirm(_) => "confirm",
+            Heard::Sample(SampleEnd::Answered) => "sample_answered",
+            Heard::Sample(SampleEnd::Failed) => "sample_failed",
+            Heard::Sample(SampleEnd::Unknown) => "sample_unknown",
+        }
+    }
+
+    /// The evidence table: what the breaker hears of each ending of a closed read.
+    #[test]
+    fn evidence_table() {
+        let mut p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        p.slow_read = Some(ms(200));
+        let t0 = Instant::now();
+        let plain = read(&p, t0, None);
+        let own = |limit| read(&p, t0, Some(limit));
+        let ours = |limit| Read {
+            limit_ours: true,
+            ..read(&p, t0, Some(limit))
+        };
+        let tagged = Read {
+            tagged: true,
+            ..plain
+        };
+        let queued = Read {
+            began: None,
+            ..plain
+        };
+        let late = Read {
+            began: Some(t0 + ms(5_000)),
+            ..plain
+        };
+        let stale = err(STALE);
+        let max_time = err(MAX_TIME);
+        let (e63, e133, e202, e262, e89, e2) =
+            (err(63), err(133), err(202), err(262), err(89), err(2));
+        let answer = ok();
+        let rows: Vec<(&str, Read<'_>, Ending<'_>, Duration, &str)> = vec![
+            // The cluster's word about routing: counted whatever the read's limit.
+            ("stale", own(1), Ending::Reply(&stale), ms(2), "count"),
+            ("stale 63", plain, Ending::Reply(&e63), ms(2), "count"),
+            // 133: counted, but never on a read pinned by tag sets.
+            ("133", plain, Ending::Reply(&e133), ms(2), "count"),
+            ("133 tagged", tagged, Ending::Reply(&e133), ms(2), "tagged"),
+            // The read's own limit below the floor: its own error (the ExceededTimeLimit
+            // class: 50, 202, 262).
+            (
+                "50 own 1ms",
+                own(1),
+                Ending::Reply(&max_time),
+                ms(2),
+                "short_time_limit",
+            ),
+            (
+                "202 own 1ms",
+                own(1),
+                Ending::Reply(&e202),
+                ms(2),
+                "short_time_limit",
+            ),
+            (
+                "262 own 999ms",
+                own(999),
+                Ending::Reply(&e262),
+                ms(999),
+                "short_time_limit",
+            ),
+            // At or above the floor, or no limit of its own: ambiguous, confirmed first.
+            (
+                "50 own 1s",
+                own(1000),
+                Ending::Reply(&max_time),
+                ms(1000),
+                "confirm",
+            ),
+            (
+                "50 no limit",
+                plain,
+                Ending::Reply(&max_time),
+                ms(2),
+                "confirm",
+            ),
+            ("89", plain, Ending::Reply(&e89), ms(2), "confirm"),
+            // Under a limit staleguard set: never counted by itself, confirmed.
+            (
+                "50 ours 500ms",
+                ours(500),
+                Ending::Reply(&max_time),
+                ms(500),
+                "confirm",
+            ),
+            (
+                "50 ours 1ms",
+                ours(1),
+                Ending::Reply(&max_time),
+                ms(1),
+                "confirm",
+            ),
+            // A client that closes is never evidence; before mongos started it, queued.
+            ("gone", plain, Ending::ClientGone, ms(5_000), "client_gone"),
+            (
+                "gone queued",
+                queued,
+                Ending::ClientGone,
+                ms(5_000),
+                "queued",
+            ),
+            // Slow: timed from when mongos could start the read.
+            ("slow", plain, Ending::Reply(&answer), ms(1_500), "confirm"),
+            (
+                "slow in floor",
+                plain,
+                Ending::Reply(&answer),
+                ms(500),
+                "short_wait",
+            ),
+            (
+                "slow queued",
+                late,
+                Ending::Reply(&answer),
+                ms(5_100),
+                "nothing",
+            ),
+            ("fast", plain, Ending::Reply(&answer), ms(5), "nothing"),
+            // Not a trigger code: nothing.
+            ("other error", plain, Ending::Reply(&e2), ms(5), "nothing"),
+            (
+                "upstream gone",
+                plain,
+                Ending::UpstreamGone,
+                ms(5),
+                "nothing",
+            ),
+            ("unreadable", plain, Ending::Unreadable, ms(5), "nothing"),
+        ];
+        for (name, r, e, after, want) in rows {
+            assert_eq!(kind(&heard(&r, e, t0 + after)), want, "{name}");
         }
     }
 
     #[test]
-    fn decision_table_reply_side() {
-        let stale = status(false, Some(STALE), Some("StaleConfig"));
-        let time_limit = status(false, Some(MAX_TIME), Some("MaxTimeMSExpired"));
-        let other = status(false, Some(11000), Some("DuplicateKey"));
-        let ok = status(true, None, None);
-        let ms = Duration::from_millis;
-        let available = |max_time_ms| RewriteSpec {
-            available: true,
-            drop_after_cluster_time: true,
-            max_time_ms,
-            primary: false,
+    fn samples_report_to_the_breaker_only_as_samples() {
+        let p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        let t0 = Instant::now();
+        let sample = Read {
+            sample: true,
+            ..read(&p, t0, None)
         };
-        let fail = |failure| Verdict::Fail {
-            failure,
-            out_of_time: None,
+        let tagged = Read {
+            tagged: true,
+            ..sample
         };
-        let retry = |failure, spec| Verdict::Retry {
-            failure: Some(failure),
-            to: Rung::Available,
-            spec,
-            or_else: None,
-        };
-        let slow = |elapsed| {
-            fail(Failure {
-                reason: Reason::TimeLimit,
-                evidence: Evidence::Slow {
-                    elapsed,
-                    limit: ms(200),
-                },
-            })
-        };
-        let gave_up = |waited| {
-            fail(Failure {
-                reason: Reason::TimeLimit,
-                evidence: Evidence::ClientGaveUp { waited },
-            })
-        };
-        #[rustfmt::skip]
-        let rows = [
-            // Trigger code.
-            Row { what: "fallback, trigger: resend with available, no budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: retry(code(Reason::StaleRouting, STALE, "StaleConfig"), available(None)) },
-            Row { what: "fallback, trigger: the resend gets what is left of maxTimeMS", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&time_limit), after: ms(120), want: retry(code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), available(Some(380))) },
-            Row { what: "fallback, the first attempt's share timed out: the resend gets the rest of the whole budget", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(500), want: retry(code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), available(Some(500))) },
-            Row { what: "fallback, trigger 1 ms before the budget ends: the resend gets 1 ms", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(999), want: retry(code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), available(Some(1))) },
-            Row { what: "fallback, trigger past the budget: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(1_000), ending: Ending::Reply(&time_limit), after: ms(1_200), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: Some(Rung::Available) } },
-            Row { what: "fallback, trigger, maxTimeMS spent: counted, not resent", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: Some(100), ending: Ending::Reply(&time_limit), after: ms(100), want: Verdict::Fail { failure: code(Reason::TimeLimit, MAX_TIME, "MaxTimeMSExpired"), out_of_time: Some(Rung::Available) } },
-            Row { what: "strict, trigger: counted, the error goes to the client", mode: Mode::Strict, probe: false, retried: false, max_time_ms: Some(500), ending: Ending::Reply(&stale), after: ms(30), want: fail(code(Reason::StaleRouting, STALE, "StaleConfig")) },
-            Row { what: "the resend's trigger error is not counted again", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: Verdict::Ignore(Ignored::Retried { rung: Rung::Available, trigger: Some(STALE), ok: false, no_time: false }) },
-            // Other error.
-            Row { what: "other error: a success for the breaker", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&other), after: ms(30), want: Verdict::Success },
-            Row { what: "slow other error: a time-limit error", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&other), after: ms(250), want: slow(ms(250)) },
-            Row { what: "unreadable reply: nothing counted", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Unreadable, after: ms(30), want: Verdict::Ignore(Ignored::Unreadable { release_probe: false }) },
-            // Success.
-            Row { what: "success", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Success },
-            Row { what: "the resend's success", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Ignore(Ignored::Retried { rung: Rung::Available, trigger: None, ok: true, no_time: false }) },
-            // Slow reply.
-            Row { what: "slow success: a time-limit error", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(201), want: slow(ms(201)) },
-            Row { what: "exactly slow_read is not slow", mode: Mode::Fallback, probe: false, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(200), want: Verdict::Success },
-            // Client gone.
-            Row { what: "client gave up: a time-limit error", mode: Mode::Strict, probe: false, retried: false, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: gave_up(ms(40)) },
-            Row { what: "client gave up on the resend: counted once already", mode: Mode::Fallback, probe: false, retried: true, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: Verdict::Ignore(Ignored::Retried { rung: Rung::Available, trigger: None, ok: false, no_time: false }) },
-            // Upstream gone.
-            Row { what: "upstream gone: nothing counted", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::UpstreamGone, after: ms(40), want: Verdict::Ignore(Ignored::UpstreamGone) },
-            // Probe result (the session passes `probe` to the breaker with the verdict).
-            Row { what: "probe success closes", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(30), want: Verdict::Success },
-            Row { what: "strict probe, trigger: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: fail(code(Reason::StaleRouting, STALE, "StaleConfig")) },
-            Row { what: "fallback probe, trigger: re-opens and resends", mode: Mode::Fallback, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&stale), after: ms(30), want: retry(code(Reason::StaleRouting, STALE, "StaleConfig"), available(None)) },
-            Row { what: "slow probe: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Reply(&ok), after: ms(300), want: slow(ms(300)) },
-            Row { what: "probe whose client gave up: re-opens", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::ClientGone, after: ms(40), want: gave_up(ms(40)) },
-            Row { what: "unreadable probe reply: the probe slot is given back", mode: Mode::Strict, probe: true, retried: false, max_time_ms: None, ending: Ending::Unreadable, after: ms(30), want: Verdict::Ignore(Ignored::Unreadable { release_probe: true }) },
+        let (answer, stale, max_time, e133) = (ok(), err(STALE), err(MAX_TIME), err(133));
+        let cases: Vec<(Read<'_>, Ending<'_>, &str)> = vec![
+            (sample, Ending::Reply(&answer), "sample_answered"),
+            (sample, Ending::Reply(&stale), "sample_failed"),
+            (sample, Ending::Reply(&max_time), "sample_failed"),
+            (tagged, Ending::Reply(&e133), "sample_unknown"),
+            (sample, Ending::ClientGone, "sample_unknown"),
+            (sample, Ending::UpstreamGone, "sample_unknown"),
+            (sample, Ending::Unreadable, "sample_unknown"),
         ];
-        check(&rows);
+        for (r, e, want) in cases {
+            assert_eq!(kind(&heard(&r, e, t0 + ms(3))), want, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn a_bounded_read_that_fails_gets_the_fail_fast_error() {
+        let p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        let t0 = Instant::now();
+        let b = Bounded {
+            reason: Reason::TimeLimit,
+            errors: 3,
+            ours: true,
+        };
+        let bounded = Read {
+            sample: true,
+            bounded: Some(b),
+            limit_ours: true,
+            ..read(&p, t0, Some(1000))
+        };
+        let v = judge(&bounded, Ending::Reply(err(MAX_TIME)), t0 + ms(250));
+        assert_eq!(v.then, Then::FailFast(b));
+        assert_eq!(v.heard, Heard::Sample(SampleEnd::Failed));
+        let v = judge(&bounded, Ending::Reply(err(STALE)), t0 + ms(20));
+        assert_eq!(v.then, Then::FailFast(b));
+        // Answered within the bound: the answer goes to the client.
+        let v = judge(&bounded, Ending::Reply(ok()), t0 + ms(20));
+        assert_eq!(v.then, Then::Reply);
+        assert_eq!(v.heard, Heard::Sample(SampleEnd::Answered));
+        // The read's own limit was the shorter one: its own error, as mongos sent it.
+        let own = Read {
+            bounded: Some(Bounded { ours: false, ..b }),
+            limit_ours: false,
+            ..bounded
+        };
+        let v = judge(&own, Ending::Reply(err(MAX_TIME)), t0 + ms(100));
+        assert_eq!(v.then, Then::Reply);
+        assert_eq!(v.heard, Heard::Sample(SampleEnd::Failed));
     }
 
     #[test]
     fn ladder_rungs() {
-        let ms = Duration::from_millis;
-        let stale = status(false, Some(STALE), Some("StaleConfig"));
-        let ok = status(true, None, None);
-        let start = Instant::now();
-        let strict = policy(Mode::Strict);
-        let fallback = policy(Mode::Fallback);
-        let read = |p, budget, rung, retry| Read {
-            policy: p,
-            started: start,
-            max_time_ms: budget,
-            probe: false,
-            primary: rung == Rung::First,
-            retry,
-            rung,
-        };
-        let primary = |max_time_ms| RewriteSpec {
+        let mut p = NsPolicy::with_defaults("demo.inventory", Mode::Fallback);
+        p.primary_rung = true;
+        let t0 = Instant::now();
+        let first = Read {
             primary: true,
-            max_time_ms,
-            ..RewriteSpec::default()
+            retry: true,
+            limit_ours: true,
+            ..read(&p, t0, Some(1000))
         };
-        let available = |max_time_ms| RewriteSpec {
-            available: true,
-            drop_after_cluster_time: true,
-            max_time_ms,
-            primary: false,
-        };
-        let counted = Some(code(Reason::StaleRouting, STALE, "StaleConfig"));
-        let ended = |rung, trigger, ok, no_time| {
-            Verdict::Ignore(Ignored::Retried {
-                rung,
-                trigger,
-                ok,
-                no_time,
-            })
-        };
-        #[rustfmt::skip]
-        let rows: [(&str, Read<'_>, Ending<'_>, Duration, Verdict<'_>); 10] = [
-            ("strict: the primary is the last rung, with all that is left",
-             read(&strict, Some(1000), Rung::First, false), Ending::Reply(&stale), ms(30),
-             Verdict::Retry { failure: counted.clone(), to: Rung::Primary, spec: primary(Some(970)), or_else: None }),
-            ("fallback: the primary gets a share of what is left, available the rest if refused",
-             read(&fallback, Some(1000), Rung::First, true), Ending::Reply(&stale), ms(100),
-             Verdict::Retry { failure: counted.clone(), to: Rung::Primary, spec: primary(Some(450)), or_else: Some(available(Some(900))) }),
-            ("fallback without a budget: the primary gets attempt_limit, available none",
-             read(&fallback, None, Rung::First, true), Ending::Reply(&stale), ms(100),
-             Verdict::Retry { failure: counted.clone(), to: Rung::Primary, spec: primary(Some(500)), or_else: Some(available(None)) }),
-            ("no time left for the primary: counted, the error to the client",
-             read(&strict, Some(1000), Rung::First, false), Ending::Reply(&stale), ms(1000),
-             Verdict::Fail { failure: counted.clone().unwrap(), out_of_time: Some(Rung::Primary) }),
-            ("the primary failed, available ahead: climbs on, nothing counted",
-             read(&fallback, Some(1000), Rung::Primary, true), Ending::Reply(&stale), ms(600),
-             Verdict::Retry { failure: None, to: Rung::Available, spec: available(Some(400)), or_else: None }),
-            ("the primary failed, available ahead, budget spent",
-             read(&fallback, Some(1000), Rung::Primary, true), Ending::Reply(&stale), ms(1000),
-             ended(Rung::Primary, Some(STALE), false, true)),
-            ("strict: the primary failed too: its error to the client, nothing counted",
-             read(&strict, Some(1000), Rung::Primary, false), Ending::Reply(&stale), ms(600),
-             ended(Rung::Primary, Some(STALE), false, false)),
-            ("the primary answered (slow or not): nothing for the breaker",
-             read(&strict, None, Rung::Primary, false), Ending::Reply(&ok), ms(5000),
-             ended(Rung::Primary, None, true, false)),
-            ("the client left during the primary rung: not counted",
-             read(&strict, None, Rung::Primary, false), Ending::ClientGone, ms(5000),
-             ended(Rung::Primary, None, false, false)),
-            ("available answered after the primary",
-             read(&fallback, None, Rung::Available, false), Ending::Reply(&ok), ms(30),
-             ended(Rung::Available, None, true, false)),
-        ];
-        for (what, read, ending, after, want) in rows {
-            assert_eq!(judge(&read, ending, start + after), want, "{what}");
+        // A trigger error on the first attempt climbs to the primary with a share of what
+        // is left, `available` after it; the stale error is counted at once.
+        let v = judge(&first, Ending::Reply(err(STALE)), t0 + ms(200));
+        assert_eq!(kind(&v.heard), "count");
+        match v.then {
+            Then::Climb { to, spec, or_else } => {
+                assert_eq!(to, Rung::Primary);
+                assert!(spec.primary && !spec.available);
+                assert_eq!(spec.max_time_ms, Some(400));
+                assert_eq!(or_else.expect("available after").max_time_ms, Some(800));
+            }
+            other => panic!("{other:?}"),
         }
+        // The primary failing climbs on to `available` with the rest; heard nothing.
+        let on_primary = Read {
+            rung: Rung::Primary,
+            primary: false,
+            ..first
+        };
+        let v = judge(&on_primary, Ending::Reply(err(MAX_TIME)), t0 + ms(600));
+        assert_eq!(kind(&v.heard), "nothing");
+        assert!(matches!(
+            v.then,
+            Then::Climb { to: Rung::Available, spec, .. } if spec.available && spec.max_time_ms == Some(400)
+        ));
+        // Past the budget: no time for the next rung.
+        let v = judge(&on_primary, Ending::Reply(err(MAX_TIME)), t0 + ms(1000));
+        assert_eq!(v.then, Then::NoTime(Rung::Available));
+        let v = judge(&first, Ending::Reply(err(STALE)), t0 + ms(1000));
+        assert_eq!(v.then, Then::NoTime(Rung::Primary));
+        // The last rung's answer goes to the client; heard nothing.
+        let last = Read {
+            rung: Rung::Available,
+            primary: false,
+            retry: false,
+            ..first
+        };
+        let v = judge(&last, Ending::Reply(err(STALE)), t0 + ms(900));
+        assert_eq!(v, Verdict::nothing(Then::Reply));
+        // A strict read without rungs: its error goes to the client.
+        let strict = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        let v = judge(&read(&strict, t0, None), Ending::Reply(err(STALE)), t0);
+        assert_eq!(v.then, Then::Reply);
+        // Fallback, no primary rung: a confirmed-later time limit still climbs at once.
+        let fallback = NsPolicy::with_defaults("demo.inventory", Mode::Fallback);
+        let r = Read {
+            retry: true,
+            limit_ours: true,
+            ..read(&fallback, t0, None)
+        };
+        let v = judge(&r, Ending::Reply(err(MAX_TIME)), t0 + ms(500));
+        assert_eq!(kind(&v.heard), "confirm");
+        assert!(matches!(
+            v.then,
+            Then::Climb { to: Rung::Available, spec, or_else: None } if spec.available && spec.max_time_ms.is_none()
+        ));
     }
 
     #[test]
     fn causal_skip_keeps_after_cluster_time_on_resend() {
-        let mut p = policy(Mode::Fallback);
+        let mut p = NsPolicy::with_defaults("demo.inventory", Mode::Fallback);
         p.causal = Causal::Skip;
-        let start = Instant::now();
-        let read = Read {
-            policy: &p,
-            started: start,
-            max_time_ms: None,
-            probe: false,
-            primary: false,
+        let t0 = Instant::now();
+        let r = Read {
             retry: true,
-            rung: Rung::First,
+            ..read(&p, t0, None)
         };
-        let stale = status(false, Some(STALE), None);
-        match judge(&read, Ending::Reply(&stale), start) {
-            Verdict::Retry { spec, .. } => assert!(!spec.drop_after_cluster_time),
-            other => panic!("expected a retry, got {other:?}"),
+        match judge(&r, Ending::Reply(err(STALE)), t0).then {
+            Then::Climb { spec, .. } => assert!(!spec.drop_after_cluster_time),
+            other => panic!("{other:?}"),
         }
     }
 
     #[test]
+    fn confirmation_table() {
+        let p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        let c = |s: Option<&ReplyStatus>| confirmation(&p, s);
+        assert_eq!(c(Some(ok())), Confirmation::Unconfirmed);
+        assert_eq!(
+            c(Some(err(MAX_TIME))),
+            Confirmation::Confirmed {
+                code: 50,
+                reason: Reason::TimeLimit
+            }
+        );
+        assert_eq!(
+            c(Some(err(STALE))),
+            Confirmation::Confirmed {
+                code: STALE,
+                reason: Reason::StaleRouting
+            }
+        );
+        // Not the cluster's word about this namespace: unauthorized, or no member at all.
+        assert_eq!(c(Some(err(13))), Confirmation::Unknown);
+        assert_eq!(c(Some(err(133))), Confirmation::Unknown);
+        assert_eq!(c(None), Confirmation::Unknown);
+    }
+
+    #[test]
     fn evidence_text_and_labels() {
-        let named = Evidence::Code {
+        let e = Evidence::Code {
             code: STALE,
             code_name: Some("StaleConfig"),
         };
-        assert_eq!(
-            (named.to_string(), named.label()),
-            ("13388 StaleConfig".to_string(), "13388".to_string())
-        );
-        let unnamed = Evidence::Code {
-            code: 50,
-            code_name: None,
-        };
-        assert_eq!(unnamed.to_string(), "50");
+        assert_eq!(e.to_string(), "13388 StaleConfig");
+        assert_eq!(e.label(), "13388");
         let slow = Evidence::Slow {
-            elapsed: Duration::from_millis(250),
-            limit: Duration::from_millis(200),
+            elapsed: ms(1500),
+            limit: ms(200),
         };
-        assert_eq!(
-            (slow.to_string(), slow.label()),
-            (
-                "slow reply (250 ms > 200 ms)".to_string(),
-                "slow".to_string()
-            )
-        );
-        let gone = Evidence::ClientGaveUp {
-            waited: Duration::from_millis(40),
-        };
-        assert_eq!(
-            (gone.to_string(), gone.label()),
-            (
-                "client gave up after 40 ms".to_string(),
-                "timeout".to_string()
-            )
-        );
+        assert_eq!(slow.to_string(), "slow reply (1500 ms > 200 ms)");
+        assert_eq!(slow.label(), "slow");
     }
 }

@@ -23,19 +23,24 @@ mod outcome;
 mod reason;
 mod table;
 
-pub use budget::{attempt_budget, next_rung_ms, rung_share, AttemptBudget};
+pub use budget::{attempt_budget, next_rung_ms, rung_share, AttemptBudget, Remaining};
 pub use decide::{
-    capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Refusal, Target,
+    capped_max_time, decide, resolve, AfterPrimary, Bounded, Decision, ReadKind, Refusal, Target,
 };
-pub use judge::{judge, Ending, Evidence, Failure, Ignored, Read, Rung, Verdict};
+pub use judge::{
+    confirmation, judge, Confirmation, Ending, Evidence, Failure, Heard, Read, Rung, SampleEnd,
+    SetAside, Then, Verdict,
+};
 pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
 pub use outcome::{
-    apply_dry_run, fail_fast_reply, legacy_refusal_reply, refusal_reply, rewrite_spec, ErrorReply,
+    apply_dry_run, bounded_fail_reply, fail_fast_reply, legacy_refusal_reply, refusal_reply,
+    rewrite_spec, ErrorReply,
 };
 pub use reason::{Admission, Reason};
 pub use table::{
-    Causal, Mode, NsPolicy, PolicyTable, DEFAULT_ATTEMPT_LIMIT, DEFAULT_ATTEMPT_SHARE,
-    DEFAULT_MIN_CONNECTIONS, DEFAULT_MIN_COOLDOWN, DEFAULT_MIN_WAIT, DEFAULT_PER_CONNECTION,
+    Causal, Mode, NsPolicy, OnOpen, PolicyTable, DEFAULT_ATTEMPT_LIMIT, DEFAULT_ATTEMPT_SHARE,
+    DEFAULT_CLOSE_AFTER, DEFAULT_CONFIRM_TIME, DEFAULT_COOLDOWN, DEFAULT_MIN_CONNECTIONS,
+    DEFAULT_MIN_COOLDOWN, DEFAULT_MIN_WAIT, DEFAULT_OPEN_TIME_LIMIT, DEFAULT_PER_CONNECTION,
     DEFAULT_TRIGGER_CODES, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION,
 };
 

@@ -38,6 +38,7 @@ impl<'a> Decision<'a> {
                 probe: *probe,
                 retry: false,
                 primary: false,
+                bounded: None,
             },
             _ => Decision::Track {
                 cap_ms: None,
@@ -45,6 +46,7 @@ impl<'a> Decision<'a> {
                 probe: false,
                 retry: false,
                 primary: false,
+                bounded: None,
             },
         }
     }
@@ -160,6 +162,22 @@ pub fn fail_fast_reply(
     }
 }
 
+/// The reply to a strict read on `ns` sent while its breaker was open, bounded by
+/// `open_time_limit`, that was not answered within the bound (or met a trigger error): the
+/// same code as a fail-fast, never one drivers retry.
+pub fn bounded_fail_reply(ns: &str, reason: Reason, errors: u32, bound: Duration) -> ErrorReply {
+    let (code, code_name) = reason.reply_code();
+    let errmsg = format!(
+        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); the read was sent with maxTimeMS {} ms (open_time_limit) and the secondary it met did not answer in time; healthy secondaries still answer",
+        bound.as_millis()
+    );
+    ErrorReply {
+        code,
+        code_name,
+        errmsg,
+    }
+}
+
 /// The reply to a refused request on `ns` (the governing namespace; `db.$cmd` for a
 /// command without a collection).
 pub fn refusal_reply(ns: &str, why: Refusal<'_>) -> ErrorReply {
@@ -223,6 +241,7 @@ mod tests {
                 probe: true,
                 retry: true,
                 primary: true,
+                bounded: None,
             },
             Decision::Primary {
                 cap_ms: Some(5),
@@ -269,6 +288,7 @@ mod tests {
             probe: false,
             retry: true,
             primary: false,
+            bounded: None,
         };
         assert_eq!(rewrite_spec(&Decision::Forward), None);
         assert_eq!(rewrite_spec(&track(None)), None);

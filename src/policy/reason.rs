@@ -53,13 +53,18 @@ impl fmt::Display for Reason {
 pub enum Admission {
     /// Breaker closed: normal handling.
     Closed,
-    /// Breaker open (or half-open with its probe already out): act as open.
+    /// Breaker open (its probe, if any, already out or not due): act as open.
     Open {
         reason: Reason,
         /// How long until a probe is let through.
         probe_in: Duration,
         errors: u32,
     },
-    /// This request is the half-open probe: send it unmodified and report its outcome.
+    /// Breaker open and a probe is due: this read is it. Send it to the secondaries (as a
+    /// closed read would go) and report its outcome as a sample.
     Probe,
+    /// Breaker open on a strict namespace with `on_open = "bound"`: send the read with the
+    /// short `open_time_limit`, and report its outcome as a sample; a trigger error is
+    /// answered with the fail-fast error.
+    Bounded { reason: Reason, errors: u32 },
 }

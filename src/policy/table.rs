@@ -37,6 +37,42 @@ pub const MAX_PER_CONNECTION: u32 = 1000;
 /// Characters MongoDB forbids in database names: a pattern using one never matches.
 pub(crate) const DB_FORBIDDEN: &[char] = &['/', '\\', ' ', '"', '$', '\0'];
 
+/// Default `close_after`: answered samples in a row that close an open breaker.
+pub const DEFAULT_CLOSE_AFTER: u32 = 3;
+/// Default `open_time_limit`: the bound on a strict read sent while its breaker is open. A
+/// secondary that can refresh answers in milliseconds; one that cannot waits until the limit.
+pub const DEFAULT_OPEN_TIME_LIMIT: Duration = Duration::from_millis(250);
+/// Default `confirm_time`: the time limit of the cheap read that confirms a time-limit error.
+pub const DEFAULT_CONFIRM_TIME: Duration = Duration::from_millis(500);
+/// Default `cooldown`: the longest wait between two probes of an open breaker.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(3);
+
+/// What an open breaker does with the eligible reads of a strict namespace without a
+/// primary rung.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnOpen {
+    /// Send each with `maxTimeMS` at most `open_time_limit`: a healthy secondary answers, a
+    /// stale or hung one fails within the bound (answered with the fail-fast error).
+    Bound,
+    /// Answer each with the fail-fast error, sending nothing (but one probe at a time).
+    Refuse,
+}
+
+impl OnOpen {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnOpen::Bound => "bound",
+            OnOpen::Refuse => "refuse",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<OnOpen> {
+        [OnOpen::Bound, OnOpen::Refuse]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
 /// What to do with eligible reads on a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
@@ -99,7 +135,8 @@ pub struct NsPolicy {
     pub threshold: u32,
     /// Sliding window for `threshold`. Default 10s, not zero.
     pub window: Duration,
-    /// How long the breaker stays open before one probe. Default 30s, not zero.
+    /// The longest wait between two probes of an open breaker (the wait doubles from
+    /// `min_cooldown` with each failed one). Default 3s, not zero.
     pub cooldown: Duration,
     /// Bit set of `ReadPrefMode::bit()`: the read preferences that make a read eligible.
     /// Default secondary, secondaryPreferred, nearest; never `primary`; not empty.
@@ -114,8 +151,9 @@ pub struct NsPolicy {
     pub causal: Causal,
     /// A reply slower than this counts as a trigger error. Default none; below `max_time`.
     pub slow_read: Option<Duration>,
-    /// The first cooldown after the breaker opens; each failed probe doubles it, up to
-    /// `cooldown`. Default 1s; not zero, at most `cooldown`.
+    /// The first wait for a probe after the breaker opens (each failed probe doubles the
+    /// next wait, up to `cooldown`), and the least time a streak of answered samples must
+    /// span to close it. Default 1s; not zero, at most `cooldown`.
     pub min_cooldown: Duration,
     /// Share of a read's time budget (client `maxTimeMS`, capped by `max_time`) its first
     /// attempt may spend, leaving the rest to the next rung. Default 0.5; in (0, 1].
@@ -136,6 +174,17 @@ pub struct NsPolicy {
     /// Trigger errors one connection may contribute inside `window`; more are not counted.
     /// Default 1, 1..=1000.
     pub per_connection: u32,
+    /// Strict without a primary rung: what an open breaker does with reads. Default
+    /// `bound`.
+    pub on_open: OnOpen,
+    /// `on_open = "bound"`: the longest `maxTimeMS` of a read sent while open. Default
+    /// 250ms; 1ms..=`min_wait`.
+    pub open_time_limit: Duration,
+    /// Answered samples in a row that close an open breaker. Default 3, 1..=1000.
+    pub close_after: u32,
+    /// `maxTimeMS` of the confirming read sent after a time-limit error. Default 500ms;
+    /// 1ms..=1 minute.
+    pub confirm_time: Duration,
 }
 
 impl NsPolicy {
@@ -146,7 +195,7 @@ impl NsPolicy {
             mode,
             threshold: 3,
             window: Duration::from_secs(10),
-            cooldown: Duration::from_secs(30),
+            cooldown: DEFAULT_COOLDOWN,
             read_preferences: ReadPrefMode::Secondary.bit()
                 | ReadPrefMode::SecondaryPreferred.bit()
                 | ReadPrefMode::Nearest.bit(),
@@ -162,6 +211,10 @@ impl NsPolicy {
             min_wait: DEFAULT_MIN_WAIT,
             min_connections: DEFAULT_MIN_CONNECTIONS,
             per_connection: DEFAULT_PER_CONNECTION,
+            on_open: OnOpen::Bound,
+            open_time_limit: DEFAULT_OPEN_TIME_LIMIT,
+            close_after: DEFAULT_CLOSE_AFTER,
+            confirm_time: DEFAULT_CONFIRM_TIME,
         }
     }
 

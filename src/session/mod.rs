@@ -7,6 +7,7 @@
 //! gate      the early gates: open once, pass, follow a write, refuse, or govern
 //! request   the governed side: classify, decide, apply
 //! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
+//! confirm   the cheap read that confirms a time limit before it counts
 //! counters  per-session counts, batched into the shared metrics
 //! ```
 //!
@@ -15,6 +16,7 @@
 //! `Bytes` that arrived. Writes (for the write-stall watch) cost a command-name read and a
 //! small per-session list; other commands pay nothing more.
 
+mod confirm;
 mod counters;
 mod gate;
 mod outbox;
@@ -90,6 +92,8 @@ pub struct Session {
     kill: CancellationToken,
     /// Tracked reads waiting for their reply.
     pending: Vec<Tracked>,
+    /// The confirming read in flight, if any (at most one per connection).
+    confirm: Option<confirm::Confirm>,
     /// Requests sent that still expect a final reply (for a graceful stop).
     outstanding: u32,
     /// The last reply relayed had moreToCome (an exhaust stream is running).
@@ -142,6 +146,7 @@ impl Session {
             stop,
             kill,
             pending: Vec::new(),
+            confirm: None,
             outstanding: 0,
             streaming: false,
             waiting_since: None,

@@ -9,7 +9,11 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::Session;
-use crate::policy::{self, Ending, Evidence, Failure, Ignored, NsPolicy, Rung, Verdict};
+use crate::breaker::{Counted, Sample};
+use crate::command::ReadPrefMode;
+use crate::policy::{
+    self, Bounded, Ending, Evidence, Failure, Heard, NsPolicy, Rung, SampleEnd, Then, Verdict,
+};
 use crate::rewrite::{self, RewriteSpec};
 use crate::upstream::LadderPermit;
 use crate::wire::dupids::{DupCount, IdSet};
@@ -32,9 +36,20 @@ pub(super) struct Tracked {
     /// second header read or decompression).
     pub(super) original: Request,
     pub(super) started: Instant,
+    /// When mongos could start it (nothing sent before it was still waiting); `None`: not
+    /// yet.
+    pub(super) began: Option<Instant>,
     /// The read's whole budget (client's `maxTimeMS`, or the cap); `None`: no limit.
     pub(super) max_time_ms: Option<i64>,
-    pub(super) probe: bool,
+    /// This attempt went out with a `maxTimeMS` staleguard wrote.
+    pub(super) limit_ours: bool,
+    /// The read lists tag sets.
+    pub(super) tagged: bool,
+    /// Its read preference mode (a confirming read uses the same, without tags).
+    pub(super) pref: Option<ReadPrefMode>,
+    /// A sample of an open breaker (`bounded`: under its time bound).
+    pub(super) sample: bool,
+    pub(super) bounded: Option<Bounded>,
     /// The primary rung is still ahead.
     pub(super) primary: bool,
     /// The `available` rung is still ahead.
@@ -53,8 +68,12 @@ impl Tracked {
         policy::Read {
             policy: &self.policy,
             started: self.started,
+            began: self.began,
             max_time_ms: self.max_time_ms,
-            probe: self.probe,
+            limit_ours: self.limit_ours,
+            tagged: self.tagged,
+            sample: self.sample,
+            bounded: self.bounded,
             primary: self.primary,
             retry: self.retry,
             rung: self.rung,
@@ -69,13 +88,25 @@ impl Session {
             self.counters.round_trip(&self.shared.metrics, t.elapsed());
         }
         let reply = Reply::new(msg);
+        // The place this reply has among the final replies: mongos answers a connection's
+        // requests in order, so it answers request number `seq`.
+        let seq = self.finals_in + 1;
         if !reply.more_to_come() {
-            self.finals_in += 1;
+            self.finals_in = seq;
+            self.began_next();
         }
-        if self.pending.is_empty() && self.writes.is_empty() {
+        if self.pending.is_empty() && self.writes.is_empty() && self.confirm.is_none() {
             return self.send_to_client(reply);
         }
         let response_to = reply.response_to();
+        if self
+            .confirm
+            .as_ref()
+            .is_some_and(|c| c.answered_by(response_to, seq))
+        {
+            // staleguard's own read: judged, never relayed.
+            return self.on_confirm_reply(&reply);
+        }
         if !self.writes.is_empty() {
             let max = self.config.max_message_size;
             let ok = || reply.status(max).is_ok_and(|s| s.ok);
@@ -84,19 +115,42 @@ impl Session {
                 return self.send_to_client(reply);
             }
         }
+        // Both the id and the place must match: a reply to another request that reused a
+        // tracked read's id never stands for it.
         let tracked = self
             .pending
             .iter()
-            .position(|t| t.request_id == response_to);
+            .position(|t| t.request_id == response_to && t.seq == seq);
         if let Some(i) = tracked {
             let t = self.pending.swap_remove(i);
             if self.inspect(t, &reply) {
-                // Swallowed: a resend went out instead.
+                // Swallowed: a resend (or staleguard's own error) went out instead.
                 return;
             }
         }
+        if self
+            .confirm
+            .as_ref()
+            .is_some_and(|c| c.passed(self.finals_in))
+        {
+            // Its turn passed under another responseTo: nothing to judge.
+            self.confirm = None;
+            self.shared.metrics.breakers.confirm("unknown");
+        }
         self.give_up_answered();
         self.send_to_client(reply)
+    }
+
+    /// The request after the last one answered may start now at mongos: a tracked read (or
+    /// the confirming read) waiting for its turn begins.
+    fn began_next(&mut self) {
+        let next = self.finals_in + 1;
+        let now = Instant::now();
+        for t in self.pending.iter_mut().filter(|t| t.began.is_none()) {
+            if t.seq == next {
+                t.began = Some(now);
+            }
+        }
     }
 
     /// Tracked reads whose turn for a reply has passed (mongos answered them with a
@@ -113,15 +167,15 @@ impl Session {
         self.pending = kept;
         for t in gone {
             tracing::warn!(ns = %t.ns, command = %t.command, request_id = t.request_id, "tracked read answered with another responseTo; not judged");
-            if t.probe {
-                self.shared.breakers.release_probe(&t.ns);
+            if t.sample {
+                self.sampled(&t, SampleEnd::Unknown);
             }
         }
     }
 
-    /// Judges the reply to a tracked read; returns true when a resend replaces it. A reply
-    /// served with `available` is also examined for documents returned twice (orphans), in
-    /// the same pass over its body.
+    /// Judges the reply to a tracked read; returns true when the reply is replaced (by a
+    /// resend, or by staleguard's own error). A reply served with `available` is also
+    /// examined for documents returned twice (orphans), in the same pass over its body.
     fn inspect(&mut self, t: Tracked, reply: &Reply) -> bool {
         let now = Instant::now();
         let max = self.config.max_message_size;
@@ -146,8 +200,9 @@ impl Session {
                 Ending::Unreadable
             }
         };
+        let answered = status.as_ref().is_ok_and(|s| s.ok);
         let verdict = policy::judge(&t.read(), ending, now);
-        self.apply_verdict(t, verdict, now)
+        self.apply_verdict(t, verdict, answered, now)
     }
 
     /// Documents an `available` reply returned twice (same `_id`): orphans the proxy can
@@ -174,98 +229,108 @@ impl Session {
         let now = Instant::now();
         for t in std::mem::take(&mut self.pending) {
             let verdict = policy::judge(&t.read(), ending, now);
-            self.apply_verdict(t, verdict, now);
+            self.apply_verdict(t, verdict, false, now);
         }
+        self.confirm = None;
     }
 
-    /// Carries out a verdict; returns true when a resend went out in place of the reply.
-    fn apply_verdict(&mut self, mut t: Tracked, verdict: Verdict<'_>, now: Instant) -> bool {
-        match verdict {
-            Verdict::Success => {
-                self.shared.breakers.record_success(&t.ns, t.probe, now);
-                false
-            }
-            Verdict::Fail {
-                failure,
-                out_of_time,
-            } => {
-                self.count_failure(&t, &failure, now);
-                if let Some(rung) = out_of_time {
-                    self.shared
-                        .metrics
-                        .ladder_attempt(&t.ns, rung.as_str(), "no_time");
-                    tracing::info!(ns = %t.ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
-                }
-                false
-            }
-            Verdict::Retry {
-                failure,
-                to,
-                spec,
-                or_else,
-            } => {
-                if let Some(failure) = &failure {
-                    self.count_failure(&t, failure, now);
-                } else {
-                    // The primary rung failed; available is next.
-                    self.ladder_ended(&mut t, false);
-                }
-                let code = failure.as_ref().and_then(|f| match f.evidence {
-                    Evidence::Code { code, .. } => Some(code),
-                    _ => None,
-                });
-                if to == Rung::Primary {
-                    match self.claim_ladder(&t.ns) {
-                        Some(permit) => t.permit = Some(permit),
-                        None => match or_else {
-                            Some(spec) => return self.resend(t, Rung::Available, code, &spec),
-                            None => return false,
-                        },
-                    }
-                }
-                self.resend(t, to, code, &spec)
-            }
-            Verdict::Ignore(Ignored::Retried {
-                rung,
-                trigger,
-                ok,
-                no_time,
-            }) => {
-                self.ladder_ended(&mut t, ok);
-                if no_time {
-                    self.shared
-                        .metrics
-                        .ladder_attempt(&t.ns, Rung::Available.as_str(), "no_time");
-                }
-                if let Some(code) = trigger {
-                    // Whatever the last rung got goes to the client.
-                    tracing::info!(ns = %t.ns, command = %t.command, code, rung = rung.as_str(), "the last rung failed too; returning its error");
-                }
-                false
-            }
-            Verdict::Ignore(Ignored::Unreadable {
-                release_probe: true,
-            }) => {
-                self.shared.breakers.release_probe(&t.ns);
-                false
-            }
-            Verdict::Ignore(
-                ignored @ (Ignored::ShortWait { release_probe }
-                | Ignored::ShortTimeLimit { release_probe }),
-            ) => {
-                let why = match ignored {
-                    Ignored::ShortTimeLimit { .. } => "short_time_limit",
-                    _ => "short_wait",
-                };
-                self.shared.metrics.limits.ignored(why);
-                tracing::debug!(ns = %t.ns, command = %t.command, why, "not counted: a client's word below min_wait is no evidence");
-                if release_probe {
-                    self.shared.breakers.release_probe(&t.ns);
-                }
-                false
-            }
-            Verdict::Ignore(_) => false,
+    /// Carries out a verdict; returns true when the reply is replaced (a resend went out,
+    /// or staleguard's own error). `answered`: the reply said `ok: 1`.
+    fn apply_verdict(
+        &mut self,
+        mut t: Tracked,
+        verdict: Verdict<'_>,
+        answered: bool,
+        now: Instant,
+    ) -> bool {
+        let Verdict { heard, then } = verdict;
+        if t.rung != Rung::First {
+            // A rung ended: counted in the ladder metric, its slot freed.
+            self.ladder_ended(&mut t, answered);
         }
+        let mut confirm = None;
+        match heard {
+            Heard::Nothing(None) => {}
+            Heard::Nothing(Some(why)) => {
+                self.shared.metrics.limits.ignored(why.label());
+                tracing::debug!(ns = %t.ns, command = %t.command, why = why.label(), "not counted: no evidence about the cluster");
+            }
+            Heard::Count(failure) => self.count_failure(&t, &failure, now),
+            Heard::Confirm(failure) => {
+                self.log_failure(&t, &failure, now);
+                self.shared
+                    .metrics
+                    .trigger_error(&t.ns, &failure.evidence.label());
+                confirm = Some(super::confirm::Ask::of(&t, &failure));
+            }
+            Heard::Sample(end) => self.sampled(&t, end),
+        }
+        let replaced = match then {
+            Then::Reply => false,
+            Then::NoTime(rung) => {
+                self.shared
+                    .metrics
+                    .ladder_attempt(&t.ns, rung.as_str(), "no_time");
+                tracing::info!(ns = %t.ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
+                false
+            }
+            Then::FailFast(b) => {
+                self.bounded_failed(&t, b);
+                true
+            }
+            Then::Climb { to, spec, or_else } => self.climb(t, to, &spec, or_else),
+        };
+        // After the resend, so the client's answer does not wait behind it at mongos.
+        if let Some(ask) = confirm {
+            self.send_confirm(ask);
+        }
+        replaced
+    }
+
+    /// Sends `t` to rung `to` (or `or_else` when the primary's guard refuses it); false when
+    /// nothing could be sent and the reply goes to the client.
+    fn climb(
+        &mut self,
+        mut t: Tracked,
+        to: Rung,
+        spec: &RewriteSpec,
+        or_else: Option<RewriteSpec>,
+    ) -> bool {
+        if to == Rung::Primary {
+            match self.claim_ladder(&t.ns) {
+                Some(permit) => t.permit = Some(permit),
+                None => match or_else {
+                    Some(spec) => return self.resend(t, Rung::Available, &spec),
+                    None => return false,
+                },
+            }
+        }
+        self.resend(t, to, spec)
+    }
+
+    /// A sample's outcome, to its breaker.
+    fn sampled(&self, t: &Tracked, end: SampleEnd) {
+        let outcome = match end {
+            SampleEnd::Answered => Sample::Answered,
+            SampleEnd::Failed => Sample::Failed,
+            SampleEnd::Unknown => Sample::Unknown,
+        };
+        let now = Instant::now();
+        self.shared
+            .breakers
+            .sampled(&t.ns, &t.policy, outcome, self.id, now);
+    }
+
+    /// A read sent under an open breaker's bound failed: the client gets the fail-fast
+    /// error in place of mongos's reply.
+    fn bounded_failed(&mut self, t: &Tracked, b: Bounded) {
+        let bound = t.policy.open_time_limit;
+        let reply = policy::bounded_fail_reply(&t.ns, b.reason, b.errors, bound);
+        self.counters.fail_fast(&self.shared.metrics, &t.ns);
+        tracing::debug!(ns = %t.ns, command = %t.command, code = reply.code, "fail fast: strict read under an open breaker's bound was not answered");
+        self.outstanding = self.outstanding.saturating_sub(1);
+        self.streaming = false;
+        self.reply_error(t.request_id, &reply);
     }
 
     /// A rung above the first ended: counted in the ladder metric, its guard slot freed.
@@ -297,8 +362,8 @@ impl Session {
         }
     }
 
-    /// A failure for `t`'s breaker: logged, counted in the trigger-error metric, recorded.
-    fn count_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
+    /// A trigger error met by `t`, in the log.
+    fn log_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
         let (ns, command) = (&t.ns, &t.command);
         match failure.evidence {
             Evidence::Code { code, code_name } => {
@@ -306,39 +371,40 @@ impl Session {
                 tracing::info!(ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
             }
             Evidence::Slow { elapsed, .. } => {
-                tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read counted as a time-limit error");
-            }
-            Evidence::ClientGaveUp { waited } => {
-                tracing::info!(ns = %ns, command = %command, waited_ms = waited.as_millis() as u64, "client gave up before the reply: counted as a time-limit error");
+                tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
             }
         }
+    }
+
+    /// A failure for `t`'s breaker, the cluster's own word: logged, counted in the
+    /// trigger-error metric, recorded.
+    fn count_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
+        self.log_failure(t, failure, now);
         self.shared
             .metrics
-            .trigger_error(ns, &failure.evidence.label());
+            .trigger_error(&t.ns, &failure.evidence.label());
         let what = failure.evidence.to_string();
-        self.shared.breakers.record_failure(
-            ns,
-            &t.policy,
-            failure.reason,
-            &what,
-            t.probe,
-            self.id,
-            now,
-        );
+        let counted = Counted {
+            policy: &t.policy,
+            reason: failure.reason,
+            what: &what,
+            conn: self.id,
+        };
+        self.shared.breakers.record_failure(&t.ns, &counted, now);
     }
 
     /// Sends `t` again, to rung `to`, rewritten by `spec` (from the request opened on
     /// arrival); false when the rewrite fails and the error goes to the client instead.
-    fn resend(&mut self, mut t: Tracked, to: Rung, code: Option<i32>, spec: &RewriteSpec) -> bool {
+    fn resend(&mut self, mut t: Tracked, to: Rung, spec: &RewriteSpec) -> bool {
         let max = self.config.max_message_size;
         match rewrite::rewrite_into(&t.original, spec, max, &mut self.rewrite_buf) {
             Ok(out) => {
                 match to {
                     Rung::Primary => {
-                        tracing::info!(ns = %t.ns, command = %t.command, code, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)")
+                        tracing::info!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)")
                     }
                     _ => {
-                        tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", code, max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
+                        tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
                         self.shared.metrics.rewrite(&t.ns, "retry");
                     }
                 }
@@ -348,9 +414,12 @@ impl Session {
                 t.primary = false;
                 t.retry &= to == Rung::Primary;
                 t.rung = to;
-                t.probe = false;
+                t.sample = false;
+                t.bounded = None;
+                t.limit_ours = spec.max_time_ms.is_some();
                 self.sent_finals += 1;
                 t.seq = self.sent_finals;
+                t.began = (self.finals_in + 1 == t.seq).then(Instant::now);
                 self.pending.push(t);
                 self.to_upstream.push(out);
                 true

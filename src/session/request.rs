@@ -21,7 +21,11 @@ struct Attempt {
     primary: bool,
     /// The `available` rung is still ahead.
     retry: bool,
-    probe: bool,
+    /// A sample of an open breaker (`bounded`: under its time bound).
+    sample: bool,
+    bounded: Option<policy::Bounded>,
+    /// Sent with a `maxTimeMS` staleguard wrote.
+    limit_ours: bool,
     /// The read's whole budget (the next rung spends what this attempt leaves).
     budget_ms: Option<i64>,
     /// The upstream's ladder slot (primary rung).
@@ -35,7 +39,9 @@ impl Attempt {
             rung,
             primary: false,
             retry: false,
-            probe: false,
+            sample: false,
+            bounded: None,
+            limit_ours: false,
             budget_ms: None,
             permit: None,
         }
@@ -103,7 +109,7 @@ impl Session {
         if target.policy.mode == Mode::Fallback && self.shared.stall.holding() {
             self.shared.breakers.hold_on_read(ns, now);
         }
-        self.shared.breakers.admit(ns, &target.policy, now).0
+        self.shared.breakers.admit(ns, &target.policy, now)
     }
 
     /// Carries out a decision.
@@ -210,21 +216,24 @@ impl Session {
             probe,
             retry,
             primary,
+            bounded,
             ..
         } = *decision
         else {
             return self.forward(req.frame().clone(), true);
         };
-        let out = self
-            .edited(decision, req, ns, info.name)
-            .unwrap_or_else(|| req.frame().clone());
-        if probe {
-            tracing::info!(ns = %ns, command = info.name, "half-open probe sent unmodified");
+        let edited = self.edited(decision, req, ns, info.name);
+        let limit_ours = edited.is_some();
+        let out = edited.unwrap_or_else(|| req.frame().clone());
+        if bounded.is_some() {
+            tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent bounded by open_time_limit");
         }
         let first = Attempt {
             primary,
             retry,
-            probe,
+            sample: probe,
+            bounded,
+            limit_ours,
             budget_ms,
             ..Attempt::last(Rung::First)
         };
@@ -251,6 +260,9 @@ impl Session {
             return false;
         }
         let tracked_ns = self.tracked_ns(ns);
+        // mongos serves a connection's requests in order: this read starts now only when
+        // nothing sent before it is still waiting for its reply.
+        let began = (self.finals_in == self.sent_finals).then_some(now);
         self.pending.push(Tracked {
             request_id: req.request_id(),
             ns: tracked_ns,
@@ -258,8 +270,13 @@ impl Session {
             policy: target.policy.clone(),
             original: req.clone(),
             started: now,
+            began,
             max_time_ms: attempt.budget_ms,
-            probe: attempt.probe,
+            limit_ours: attempt.limit_ours,
+            tagged: info.read_pref_tags,
+            pref: info.read_pref,
+            sample: attempt.sample,
+            bounded: attempt.bounded,
             primary: attempt.primary,
             retry: attempt.retry,
             rung: attempt.rung,
@@ -327,7 +344,7 @@ impl Session {
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.
-    fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
+    pub(super) fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
         let out = reply.to_message(self.shared.ids.request_id(), request_id);
         self.to_client.push(out);
     }

@@ -1,0 +1,51 @@
+//! The breakers' own metrics: every transition, and the confirming reads sent to tell a hung
+//! secondary from a slow query. Labels are fixed lists (and namespaces bounded as
+//! everywhere, through `Metrics::ns_label`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    pub namespace: String,
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfirmLabel {
+    pub result: &'static str,
+}
+
+/// The `result` labels of `confirm_reads_total`.
+pub const CONFIRM_RESULTS: [&str; 4] = ["confirmed", "unconfirmed", "unknown", "skipped"];
+
+#[derive(Default)]
+pub struct BreakerMetrics {
+    pub transitions: Family<TransitionLabels, Counter>,
+    pub confirms: Family<ConfirmLabel, Counter>,
+}
+
+impl BreakerMetrics {
+    pub(super) fn register(&self, r: &mut Registry) {
+        r.register(
+            "breaker_transitions",
+            "Breaker transitions by namespace, from and to (closed, open)",
+            self.transitions.clone(),
+        );
+        r.register(
+            "confirm_reads",
+            "Confirming reads after a time-limit error: confirmed (the cheap read failed too: counted), unconfirmed (it was answered: not counted), unknown (no answer to judge), skipped (one already in flight on the connection, or the breaker open)",
+            self.confirms.clone(),
+        );
+        for result in CONFIRM_RESULTS {
+            let _ = self.confirms.get_or_create(&ConfirmLabel { result });
+        }
+    }
+
+    pub fn confirm(&self, result: &'static str) {
+        self.confirms.get_or_create(&ConfirmLabel { result }).inc();
+    }
+}
