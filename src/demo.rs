@@ -87,6 +87,11 @@ pub struct Tally {
     /// The first request sent after secondary a1 restarted: how long it took (ms) and
     /// whether it answered.
     pub first_after_restart: Option<(f64, bool)>,
+    /// Requests sent during phase 3, the partial incident (a1 stale, a2 healthy): sent,
+    /// answered, and how long each failure took (ms).
+    pub partial_requests: u64,
+    pub partial_ok: u64,
+    pub partial_error_ms: Vec<f64>,
 }
 
 impl Tally {
@@ -99,9 +104,14 @@ impl Tally {
 
     /// Median time an error took to arrive (how long the caller waited to learn of it).
     fn error_p50(&self) -> f64 {
-        let mut v = self.error_ms.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
+        median(&self.error_ms)
+    }
+
+    fn partial_share(&self) -> f64 {
+        if self.partial_requests == 0 {
+            return 0.0;
+        }
+        self.partial_ok as f64 / self.partial_requests as f64
     }
 
     pub fn percentile(&self, p: f64) -> f64 {
@@ -112,6 +122,21 @@ impl Tally {
         v.sort_by(|a, b| a.total_cmp(b));
         let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
         v[i.min(v.len() - 1)]
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A median in ms, or `-` when there is none.
+fn ms_or_dash(v: &[f64]) -> String {
+    if v.is_empty() {
+        "-".to_string()
+    } else {
+        format!("{:.1}", median(v))
     }
 }
 
@@ -313,6 +338,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
                 seed,
                 t0: tl.start,
                 restart_at: restart_at.clone(),
+                phase_ms: opts.phase.as_millis() as u64,
             },
             opts.clone(),
             tallies.clone(),
@@ -462,8 +488,17 @@ fn record(tallies: &Tallies, run: &Run, sent_at: Duration, ms: f64, outcome: Res
     let t = t.entry((run.w, run.path)).or_default();
     t.requests += 1;
     let restart = run.restart_at.load(Ordering::SeqCst);
-    if restart > 0 && sent_at.as_millis() as u64 >= restart && t.first_after_restart.is_none() {
+    let sent_ms = sent_at.as_millis() as u64;
+    if restart > 0 && sent_ms >= restart && t.first_after_restart.is_none() {
         t.first_after_restart = Some((ms, outcome.is_ok()));
+    }
+    let partial = restart > 0 && sent_ms >= restart && sent_ms < restart + run.phase_ms;
+    if partial {
+        t.partial_requests += 1;
+        match &outcome {
+            Ok(_) => t.partial_ok += 1,
+            Err(_) => t.partial_error_ms.push(ms),
+        }
     }
     t.latencies_ms.push(ms);
     match outcome {
@@ -490,6 +525,8 @@ struct Run {
     t0: Instant,
     /// Milliseconds from `t0` to a1's restart (0: not yet).
     restart_at: Arc<AtomicU64>,
+    /// The length of a phase, in ms (phase 3, the partial incident, starts at the restart).
+    phase_ms: u64,
 }
 
 /// One inventory-display request: mostly a single product, every fifth a whole store's
@@ -709,6 +746,31 @@ fn row_name(w: Workload, p: Path) -> (&'static str, &'static str) {
     )
 }
 
+/// Payments during phase 3 only, the partial incident (secondary a1 stale, a2 healthy): the
+/// common form of the incident, where an all-or-nothing breaker would fail reads a healthy
+/// secondary answers.
+fn partial_table(out: &mut String, report: &Report) {
+    let _ = writeln!(
+        out,
+        "\nPartial incident (phase 3: a1 stale, a2 healthy), payments:\n{:<10} {:>8} {:>7} {:>10} {:>12}",
+        "path", "requests", "ok %", "answered", "err p50 ms"
+    );
+    for p in [Path::Direct, Path::Staleguard, Path::Ladder] {
+        let Some(t) = report.tallies.get(&(Workload::Payments, p)) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "{:<10} {:>8} {:>7.1} {:>10} {:>12}",
+            row_name(Workload::Payments, p).1,
+            t.partial_requests,
+            t.partial_share() * 100.0,
+            t.partial_ok,
+            ms_or_dash(&t.partial_error_ms),
+        );
+    }
+}
+
 /// The side-by-side summary, then what it means in plain words.
 pub fn summary(report: &Report) -> String {
     let mut out = String::new();
@@ -730,15 +792,16 @@ pub fn summary(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "{wn:<10} {pn:<10} {:>8} {:>7.1} {:>8.1} {:>8.1} {:>12.1} {:>8}  {errors}",
+            "{wn:<10} {pn:<10} {:>8} {:>7.1} {:>8.1} {:>8.1} {:>12} {:>8}  {errors}",
             t.requests,
             t.ok_share() * 100.0,
             t.percentile(50.0),
             t.percentile(99.0),
-            t.error_p50(),
+            ms_or_dash(&t.error_ms),
             t.orphans,
         );
     }
+    partial_table(&mut out, report);
     let get = |w, p| report.tallies.get(&(w, p));
     if let (Some(d), Some(g)) = (
         get(Workload::Inventory, Path::Direct),
@@ -785,9 +848,11 @@ pub fn summary(report: &Report) -> String {
     ) {
         let _ = writeln!(
             out,
-            "Payments: straight to mongos {} request(s) failed, each after waiting a median {:.0} ms; through staleguard {} failed, \
-             each within a median {:.1} ms: the breaker fails the whole namespace fast while it is open (reads that would have \
-             found a healthy node included) and never relaxes it ({} orphans), so the service gets a clear error at once instead of a hang.",
+            "Payments: straight to mongos {} request(s) failed, each after waiting a median {:.0} ms (mongos retries StaleConfig \
+             internally until the read's maxTimeMS runs out, and the driver adds its own round trips); through staleguard {} failed, \
+             each within a median {:.1} ms: while the breaker is open, reads go out bounded by a short time limit, so a healthy \
+             secondary still answers and a stale one fails fast; nothing is relaxed ({} orphans), and the service gets a clear error \
+             instead of a hang.",
             d.requests - d.ok,
             d.error_p50(),
             g.requests - g.ok,

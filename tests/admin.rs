@@ -21,12 +21,12 @@ use support::raw::RawClient;
 async fn open_breaker(token: Option<&str>) -> (FakeMongos, staleguard::server::Running, RawClient) {
     let fake = FakeMongos::start().await;
     stale_on(&fake, "pay");
+    // Refusing while open (`on_open = "refuse"`): the page shows a fail-fast namespace.
+    let mut pay = policy("pay.*", Mode::Strict, 3);
+    pay.on_open = staleguard::policy::OnOpen::Refuse;
     let mut c = config(
         vec![fake.addr().to_string()],
-        vec![
-            policy("pay.*", Mode::Strict, 3),
-            policy("demo.store_inventory", Mode::Fallback, 3),
-        ],
+        vec![pay, policy("demo.store_inventory", Mode::Fallback, 3)],
     );
     c.admin_token = token.map(str::to_string);
     let proxy = start(c).await;

@@ -244,7 +244,10 @@ mode = "fallback"
     assert_eq!(**p, NsPolicy::with_defaults("a.b", Mode::Fallback));
     assert_eq!(p.threshold, 3);
     assert_eq!(p.window, Duration::from_secs(10));
-    assert_eq!(p.cooldown, Duration::from_secs(30));
+    assert_eq!(p.cooldown, Duration::from_secs(3));
+    assert_eq!(p.close_after, 3);
+    assert_eq!(p.open_time_limit, Duration::from_millis(250));
+    assert_eq!(p.confirm_time, Duration::from_millis(500));
     assert_eq!(
         p.trigger_codes,
         [13388, 63, 150, 249, 50, 262, 89, 133, 202]
@@ -313,7 +316,7 @@ mode = "strict"
 
     let s = c.policy.lookup("a", "z").unwrap();
     assert_eq!(s.threshold, 5);
-    assert_eq!(s.cooldown, Duration::from_secs(30)); // built-in
+    assert_eq!(s.cooldown, Duration::from_secs(3)); // built-in
     assert!(s.dry_run);
     assert_eq!(s.trigger_codes.len(), 9);
 }
@@ -698,7 +701,7 @@ fn shipped_config_parses() {
     assert_eq!(inv.mode, Mode::Fallback);
     assert_eq!(
         (inv.threshold, inv.window, inv.cooldown),
-        (3, Duration::from_secs(10), Duration::from_secs(30))
+        (3, Duration::from_secs(10), Duration::from_secs(3))
     );
     assert_eq!(c.policy.lookup("pay", "ledger").unwrap().mode, Mode::Strict);
     assert!(c.policy.lookup("demo", "other").is_none());
@@ -758,6 +761,10 @@ mode = "passthrough"
         "ladder",
         "attempt_share",
         "attempt_limit",
+        "on_open",
+        "open_time_limit",
+        "close_after",
+        "confirm_time",
     ] {
         assert!(
             lines[header].contains(col),
@@ -775,7 +782,7 @@ mode = "passthrough"
             "fallback",
             "3",
             "10s",
-            "30s",
+            "3s",
             "secondary,secondaryPreferred,nearest",
             "13388,63,150,249,50,262,89,133,202",
             "2s",
@@ -789,6 +796,10 @@ mode = "passthrough"
             "[available]",
             "0.5",
             "500ms",
+            "-",
+            "-",
+            "3",
+            "500ms",
         ]
     );
     assert_eq!(
@@ -800,7 +811,7 @@ mode = "passthrough"
             "strict",
             "3",
             "10s",
-            "30s",
+            "3s",
             "secondary,secondaryPreferred,nearest",
             "13388,63,150,249,50,262,89,133,202",
             "2s",
@@ -819,6 +830,10 @@ mode = "passthrough"
             "15",
             "pay.rates",
             "passthrough",
+            "-",
+            "-",
+            "-",
+            "-",
             "-",
             "-",
             "-",

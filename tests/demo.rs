@@ -36,7 +36,8 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
     );
     assert!(inv_guard.orphans > 0, "available served orphans");
     assert_eq!(inv_direct.orphans, 0, "versioned reads filter orphans");
-    // ... and the strict path fails fast and is never relaxed.
+    // ... and the strict path fails fast (bounded by open_time_limit while the breaker is
+    // open, so healthy secondaries still answer) and is never relaxed.
     assert_eq!(pay_guard.orphans, 0);
     assert!(
         pay_guard.errors.keys().any(|k| k.starts_with("fail-fast")),
@@ -44,12 +45,20 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
         pay_guard.errors
     );
     assert!(
-        pay_guard_error_p50(&pay_guard) < 100.0,
-        "fail-fast errors arrive at once"
-    );
-    assert!(
         pay_guard_error_p50(&pay_direct) >= 400.0,
         "direct errors hang"
+    );
+    // The partial incident (phase 3: a1 stale, a2 healthy): payments through staleguard
+    // answered about as often as straight to mongos (an all-or-nothing breaker answered a
+    // fraction of it).
+    assert!(
+        pay_guard.partial_ok * pay_direct.partial_requests * 10
+            >= pay_direct.partial_ok * pay_guard.partial_requests * 8,
+        "partial incident: staleguard {}/{}, direct {}/{}",
+        pay_guard.partial_ok,
+        pay_guard.partial_requests,
+        pay_direct.partial_ok,
+        pay_direct.partial_requests
     );
     // The timeline names the phases, the write stall and the breaker transitions.
     let text = report.timeline.join("\n");

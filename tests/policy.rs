@@ -250,11 +250,14 @@ async fn fallback_retry_covers_find_aggregate_count_distinct_and_all_trigger_cod
         assert_eq!(read_concern(&msgs[1]), Some(available()));
         assert_same_except(&msgs[0], &msgs[1], &["readConcern"]);
     }
-    assert_eq!(env2.errors(INVENTORY), 2);
+    // 249 counts at once; the 50 counts once the confirming read fails too.
+    wait_errors(&env2, INVENTORY, 2).await;
     assert_eq!(env2.state(INVENTORY), State::Closed);
 
-    // Every default trigger code is retried (fresh proxy per code so the breaker stays closed).
+    // Every default trigger code is retried (fresh proxy per code so the breaker stays closed);
+    // the time limits are counted once a confirming read (limit 1) fails too.
     for trigger in [13388, 63, 150, 249, 50, 262, 89, 133, 202] {
+        let confirmed = matches!(trigger, 50 | 262 | 89 | 202);
         let env = Env::start(BASE_NAMESPACES).await;
         env.fake.seed(INVENTORY, seed_docs(1));
         let fault = stale_reads(&env.fake, "store_inventory", trigger, Duration::ZERO);
@@ -264,11 +267,23 @@ async fn fallback_retry_covers_find_aggregate_count_distinct_and_all_trigger_cod
             .await
             .unwrap_or_else(|e| panic!("code {trigger} must be retried: {e}"));
         assert_eq!(docs.len(), 1, "code {trigger}");
-        assert_eq!(fault.hits(), 1, "code {trigger}");
+        wait_errors(&env, INVENTORY, 1).await;
+        let reads = 1 + usize::from(confirmed);
+        assert_eq!(fault.hits(), reads as u64, "code {trigger}");
         let up = env.upstream_bodies("find", "store_inventory");
-        assert_eq!(up.len(), 2, "code {trigger}: original + resend");
+        assert_eq!(
+            up.len(),
+            reads + 1,
+            "code {trigger}: original + resend (+ confirm)"
+        );
         assert_eq!(read_concern(&up[1]), Some(available()), "code {trigger}");
-        assert_eq!(env.errors(INVENTORY), 1, "code {trigger} counted");
+        if confirmed {
+            assert_eq!(
+                up[2].get_i32("limit").ok(),
+                Some(1),
+                "code {trigger}: confirm"
+            );
+        }
     }
 
     // A non-trigger error is neither retried nor counted.
@@ -280,6 +295,20 @@ async fn fallback_retry_covers_find_aggregate_count_distinct_and_all_trigger_cod
     assert_eq!(env.upstream("find", "store_inventory").len(), 1);
     assert_last_forwarded(&env, "find", "store_inventory");
     assert_eq!(env.errors(INVENTORY), 0);
+}
+
+/// Waits (at most 5 s) until the breaker of `ns` holds `n` errors.
+async fn wait_errors(env: &Env, ns: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.errors(ns) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{ns}: {} errors, want {n}",
+            env.errors(ns)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(env.errors(ns), n, "{ns}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -330,8 +359,10 @@ async fn fallback_threshold_opens_breaker_then_reads_are_rewritten_before_sendin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fallback_half_open_probe_unmodified_success_closes_error_reopens() {
-    let ns = BASE_NAMESPACES.replace("cooldown = \"30s\"", "cooldown = \"300ms\"");
+async fn fallback_open_probes_go_unmodified_a_streak_closes_a_failure_backs_off() {
+    let ns = BASE_NAMESPACES
+        .replace("cooldown = \"30s\"", "cooldown = \"300ms\"")
+        .replace("min_cooldown = \"30s\"", "min_cooldown = \"300ms\"");
     let env = Env::start(&ns).await;
     env.fake.seed(INVENTORY, seed_docs(2));
     let fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
@@ -342,18 +373,27 @@ async fn fallback_half_open_probe_unmodified_success_closes_error_reopens() {
     assert_eq!(env.state(INVENTORY), State::Open);
     tokio::time::sleep(Duration::from_millis(400)).await;
 
-    // The probe: sent unmodified; it succeeds and closes the breaker.
+    // The probes: sent unmodified. One answer does not close the breaker; answers in a
+    // row spanning min_cooldown (300 ms) do. After an answer the next read probes at once.
     fault.set(false);
-    let before = env.upstream("find", "store_inventory").len();
-    assert_eq!(find(&c, None).await.expect("probe").len(), 2);
-    let up = env.upstream("find", "store_inventory");
-    assert_eq!(up.len(), before + 1);
-    assert_last_forwarded(&env, "find", "store_inventory");
-    assert_eq!(read_concern(&body(up.last().unwrap())), None);
+    for i in 0..3 {
+        if i == 2 {
+            tokio::time::sleep(Duration::from_millis(320)).await;
+        }
+        let before = env.upstream("find", "store_inventory").len();
+        assert_eq!(find(&c, None).await.expect("probe").len(), 2);
+        let up = env.upstream("find", "store_inventory");
+        assert_eq!(up.len(), before + 1);
+        assert_last_forwarded(&env, "find", "store_inventory");
+        assert_eq!(read_concern(&body(up.last().unwrap())), None);
+        if i < 2 {
+            assert_eq!(env.state(INVENTORY), State::Open, "answer {i}: not yet");
+        }
+    }
     assert_eq!(
         env.state(INVENTORY),
         State::Closed,
-        "a successful probe closes"
+        "a streak of answers closes"
     );
     assert_eq!(env.errors(INVENTORY), 0, "closing clears the window");
 
@@ -361,7 +401,7 @@ async fn fallback_half_open_probe_unmodified_success_closes_error_reopens() {
     find(&c, None).await.expect("closed read");
     assert_last_forwarded(&env, "find", "store_inventory");
 
-    // Open again, wait, and fail the probe: it re-opens, and the client still gets data.
+    // Open again, wait, and fail the probe: it stays open, and the client still gets data.
     fault.set(true);
     finds_ok(&c, 3).await;
     assert_eq!(env.state(INVENTORY), State::Open);
@@ -386,9 +426,13 @@ async fn fallback_half_open_probe_unmodified_success_closes_error_reopens() {
     );
     assert_eq!(read_concern(&body(&up[before + 1])), Some(available()));
     assert_eq!(fault.hits(), hits + 1);
-    assert_eq!(env.state(INVENTORY), State::Open, "a failed probe re-opens");
+    assert_eq!(
+        env.state(INVENTORY),
+        State::Open,
+        "a failed probe keeps it open"
+    );
 
-    // Re-opened for a full cooldown: the next read is rewritten before sending.
+    // The next probe waits again: the next read is rewritten before sending.
     find(&c, None).await.expect("rewritten read");
     let up = env.upstream_bodies("find", "store_inventory");
     assert_eq!(up.len(), before + 3);
@@ -558,8 +602,10 @@ async fn strict_open_on_time_limits_fails_fast_with_code_50() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn strict_half_open_probe_success_closes_error_reopens() {
-    let ns = BASE_NAMESPACES.replace("cooldown = \"30s\"", "cooldown = \"300ms\"");
+async fn strict_refusing_breaker_probes_then_closes_on_a_streak() {
+    let ns = BASE_NAMESPACES
+        .replace("cooldown = \"30s\"", "cooldown = \"300ms\"")
+        .replace("min_cooldown = \"30s\"", "min_cooldown = \"300ms\"");
     let env = Env::start(&ns).await;
     env.fake.seed(ACCOUNTS, seed_docs(1));
     let fault = stale_reads(&env.fake, "accounts", 13388, Duration::ZERO);
@@ -573,26 +619,31 @@ async fn strict_half_open_probe_success_closes_error_reopens() {
     assert!(command_error(&e).2.starts_with("staleguard:"));
     assert_eq!(env.upstream("find", "accounts").len(), up);
 
-    // After the cooldown: a failing probe goes out unmodified, its error reaches the client,
-    // and the breaker re-opens.
+    // After min_cooldown: a failing probe goes out unmodified, its error reaches the client,
+    // and the breaker stays open; the next probe waits again.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let e = find(&c, None).await.expect_err("probe fails");
     assert_eq!(command_error(&e).2, "scripted StaleConfig on accounts");
     assert_eq!(env.upstream("find", "accounts").len(), up + 1);
     assert_last_forwarded(&env, "find", "accounts");
     assert_eq!(env.state(ACCOUNTS), State::Open);
-    let e = find(&c, None).await.expect_err("re-opened: fail fast");
+    let e = find(&c, None).await.expect_err("still open: fail fast");
     assert!(command_error(&e).2.starts_with("staleguard:"));
     assert_eq!(env.upstream("find", "accounts").len(), up + 1);
 
-    // After another cooldown: a successful probe closes it.
+    // After another wait: answered probes, in a row over min_cooldown, close it.
     tokio::time::sleep(Duration::from_millis(400)).await;
     fault.set(false);
-    assert_eq!(find(&c, None).await.expect("probe succeeds").len(), 1);
-    assert_last_forwarded(&env, "find", "accounts");
+    for i in 0..3 {
+        if i == 2 {
+            tokio::time::sleep(Duration::from_millis(320)).await;
+        }
+        assert_eq!(find(&c, None).await.expect("probe succeeds").len(), 1);
+        assert_last_forwarded(&env, "find", "accounts");
+    }
     assert_eq!(env.state(ACCOUNTS), State::Closed);
     find(&c, None).await.expect("closed");
-    assert_eq!(env.upstream("find", "accounts").len(), up + 3);
+    assert_eq!(env.upstream("find", "accounts").len(), up + 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -730,6 +781,7 @@ mode = "fallback"
 [[namespaces]]
 pattern = "pay.*"
 mode = "strict"
+on_open = "refuse"
 
 [[namespaces]]
 pattern = "pay.cache"
@@ -1663,10 +1715,11 @@ fn delay_hook(env: &Env, colls: &'static [&'static str], delay: Duration, on: Ar
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_socket_timeouts_count_as_trigger_errors() {
+async fn client_socket_timeouts_are_never_evidence() {
     // The Rust driver has no socketTimeoutMS: a caller's timeout drops the operation, and the
     // driver then closes that connection, which is what the proxy sees of a socket timeout.
-    // (tests/policy_pymongo.rs does the same with pymongo's real socketTimeoutMS.)
+    // A client that leaves is never evidence: nothing is left to confirm on, and its own
+    // timeout is its choice. (tests/policy_pymongo.rs does the same with pymongo.)
     let env = Env::start(TIMEOUT_NAMESPACES).await;
     env.fake.seed(INVENTORY, seed_docs(2));
     let on = Arc::new(AtomicBool::new(true));
@@ -1685,67 +1738,77 @@ async fn client_socket_timeouts_count_as_trigger_errors() {
                 r.is_err(),
                 "{ns} find {i} should time out on the client side"
             );
-            if i < 2 {
-                let want = i + 1;
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while env.errors(ns) < want {
-                    assert!(
-                        Instant::now() < deadline,
-                        "{ns}: gave-up read {want} not counted"
-                    );
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                assert_eq!(env.state(ns), State::Closed);
-            }
         }
-        env.wait_state(ns, State::Open).await;
     }
-    on.store(false, Ordering::SeqCst);
+    let text = env.proxy.shared().metrics.render();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !env
+        .proxy
+        .shared()
+        .metrics
+        .render()
+        .contains("staleguard_evidence_ignored_total{why=\"client_gone\"} 6")
+    {
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for ns in [INVENTORY, ACCOUNTS] {
+        assert_eq!(env.state(ns), State::Closed, "{ns}");
+        assert_eq!(env.errors(ns), 0, "{ns}");
+    }
+}
 
-    // Fallback: rewritten before sending.
-    let c = coll(&client, INVENTORY, "secondary", None);
-    assert_eq!(find(&c, None).await.expect("rewritten").len(), 2);
-    assert_eq!(
-        level(
-            env.upstream_bodies("find", "store_inventory")
-                .last()
-                .unwrap()
-        )
-        .as_deref(),
-        Some("available")
-    );
-    assert_eq!(env.upstream("find", "store_inventory").len(), 4);
-    // Strict: fails fast with the time-limit code.
-    let c = coll(&client, ACCOUNTS, "secondary", None);
-    let before = env.upstream_count();
-    let e = find(&c, None).await.expect_err("fail fast");
-    let (code, name, msg) = command_error(&e);
-    assert_eq!((code, name.as_str()), (50, "MaxTimeMSExpired"));
-    assert!(
-        msg.starts_with("staleguard:")
-            && msg.contains("pay.accounts")
-            && msg.contains("time limits"),
-        "{msg}"
-    );
-    assert_eq!(env.upstream_count(), before);
+/// Delays reads of `slow` by 200 ms, honouring a shorter `maxTimeMS` (answered with 50 when
+/// it runs out first), as a server would.
+fn slow_hook(env: &Env, on: Arc<AtomicBool>) {
+    env.fake.set_hook(move |b| {
+        let c = collection(b).unwrap_or_default();
+        if !(on.load(Ordering::SeqCst) && c == "slow" && command_name(b) == "find") {
+            return None;
+        }
+        let delay = Duration::from_millis(200);
+        match max_time_ms(b).map(|ms| Duration::from_millis(ms as u64)) {
+            Some(limit) if limit < delay => Some(
+                Hooked::error(50, "MaxTimeMSExpired", "operation exceeded time limit").after(limit),
+            ),
+            _ => Some(Hooked::delay(delay)),
+        }
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_reads_count_as_trigger_errors() {
-    let env = Env::start(TIMEOUT_NAMESPACES).await;
+async fn slow_reads_count_once_a_cheap_read_confirms_them() {
+    let ns = TIMEOUT_NAMESPACES.replace(
+        "min_wait = \"0s\"",
+        "min_wait = \"0s\"\nconfirm_time = \"100ms\"",
+    );
+    let env = Env::start(&ns).await;
     env.fake.seed("demo.slow", seed_docs(2));
     env.fake.seed("pay.slow", seed_docs(2));
     let on = Arc::new(AtomicBool::new(true));
-    delay_hook(&env, &["slow"], Duration::from_millis(200), on.clone());
+    slow_hook(&env, on.clone());
     let client = env.client("").await;
     for ns in ["demo.slow", "pay.slow"] {
         let c = coll(&client, ns, "secondary", None);
         for i in 0..3 {
             assert_eq!(find(&c, None).await.expect("slow but fine").len(), 2);
-            assert_eq!(env.errors(ns), i + 1, "{ns}: slow reply {i} counted");
-            assert_last_forwarded(&env, "find", "slow");
+            // Counted when the confirming read (limit 1, maxTimeMS 100) fails too.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while env.errors(ns) < i + 1 && env.state(ns) == State::Closed {
+                assert!(
+                    Instant::now() < deadline,
+                    "{ns}: slow reply {i} not counted"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
-        assert_eq!(env.state(ns), State::Open);
+        env.wait_state(ns, State::Open).await;
+        let confirms = env
+            .upstream_bodies("find", "slow")
+            .into_iter()
+            .filter(|b| b.get_i32("limit").ok() == Some(1) && max_time_ms(b) == Some(100))
+            .count();
+        assert!(confirms >= 3, "{ns}: {confirms} confirming reads");
     }
     // A fast read does not count.
     on.store(false, Ordering::SeqCst);
@@ -1757,15 +1820,11 @@ async fn slow_reads_count_as_trigger_errors() {
     find(&c, None).await.expect("rewritten");
     let ups = env.upstream_bodies("find", "slow");
     assert_eq!(level(ups.last().unwrap()).as_deref(), Some("available"));
+    // Strict, open (`on_open = "bound"`): sent with maxTimeMS 250 and answered in time.
     let c = coll(&client, "pay.slow", "secondary", None);
-    let e = find(&c, None).await.expect_err("fail fast");
-    let (code, _, msg) = command_error(&e);
-    assert_eq!(code, 50);
-    assert!(
-        msg.starts_with("staleguard:") && msg.contains("pay.slow"),
-        "{msg}"
-    );
-    assert_eq!(env.upstream_bodies("find", "slow").len(), ups.len());
+    assert_eq!(find(&c, None).await.expect("bounded, answered").len(), 2);
+    let ups = env.upstream_bodies("find", "slow");
+    assert_eq!(max_time_ms(ups.last().unwrap()), Some(250));
 }
 
 // ---------------------------------------------------------------------------------------

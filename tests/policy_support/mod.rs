@@ -59,8 +59,10 @@ pub fn with_pass_budget(config: &str) -> String {
     out
 }
 
-/// The namespaces most tests use: one fallback collection, the strict `pay` database; a fixed
-/// 30 s cooldown (no short first one), so an open breaker stays open through a test. These
+/// The namespaces most tests use: one fallback collection, the strict `pay` database
+/// refusing reads while open (`on_open = "refuse"`: the bound mode has tests of its own in
+/// `tests/evidence.rs`); a fixed 30 s cooldown (no short first one), so an open breaker
+/// stays open through a test. These
 /// tests walk the decision table with one driver client, so one connection's errors must
 /// open a breaker and its waits of a few milliseconds must count: `min_connections = 1`,
 /// `per_connection` at its largest and `min_wait = "0s"` (the evidence rules have their
@@ -80,6 +82,7 @@ min_wait = "0s"
 [[namespaces]]
 pattern = "pay.*"
 mode = "strict"
+on_open = "refuse"
 threshold = 3
 window = "10s"
 cooldown = "30s"
@@ -121,11 +124,26 @@ pub struct Env {
 impl Env {
     /// Starts everything with `namespaces` (TOML `[[namespaces]]` entries) as the policy.
     pub async fn start(namespaces: &str) -> Env {
+        Env::start_text(namespaces, true).await
+    }
+
+    /// Like [`Env::start`], with the default first-attempt budget (`attempt_share`,
+    /// `attempt_limit`) instead of [`PASS_BUDGET`].
+    pub async fn start_budgeted(namespaces: &str) -> Env {
+        Env::start_text(namespaces, false).await
+    }
+
+    async fn start_text(namespaces: &str, pass_budget: bool) -> Env {
         let fake = FakeMongos::start().await;
-        let text = with_pass_budget(&format!(
+        let text = format!(
             "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nshutdown_timeout = \"0s\"\n{namespaces}",
             fake.addr()
-        ));
+        );
+        let text = if pass_budget {
+            with_pass_budget(&text)
+        } else {
+            text
+        };
         let config = match Config::parse(&text, Path::new("policy-test.toml")) {
             Ok(c) => Arc::new(c),
             Err(errors) => panic!("test config rejected: {errors:?}\n{text}"),
