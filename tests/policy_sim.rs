@@ -29,8 +29,8 @@ use staleguard::server::Running;
 use staleguard::sim::{self, Cluster, MoveReport, SimConfig, SimHandle, TableState, TableStatus};
 
 use policy_support::{
-    available, body, command_error, command_name, level, max_time_ms, read_concern, select,
-    try_body, with_pass_budget,
+    available, body, command_error, command_name, is_confirm, level, max_time_ms, read_concern,
+    select, try_body, with_pass_budget,
 };
 use support::py::run_check;
 use support::tap::Tap;
@@ -60,7 +60,9 @@ const SOONEST_REFUSAL: Duration = Duration::from_millis(PAYMENT_MAX_TIME_MS as u
 /// `fallback` for the inventory, `strict` for `pay.*`, with the same breaker settings. One
 /// driver client (one connection) reads in these tests, counting each error as it comes:
 /// `min_connections = 1`, `per_connection` at its largest, `min_wait = "0s"` (the evidence
-/// rules are tested in `tests/limits.rs`).
+/// rules are tested in `tests/limits.rs` and `tests/evidence.rs`). Strict reads fail fast
+/// while the breaker is open (`on_open = "refuse"`); the bound mode is measured against
+/// the sim in `tests/partial.rs`.
 fn namespaces(threshold: u32, cooldown: &str) -> String {
     format!(
         r#"
@@ -79,6 +81,7 @@ cooldown = "{cooldown}"
 [[namespaces]]
 pattern = "pay.*"
 mode = "strict"
+on_open = "refuse"
 threshold = {threshold}
 window = "10s"
 cooldown = "{cooldown}"
@@ -196,8 +199,16 @@ impl SimEnv {
     }
 
     /// Bodies of the `name` commands on `ns` that reached the sim's mongos through staleguard.
+    /// (staleguard's own confirming reads left out: see [`SimEnv::confirms`]).
     fn upstream(&self, name: &str, ns: &str) -> Vec<RawDocumentBuf> {
-        bodies(self.back.to_server(), name, ns)
+        let all = bodies(self.back.to_server(), name, ns);
+        all.into_iter().filter(|b| !is_confirm(b)).collect()
+    }
+
+    /// The confirming reads staleguard sent on `ns` after time-limit errors.
+    fn confirms(&self, ns: &str) -> Vec<RawDocumentBuf> {
+        let all = bodies(self.back.to_server(), "find", ns);
+        all.into_iter().filter(is_confirm).collect()
     }
 
     /// Bodies of the `name` commands on `ns` the driver sent to staleguard.
@@ -313,6 +324,15 @@ async fn warm(direct: &Client, nodes: &[&str]) {
                 .unwrap_or_else(|e| panic!("warm-up read of {ns} on {node}: {e}"));
             assert_eq!(docs.len(), n, "{ns} on {node}");
         }
+    }
+}
+
+/// Waits (at most 5 s) until the breaker of `ns` is open.
+async fn wait_open(env: &SimEnv, ns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.state(ns) != State::Open {
+        assert!(Instant::now() < deadline, "{ns} did not open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -644,11 +664,13 @@ async fn after_the_primary_resumes_the_probes_close_both_breakers() {
     let cooldown = Duration::from_millis(500);
     let env = SimEnv::start(&namespaces(2, "500ms")).await;
     let (guarded, direct) = (env.guarded().await, env.direct().await);
-    warm(&direct, &["a1"]).await;
-    env.incident(&["a1"]);
+    warm(&direct, &["a1", "a2"]).await;
+    // Both secondaries: the confirming reads (any secondary) meet a stale one too.
+    env.incident(&["a1", "a2"]);
     let pay_read = || doc! { "maxTimeMS": PAYMENT_MAX_TIME_MS };
 
-    // Open both: the inventory on StaleConfig, the payments on the service's time limit.
+    // Open both: the inventory on StaleConfig, the payments on the service's time limit
+    // (confirmed by staleguard's cheap read).
     for _ in 0..2 {
         let docs = find_on(&guarded, INVENTORY, doc! {}, "a1", doc! {})
             .await
@@ -659,13 +681,24 @@ async fn after_the_primary_resumes_the_probes_close_both_breakers() {
         assert_eq!((code, name.as_str()), (50, "MaxTimeMSExpired"), "{msg}");
     }
     assert_eq!(env.state(INVENTORY), State::Open);
-    assert_eq!(env.state(PAYMENTS), State::Open);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env.state(PAYMENTS) != State::Open {
+        assert!(
+            Instant::now() < deadline,
+            "payments not opened by confirmed time limits"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !env.confirms(PAYMENTS).is_empty(),
+        "confirming reads were sent"
+    );
     let (code, name, msg) = fail_fast(&guarded, PAYMENTS, "a1", pay_read()).await;
     assert_eq!((code, name.as_str()), (50, "MaxTimeMSExpired"), "{msg}");
     assert!(msg.contains("time limits"), "{msg}");
 
-    // Still stalled after the cooldown: each probe goes out unmodified, meets the refusal,
-    // and re-opens its breaker (the fallback one is still answered through a resend).
+    // Still stalled after the wait: each probe goes out unmodified, meets the refusal,
+    // and the breaker stays open (the fallback one is still answered through a resend).
     tokio::time::sleep(cooldown + Duration::from_millis(100)).await;
     let before = env.upstream("find", INVENTORY).len();
     let docs = find_on(&guarded, INVENTORY, doc! {}, "a1", doc! {})
@@ -676,7 +709,11 @@ async fn after_the_primary_resumes_the_probes_close_both_breakers() {
     assert_eq!(up.len(), before + 2);
     assert_eq!(read_concern(&up[before]), None, "the probe is unmodified");
     assert_eq!(read_concern(&up[before + 1]), Some(available()));
-    assert_eq!(env.state(INVENTORY), State::Open, "a failed probe re-opens");
+    assert_eq!(
+        env.state(INVENTORY),
+        State::Open,
+        "a failed probe keeps it open"
+    );
     let before = env.upstream("find", PAYMENTS).len();
     let r = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
     let (code, _, msg) = error_of(r, "failed strict probe");
@@ -685,32 +722,37 @@ async fn after_the_primary_resumes_the_probes_close_both_breakers() {
     assert_eq!(env.upstream("find", PAYMENTS).len(), before + 1);
     assert_eq!(env.state(PAYMENTS), State::Open);
 
-    // Shard A's primary resumes: the flushes a1 waited for complete.
+    // Shard A's primary resumes: the flushes the secondaries waited for complete.
     let completed = env.cluster().resume_primary("shardA").expect("resume");
     assert!(completed >= 1, "completed {completed}");
     tokio::time::sleep(cooldown + Duration::from_millis(100)).await;
 
-    // The probe goes out unmodified; a1 refreshes through its primary and answers.
+    // The probes go out unmodified and answer; a streak of answers (close_after = 3,
+    // spanning the 500 ms cooldown) closes each breaker.
     for (ns, n, extra) in [
         (INVENTORY, INVENTORY_DOCS, doc! {}),
         (PAYMENTS, PAYMENT_DOCS, pay_read()),
     ] {
-        for read in ["probe", "closed"] {
+        let mut reads = 0;
+        while env.state(ns) == State::Open {
+            assert!(reads < 12, "{ns}: still open after {reads} answered probes");
             let before = env.upstream("find", ns).len();
             let docs = find_on(&guarded, ns, doc! {}, "a1", extra.clone())
                 .await
-                .unwrap_or_else(|e| panic!("{ns} {read}: {e}"));
-            assert_eq!(docs.len(), n, "{ns} {read}");
+                .unwrap_or_else(|e| panic!("{ns} probe {reads}: {e}"));
+            assert_eq!(docs.len(), n, "{ns} probe {reads}");
             let up = env.upstream("find", ns);
-            assert_eq!(up.len(), before + 1, "{ns} {read}: sent once");
+            assert_eq!(up.len(), before + 1, "{ns} probe {reads}: sent once");
             assert_eq!(
                 up.last().expect("a find"),
                 env.sent_by_driver("find", ns).last().expect("sent"),
-                "{ns} {read}: forwarded as the driver sent it"
+                "{ns} probe {reads}: forwarded as the driver sent it"
             );
-            assert_eq!(env.state(ns), State::Closed, "{ns} after the {read} read");
-            assert_eq!(env.errors(ns), 0);
+            reads += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        assert!(reads >= 3, "{ns}: closed after {reads} answers");
+        assert_eq!(env.errors(ns), 0);
         let t = env.table("a1", ns);
         assert!(matches!(t.state, TableState::Loaded { .. }), "{ns}: {t:?}");
         assert_eq!(t.refresh.last_ok, Some(true));
@@ -970,12 +1012,13 @@ async fn pymongo_time_limit_path_answers_from_the_first_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_resume_primary_both_namespaces_are_back_to_unmodified_reads_within_5s() {
-    // Default budget split and backoff (min_cooldown 1 s, cooldown 30 s); the evidence rules
+    // Default budget split and backoff (min_cooldown 1 s, cooldown 3 s); the evidence rules
     // relaxed as in the other sim tests, since one driver connection opens the breakers here.
-    let env = SimEnv::start_with(&namespaces(3, "30s"), REAL_REFRESH).await;
+    // Both secondaries restarted, so staleguard's confirming reads meet a stale one too.
+    let env = SimEnv::start_with(&namespaces(3, "3s"), REAL_REFRESH).await;
     let (guarded, direct) = (env.guarded().await, env.direct().await);
-    warm(&direct, &["a1"]).await;
-    env.incident(&["a1"]);
+    warm(&direct, &["a1", "a2"]).await;
+    env.incident(&["a1", "a2"]);
     let pay_read = || doc! { "maxTimeMS": PAYMENT_MAX_TIME_MS };
     // Open both breakers (3 trigger errors each), then let the incident last a while: the
     // probes fail and the cooldown grows (1 s, 2 s, ...).
@@ -986,8 +1029,9 @@ async fn after_resume_primary_both_namespaces_are_back_to_unmodified_reads_withi
         assert_eq!(docs.len(), INVENTORY_DOCS);
         let _ = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
     }
-    assert_eq!(env.state(INVENTORY), State::Open);
-    assert_eq!(env.state(PAYMENTS), State::Open);
+    // Time limits count once staleguard's confirming read fails too.
+    wait_open(&env, INVENTORY).await;
+    wait_open(&env, PAYMENTS).await;
     let incident = Instant::now();
     while incident.elapsed() < Duration::from_secs(3) {
         let _ = find_on(&guarded, INVENTORY, doc! {}, "a1", doc! {}).await;
@@ -1058,17 +1102,19 @@ async fn with_the_ladder_strict_reads_answer_from_the_primary_with_no_orphans() 
     );
     assert!(pay_move.moved_docs > 0 && inv_move.moved_docs > 0);
     warm(&direct, &["a1", "a2"]).await;
-    env.incident(&["a1"]);
+    env.incident(&["a1", "a2"]);
+    // Not pinned by tag sets (a pinned read never climbs: the client chose its members).
+    let secondary = || doc! { "mode": "secondary" };
 
-    // Straight to mongos, a1 refuses the payment read.
-    let r = find_on(&direct, PAYMENTS, doc! {}, "a1", doc! {}).await;
-    assert_eq!(error_of(r, "direct read on a1").0, 13388);
+    // Straight to mongos, the secondaries refuse the payment read.
+    let r = find_with(&direct, PAYMENTS, doc! {}, secondary(), doc! {}).await;
+    assert_eq!(error_of(r, "direct read").0, 13388);
 
-    // Through staleguard, every read answers: the first ones climb after a1's refusal,
+    // Through staleguard, every read answers: the first ones climb after the refusal,
     // then (breaker open) go to the primary at once. Every answer is the whole collection,
     // versioned by the primary: no orphan.
     for i in 1..=4 {
-        let (r, took) = timed(find_on(&guarded, PAYMENTS, doc! {}, "a1", doc! {})).await;
+        let (r, took) = timed(find_with(&guarded, PAYMENTS, doc! {}, secondary(), doc! {})).await;
         let docs = r.unwrap_or_else(|e| panic!("payment read {i}: {e}"));
         assert_eq!(docs.len(), PAYMENT_DOCS, "read {i}: no orphans");
         println!("payment read {i} answered after {took:?}");

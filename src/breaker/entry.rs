@@ -68,11 +68,12 @@ impl Streak {
     }
 
     /// Enough to close under `policy`: `close_after` in a row, from `min(min_connections, 2)`
-    /// connections, spanning at least `min_cooldown`.
+    /// connections, spanning at least `min_cooldown` (or `cooldown`, when shorter).
     fn enough(&self, policy: &NsPolicy, now: Instant) -> bool {
+        let span = policy.min_cooldown.min(policy.cooldown);
         let spans = self
             .since
-            .is_some_and(|s| now.saturating_duration_since(s) >= policy.min_cooldown);
+            .is_some_and(|s| now.saturating_duration_since(s) >= span);
         self.count >= policy.close_after.max(1)
             && self.connections() >= policy.min_connections.clamp(1, 2)
             && spans

@@ -262,6 +262,14 @@ pub async fn client(addr: SocketAddr, options: &str) -> Client {
 
 /// Messages among `msgs` that are OP_MSG (possibly compressed) commands `name` on `coll`
 /// (the string value of the first key; for `getMore`, the `collection` field).
+/// staleguard's own confirming read (a `find` with `limit: 1`, `singleBatch` and no session:
+/// drivers always send `lsid`).
+pub fn is_confirm(b: &RawDocumentBuf) -> bool {
+    b.get_i32("limit").ok() == Some(1)
+        && b.get_bool("singleBatch").ok() == Some(true)
+        && b.get("lsid").ok().flatten().is_none()
+}
+
 pub fn select(msgs: Vec<Bytes>, name: &str, coll: &str) -> Vec<Bytes> {
     msgs.into_iter()
         .filter(|m| {

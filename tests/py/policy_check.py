@@ -83,6 +83,32 @@ def socket_timeouts(uri):
     return {"timeouts_ms": times}
 
 
+def strict_bounded(uri):
+    """Three StaleConfig errors open the strict breaker (on_open = "bound"): a read that
+    still meets a stale secondary fails fast with staleguard's error; a read a healthy
+    secondary answers is answered."""
+    client = MongoClient(uri, **TIMEOUTS)
+    coll = client.pay.get_collection("accounts", read_preference=ReadPreference.SECONDARY)
+    for i in range(3):
+        try:
+            coll.find_one({"stale": True})
+            fail(f"read {i} should fail with the upstream StaleConfig")
+        except OperationFailure as e:
+            expect(e.code == 13388, f"read {i}: code {e.code}")
+    try:
+        coll.find_one({"stale": True})
+        fail("a read meeting a stale secondary should fail")
+    except OperationFailure as e:
+        errmsg = e.details.get("errmsg", "")
+        expect(e.code == 13388, f"fail-fast code {e.code}")
+        expect(errmsg.startswith("staleguard:"), f"errmsg {errmsg!r}")
+        expect("open_time_limit" in errmsg, f"errmsg names the bound: {errmsg!r}")
+        expect(not e.has_error_label("RetryableError"), "no retry label")
+    doc = coll.find_one({})
+    expect(doc is not None and doc["_id"] == 0, f"answered while open: {doc}")
+    return {"answered_while_open": True}
+
+
 def fallback_read(uri):
     client = MongoClient(uri, **TIMEOUTS)
     coll = client.demo.get_collection("store_inventory", read_preference=ReadPreference.SECONDARY)
@@ -96,6 +122,7 @@ MODES = {
     "strict-fail-fast": strict_fail_fast,
     "socket-timeouts": socket_timeouts,
     "fallback-read": fallback_read,
+    "strict-bounded": strict_bounded,
 }
 
 
