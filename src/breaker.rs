@@ -228,6 +228,16 @@ impl Breakers {
         Some(self.moved(b.open(e.reason, why, now, e.policy.min_cooldown)))
     }
 
+    /// A confirmed error from connection `conn` would count now: the breaker is closed (or
+    /// not there yet) and `conn` has not counted `per_connection` errors within the window.
+    /// Nothing is changed (a read lock).
+    pub fn would_count(&self, ns: &str, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
+        let Some(b) = self.map.get(ns) else {
+            return true;
+        };
+        b.state == State::Closed && b.would_count(policy, conn, now)
+    }
+
     /// Reports how a sample of `ns` (admitted as `Probe` or `Bounded`) from connection
     /// `conn` ended; returns the transition when a streak of answers closed the breaker.
     pub fn sampled(
@@ -429,6 +439,25 @@ mod tests {
         }
         assert_eq!(b.snapshot()[0].errors_in_window, 100);
         assert_eq!(b.state(NS), State::Open);
+    }
+
+    #[test]
+    fn would_count_says_whether_a_confirming_read_could_change_anything() {
+        let b = Breakers::default();
+        let p = strict();
+        let t0 = Instant::now();
+        assert!(b.would_count(NS, &p, 1, t0), "no breaker yet");
+        fail(&b, &p, 1, t0);
+        assert!(!b.would_count(NS, &p, 1, t0), "connection 1 used its share");
+        assert!(b.would_count(NS, &p, 2, t0));
+        assert!(
+            b.would_count(NS, &p, 1, t0 + p.window + ms(1)),
+            "left the window"
+        );
+        fail(&b, &p, 2, t0);
+        fail(&b, &p, 3, t0);
+        assert_eq!(b.state(NS), State::Open);
+        assert!(!b.would_count(NS, &p, 4, t0), "open already");
     }
 
     #[test]

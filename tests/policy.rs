@@ -1778,9 +1778,10 @@ fn slow_hook(env: &Env, on: Arc<AtomicBool>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_reads_count_once_a_cheap_read_confirms_them() {
+    // Open breakers stay open through the test (no probe within it).
     let ns = TIMEOUT_NAMESPACES.replace(
         "min_wait = \"0s\"",
-        "min_wait = \"0s\"\nconfirm_time = \"100ms\"",
+        "min_wait = \"0s\"\nconfirm_time = \"100ms\"\ncooldown = \"30s\"\nmin_cooldown = \"30s\"",
     );
     let env = Env::start(&ns).await;
     env.fake.seed("demo.slow", seed_docs(2));

@@ -35,8 +35,6 @@ th,td{text-align:left;padding:6px 9px;border-bottom:1px solid #e2e2df;vertical-a
 th{background:#ecece8;font-weight:600}
 tr.open td{background:#fde2e1}
 tr.open td.state b{color:#b3001b;text-transform:uppercase}
-tr.half-open td{background:#fff3d6}
-tr.half-open td.state b{color:#8a5a00}
 tr.raised td{background:#fde2e1}
 tr.raised td.state b{color:#b3001b;text-transform:uppercase}
 .banner{padding:10px 14px;margin:12px 0;border-radius:4px;font-weight:600}

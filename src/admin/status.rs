@@ -27,7 +27,7 @@ pub struct Status {
     pub health_checks: String,
     pub upstreams: Vec<UpstreamStatus>,
     pub write_stall: WriteStallStatus,
-    /// Open breakers first, then half-open, then the rest; by namespace within each.
+    /// Open breakers first, then the rest; by namespace within each.
     pub namespaces: Vec<NsStatus>,
 }
 
@@ -109,7 +109,7 @@ pub struct NsStatus {
     /// `fallback`, `strict`, `passthrough`, or `unlisted`.
     pub mode: &'static str,
     pub dry_run: bool,
-    /// `closed`, `open`, `half-open`; none for a wildcard pattern (breakers are per exact
+    /// `closed`, `open`; none for a wildcard pattern (breakers are per exact
     /// namespace: the ones it governs are listed on their own).
     pub breaker: Option<&'static str>,
     /// What the proxy does with eligible reads right now.
@@ -357,7 +357,6 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
 fn rank(breaker: Option<&str>) -> u8 {
     match breaker {
         Some("open") => 0,
-        Some("half-open") => 1,
         Some(_) => 2,
         None => 3,
     }

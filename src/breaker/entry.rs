@@ -229,6 +229,17 @@ impl Breaker {
         true
     }
 
+    /// An error from `conn` now would be counted (its share of the window is not used up).
+    pub(super) fn would_count(&self, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
+        let in_window = |t: Instant| now.saturating_duration_since(t) <= policy.window;
+        let from_conn = self
+            .errors
+            .iter()
+            .filter(|&&(t, c)| c == conn && in_window(t))
+            .count();
+        from_conn < policy.per_connection.max(1) as usize
+    }
+
     /// The window holds enough to open: `threshold` errors from `min_connections`
     /// connections.
     pub(super) fn enough(&self, policy: &NsPolicy) -> bool {

@@ -37,7 +37,7 @@ impl BreakerMetrics {
         );
         r.register(
             "confirm_reads",
-            "Confirming reads after a time-limit error: confirmed (the cheap read failed too: counted), unconfirmed (it was answered: not counted), unknown (no answer to judge), skipped (one already in flight on the connection, or the breaker open)",
+            "Confirming reads after a time-limit error: confirmed (the cheap read failed too: counted), unconfirmed (it was answered: not counted), unknown (no answer to judge), skipped (one already in flight on the connection, the breaker open, or the connection has counted its per_connection errors in the window)",
             self.confirms.clone(),
         );
         for result in CONFIRM_RESULTS {

@@ -65,7 +65,7 @@ pub enum Decision<'a> {
         /// The read's whole budget (client `maxTimeMS`, capped by `max_time`): the next rung
         /// spends what the first attempt left. `None`: no limit.
         budget_ms: Option<i64>,
-        /// The half-open probe.
+        /// A sample of an open breaker (a probe, or a read sent bounded).
         probe: bool,
         /// On a trigger error, resend with `available` (fallback).
         retry: bool,

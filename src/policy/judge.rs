@@ -40,10 +40,12 @@ use crate::wire::ReplyStatus;
 #[derive(Debug, Clone, Copy)]
 pub struct Read<'t> {
     pub policy: &'t NsPolicy,
-    /// When the read was sent (its first attempt): its budget runs from here.
+    /// When mongos could start its first attempt (sent, or the earlier request on its
+    /// connection answered): its budget runs from here, as a `maxTimeMS` runs from when the
+    /// server starts the read.
     pub started: Instant,
-    /// When mongos could start it (no earlier request on its connection was waiting);
-    /// `None`: not yet.
+    /// When mongos could start this attempt (no earlier request on its connection was
+    /// waiting); `None`: not yet.
     pub began: Option<Instant>,
     /// The read's whole budget (the client's `maxTimeMS`, capped by `max_time`); the next
     /// rung spends what this attempt left of it. `None`: no limit.

@@ -169,7 +169,7 @@ pub struct NsPolicy {
     /// the read waited (or was given) at least this long. Default 1s; at most `max_time`.
     pub min_wait: Duration,
     /// Distinct client connections whose errors must be inside `window` for the breaker to
-    /// open (a half-open probe's failure re-opens it alone). Default 2, 1..=100.
+    /// open. Default 2, 1..=100.
     pub min_connections: u32,
     /// Trigger errors one connection may contribute inside `window`; more are not counted.
     /// Default 1, 1..=1000.

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::reply::Tracked;
 use super::Session;
-use crate::breaker::{Counted, State};
+use crate::breaker::Counted;
 use crate::command::ReadPrefMode;
 use crate::policy::{self, Confirmation, Failure, NsPolicy, Reason};
 use crate::wire::Reply;
@@ -90,10 +90,17 @@ pub(super) fn message(
 
 impl Session {
     /// Sends the confirming read `ask` wants, unless one is in flight on this connection
-    /// already or the breaker is open.
+    /// already, or its answer could change nothing: the breaker is open, or this
+    /// connection has counted its `per_connection` errors within the window (so a
+    /// connection pays for at most that many confirming reads per window).
     pub(super) fn send_confirm(&mut self, ask: Ask) {
         let metrics = &self.shared.metrics;
-        if self.confirm.is_some() || self.shared.breakers.state(&ask.ns) != State::Closed {
+        let now = Instant::now();
+        let counts = self
+            .shared
+            .breakers
+            .would_count(&ask.ns, &ask.policy, self.id, now);
+        if self.confirm.is_some() || !counts {
             metrics.breakers.confirm("skipped");
             return;
         }

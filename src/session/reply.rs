@@ -35,6 +35,7 @@ pub(super) struct Tracked {
     /// The client's request as opened on arrival (a retry is rewritten from it, with no
     /// second header read or decompression).
     pub(super) original: Request,
+    /// When mongos could start its first attempt: the read's budget runs from here.
     pub(super) started: Instant,
     /// When mongos could start it (nothing sent before it was still waiting); `None`: not
     /// yet.
@@ -149,6 +150,10 @@ impl Session {
         for t in self.pending.iter_mut().filter(|t| t.began.is_none()) {
             if t.seq == next {
                 t.began = Some(now);
+                if t.rung == Rung::First {
+                    // Its budget, like its `maxTimeMS`, runs from when mongos starts it.
+                    t.started = now;
+                }
             }
         }
     }

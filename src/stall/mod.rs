@@ -14,8 +14,8 @@
 //! signal is raised: exact fallback patterns and fallback namespaces that have a breaker at
 //! once, the namespaces of wildcard patterns as they are first read (the session asks
 //! [`StallWatch::holding`], then `Breakers::hold_on_read`). When every signal clears, the
-//! breakers are released into an ordinary cooldown and come back through their half-open
-//! probe. Strict namespaces are never touched. The watch decides when; holding and releasing
+//! breakers are released, probe at their next read and close on a streak of answered
+//! probes. Strict namespaces are never touched. The watch decides when; holding and releasing
 //! are the breaker module's (`breaker::hold`).
 
 mod composite;
