@@ -3,6 +3,7 @@
 //! and makes every transition through the methods here.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,6 +31,9 @@ pub(super) struct Breaker {
     pub(super) step: u32,
     /// The next read may probe without waiting out the cooldown (the stall cleared).
     pub(super) early: bool,
+    /// When an eligible read last met it, in ms since `Breakers::epoch` (0: never); kept
+    /// by `Breakers::touch` under the map's read lock.
+    pub(super) last_read: AtomicU64,
 }
 
 impl Breaker {
@@ -46,6 +50,7 @@ impl Breaker {
             held: false,
             step: 0,
             early: false,
+            last_read: AtomicU64::new(0),
         }
     }
 

@@ -113,6 +113,10 @@ pub struct Config {
     /// The resource limits (top-level keys `max_connections`, `message_timeout`,
     /// `idle_timeout`, `max_pending_reads`).
     pub limits: Limits,
+    /// `breaker_share`: the largest share of the breaker map's wildcard pool (the slots
+    /// exact patterns do not reserve) one wildcard pattern may hold. Default 0.5; above 0,
+    /// at most 1. Reloads.
+    pub breaker_share: f64,
 }
 
 /// `[ladder_guard]`: the per-upstream limits on reads sent to the primary rung; past
@@ -237,6 +241,7 @@ impl Config {
             stall: StallConfig::off(),
             ladder_guard: LadderGuardConfig::default(),
             limits: Limits::default(),
+            breaker_share: crate::breaker::DEFAULT_BREAKER_SHARE,
         }
     }
 }

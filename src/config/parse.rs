@@ -77,6 +77,7 @@ struct RawConfig {
     message_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_pending_reads: Option<Spanned<i64>>,
+    breaker_share: Option<Spanned<f64>>,
     admin: Option<Spanned<ops::RawAdmin>>,
     tls: Option<Spanned<ops::RawTls>>,
     upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
@@ -146,6 +147,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
     let stall = stall::stall(ctx, raw.stall_watch.as_ref(), fallback_entries);
     let ladder_guard = ladder_guard(ctx, raw.ladder_guard.as_ref(), policy.as_ref());
     let limits = limits(ctx, &raw);
+    let breaker_share = breaker_share(ctx, raw.breaker_share.as_ref());
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -164,7 +166,22 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         stall: stall.ok()?,
         ladder_guard: ladder_guard?,
         limits: limits?,
+        breaker_share: breaker_share?,
     })
+}
+
+/// `breaker_share`: in (0, 1].
+fn breaker_share(ctx: &mut Ctx, v: Option<&Spanned<f64>>) -> Option<f64> {
+    let Some(v) = v else {
+        return Some(crate::breaker::DEFAULT_BREAKER_SHARE);
+    };
+    let share = *v.get_ref();
+    if share > 0.0 && share <= 1.0 {
+        return Some(share);
+    }
+    let msg = format!("{share} is out of range: above 0, at most 1");
+    ctx.err(v, "breaker_share", msg);
+    None
 }
 
 fn ladder_guard(
