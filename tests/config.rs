@@ -1248,3 +1248,21 @@ fn a_huge_cooldown_is_refused_at_load() {
     assert_eq!(e.key, "defaults.window");
     ok("[defaults]\ncooldown = \"24h\"\n");
 }
+
+// ------------------------------------------------------------- issue 20: the breaker map
+
+#[test]
+fn breaker_share_default_value_and_errors() {
+    assert_eq!(ok("").breaker_share, 0.5);
+    assert_eq!(ok("breaker_share = 0.25\n").breaker_share, 0.25);
+    assert_eq!(ok("breaker_share = 1.0\n").breaker_share, 1.0);
+    for bad in ["0.0", "-0.5", "1.5", "nan"] {
+        assert_eq!(
+            problems(&format!("listen = \"127.0.0.1:0\"\nbreaker_share = {bad}\n")),
+            [k(2, "breaker_share")],
+            "{bad}"
+        );
+    }
+    let shown = staleguard::config::render_table(&ok("breaker_share = 0.25\n"));
+    assert!(shown.contains("breaker_share     0.25"), "{shown}");
+}

@@ -119,6 +119,7 @@ fn settings(out: &mut String, config: &Config) {
         l.idle_timeout.map_or("off".to_string(), fmt_duration)
     );
     let _ = writeln!(out, "max_pending_reads {}", l.max_pending_reads);
+    let _ = writeln!(out, "breaker_share     {}", config.breaker_share);
     let _ = writeln!(out, "max_message_size  {}", config.max_message_size);
     let _ = writeln!(
         out,
