@@ -140,6 +140,10 @@ pub struct CommandInfo<'a> {
     pub read_pref: Option<ReadPrefMode>,
     /// `$readPreference` present with a mode we do not know.
     pub read_pref_unknown: bool,
+    /// `$readPreference` carries tag sets that pin the read to some members: `tags` (what
+    /// mongos reads) or `tagSets` (what the Rust driver sends) with an element other than
+    /// the empty document (which matches any member), or of another type than an array.
+    pub read_pref_tags: bool,
     pub read_concern: ReadConcernInfo<'a>,
     /// `autocommit` present (any value) or `startTransaction` present.
     pub in_transaction: bool,
@@ -347,13 +351,16 @@ fn read_preference<'a>(
 ) -> Result<(), ClassifyError> {
     info.read_pref = None;
     info.read_pref_unknown = true;
+    info.read_pref_tags = false;
     if e.tag != scan::DOCUMENT {
         return Ok(());
     }
     let mut elems = Elements::new(e.value)?;
     let mut seen = Seen::default();
     while let Some(f) = elems.next_elem()? {
-        if f.key == b"mode" {
+        if f.key == b"tags" || f.key == b"tagSets" {
+            info.read_pref_tags |= pins(&f)?;
+        } else if f.key == b"mode" {
             seen.mark(K_MODE, "$readPreference.mode", dup);
             let mode = string_value(&f)?.and_then(ReadPrefMode::parse);
             info.read_pref = mode;
@@ -361,6 +368,21 @@ fn read_preference<'a>(
         }
     }
     Ok(())
+}
+
+/// A tag-set list that pins a read: anything but an array of empty documents.
+fn pins(e: &Elem<'_>) -> Result<bool, ClassifyError> {
+    if e.tag != scan::ARRAY {
+        return Ok(true);
+    }
+    let mut sets = Elements::new(e.value)?;
+    while let Some(set) = sets.next_elem()? {
+        // An empty document is exactly 5 bytes (length and terminator).
+        if set.tag != scan::DOCUMENT || set.value.len() > 5 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn read_concern<'a>(

@@ -131,7 +131,13 @@ pub struct LadderGuardConfig {
     pub max_per_second: u32,
     /// `per_connection`: primary-rung reads one client connection may have waiting at once
     /// (so that one client cannot take every slot of `max_in_flight`). Default 4; at least 1.
+    /// A primary-rung read is only sent when nothing earlier waits on its connection, so a
+    /// connection holds one slot at most in practice.
     pub per_connection: u32,
+    /// `per_connection_per_second`: primary-rung reads one client connection may start per
+    /// second (so that a few clients cannot spend all of `max_per_second`). Default a tenth
+    /// of `max_per_second` (10), at least 1; 1..=`max_per_second`.
+    pub per_connection_per_second: u32,
 }
 
 impl Default for LadderGuardConfig {
@@ -140,6 +146,7 @@ impl Default for LadderGuardConfig {
             max_in_flight: 16,
             max_per_second: 100,
             per_connection: 4,
+            per_connection_per_second: 10,
         }
     }
 }

@@ -94,6 +94,7 @@ struct RawLadderGuard {
     max_in_flight: Option<Spanned<i64>>,
     per_connection: Option<Spanned<i64>>,
     max_per_second: Option<Spanned<i64>>,
+    per_connection_per_second: Option<Spanned<i64>>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -211,6 +212,11 @@ fn ladder_guard(
             &raw.per_connection,
             &mut out.per_connection,
         ),
+        (
+            "per_connection_per_second",
+            &raw.per_connection_per_second,
+            &mut out.per_connection_per_second,
+        ),
     ] {
         let Some(value) = value else { continue };
         match u32::try_from(*value.get_ref()) {
@@ -221,6 +227,19 @@ fn ladder_guard(
                 ok = false;
             }
         }
+    }
+    match &raw.per_connection_per_second {
+        // A tenth of the upstream's rate unless set.
+        None => out.per_connection_per_second = (out.max_per_second / 10).max(1),
+        Some(v) if ok && out.per_connection_per_second > out.max_per_second => {
+            let msg = format!(
+                "{} is above max_per_second ({}): it can never take effect",
+                out.per_connection_per_second, out.max_per_second
+            );
+            ctx.err(v, "ladder_guard.per_connection_per_second", msg);
+            ok = false;
+        }
+        Some(_) => {}
     }
     ok.then_some(out)
 }

@@ -139,8 +139,8 @@ fn settings(out: &mut String, config: &Config) {
     let g = config.ladder_guard;
     let _ = writeln!(
         out,
-        "ladder_guard      {} in flight, {}/s per upstream, {} in flight per connection",
-        g.max_in_flight, g.max_per_second, g.per_connection
+        "ladder_guard      {} in flight, {}/s per upstream; per connection {} in flight, {}/s",
+        g.max_in_flight, g.max_per_second, g.per_connection, g.per_connection_per_second
     );
 }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::{next_rung_ms, rung_share};
+use super::budget::{next_rung_ms, primary_rung_ms};
 use super::reason::Reason;
 use super::table::{Causal, NsPolicy};
 use crate::rewrite::RewriteSpec;
@@ -286,11 +286,12 @@ fn climb<'s>(
     };
     match to {
         Rung::Primary => {
-            let max_time_ms = if read.retry {
-                rung_share(remaining, policy.attempt_share, policy.attempt_limit)
-            } else {
-                remaining
-            };
+            let max_time_ms = Some(primary_rung_ms(
+                remaining,
+                read.retry,
+                policy.attempt_share,
+                policy.attempt_limit,
+            ));
             Verdict::Retry {
                 failure,
                 to,

@@ -23,7 +23,10 @@ mod outcome;
 mod reason;
 mod table;
 
-pub use budget::{attempt_budget, next_rung_ms, rung_share, AttemptBudget};
+pub use budget::{
+    attempt_budget, next_rung_ms, primary_rung_ms, rung_share, AttemptBudget,
+    PRIMARY_RUNG_CEILING_MS,
+};
 pub use decide::{
     capped_max_time, decide, resolve, AfterPrimary, Decision, ReadKind, Refusal, Target,
 };
