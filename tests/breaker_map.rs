@@ -94,7 +94,8 @@ async fn a_flood_of_names_leaves_exact_and_other_patterns_their_breakers() {
     let env = Env::start(NAMESPACES).await;
     // Every secondary read in `pay` and `db` meets StaleConfig: the flood's names and the
     // later real incident alike.
-    env.fake.set_hook(|_| Some(Hooked::error(13388, "StaleConfig", "stale")));
+    env.fake
+        .set_hook(|_| Some(Hooked::error(13388, "StaleConfig", "stale")));
     let names: Vec<String> = (0..FLOOD).map(|i| format!("flood{i}")).collect();
 
     // Three attacker connections, each one error per name: every name has threshold errors
@@ -144,7 +145,9 @@ async fn a_flood_of_names_leaves_exact_and_other_patterns_their_breakers() {
     for (db, coll) in [("pay", "transactions"), ("db", "orders")] {
         let ns = format!("{db}.{coll}");
         let replies = incident_reads(&env, db, coll).await;
-        assert!(replies.iter().all(|b| b.get_i32("code").ok() == Some(13388)));
+        assert!(replies
+            .iter()
+            .all(|b| b.get_i32("code").ok() == Some(13388)));
         assert_eq!(env.state(&ns), State::Open, "{ns} has its breaker");
         let mut c = RawClient::connect(env.proxy_addr()).await;
         let body = policy_support::body(&c.roundtrip(&secondary_find(200, db, coll)).await);

@@ -66,15 +66,26 @@ fn read_preference_tag_sets() {
             .unwrap()
             .read_pref_tags
     };
-    assert!(pinned(rawdoc! { "mode": "secondary", "tags": [ { "node": "a1" } ] }));
-    assert!(pinned(rawdoc! { "mode": "secondary", "tags": [ { "dc": "x" }, {} ] }));
-    assert!(pinned(rawdoc! { "mode": "nearest", "tagSets": [ { "node": "a1" } ] }));
-    assert!(pinned(rawdoc! { "mode": "secondary", "tags": "a1" }), "odd shapes pin");
+    assert!(pinned(
+        rawdoc! { "mode": "secondary", "tags": [ { "node": "a1" } ] }
+    ));
+    assert!(pinned(
+        rawdoc! { "mode": "secondary", "tags": [ { "dc": "x" }, {} ] }
+    ));
+    assert!(pinned(
+        rawdoc! { "mode": "nearest", "tagSets": [ { "node": "a1" } ] }
+    ));
+    assert!(
+        pinned(rawdoc! { "mode": "secondary", "tags": "a1" }),
+        "odd shapes pin"
+    );
     assert!(pinned(rawdoc! { "mode": "secondary", "tags": [ 1 ] }));
     assert!(!pinned(rawdoc! { "mode": "secondary" }));
     assert!(!pinned(rawdoc! { "mode": "secondary", "tags": [] }));
     assert!(!pinned(rawdoc! { "mode": "secondary", "tags": [ {} ] }));
-    assert!(!pinned(rawdoc! { "mode": "secondary", "tagSets": [ {} ], "maxStalenessSeconds": 90 }));
+    assert!(!pinned(
+        rawdoc! { "mode": "secondary", "tagSets": [ {} ], "maxStalenessSeconds": 90 }
+    ));
 }
 
 #[test]

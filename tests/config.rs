@@ -1258,7 +1258,9 @@ fn breaker_share_default_value_and_errors() {
     assert_eq!(ok("breaker_share = 1.0\n").breaker_share, 1.0);
     for bad in ["0.0", "-0.5", "1.5", "nan"] {
         assert_eq!(
-            problems(&format!("listen = \"127.0.0.1:0\"\nbreaker_share = {bad}\n")),
+            problems(&format!(
+                "listen = \"127.0.0.1:0\"\nbreaker_share = {bad}\n"
+            )),
             [k(2, "breaker_share")],
             "{bad}"
         );

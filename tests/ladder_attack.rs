@@ -131,7 +131,11 @@ async fn attackers_cannot_take_the_ladder_from_a_victim() {
         assert!(!fails_fast(&reply) || i > 0, "the first reaches a1");
     }
     assert_eq!(proxy.shared().breakers.state(PAYMENTS), State::Open);
-    assert_eq!(primary_finds(&back), 0, "no pinned read went to the primary");
+    assert_eq!(
+        primary_finds(&back),
+        0,
+        "no pinned read went to the primary"
+    );
 
     // Attack 1: a request mongos never finishes (an insert on shard A's stalled primary),
     // then 4 primary-rung reads pipelined behind it, on each of 4 connections.
@@ -158,7 +162,11 @@ async fn attackers_cannot_take_the_ladder_from_a_victim() {
             .sum::<u32>()
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(in_flight(), 0, "no slot is held by a read mongos has not started");
+    assert_eq!(
+        in_flight(),
+        0,
+        "no slot is held by a read mongos has not started"
+    );
     for c in &mut stuck {
         for _ in 0..4 {
             let reply = raw::body(&c.recv().await);
@@ -200,7 +208,11 @@ async fn attackers_cannot_take_the_ladder_from_a_victim() {
             .get_document("cursor")
             .and_then(|c| c.get_array("firstBatch"))
             .expect("a cursor");
-        assert_eq!(batch.into_iter().count(), 300, "the whole collection, from the primary");
+        assert_eq!(
+            batch.into_iter().count(),
+            300,
+            "the whole collection, from the primary"
+        );
         victim_answered += 1;
         tokio::time::sleep(Duration::from_millis(330).saturating_sub(started.elapsed())).await;
     }
@@ -211,13 +223,25 @@ async fn attackers_cannot_take_the_ladder_from_a_victim() {
         attack_answered.load(Ordering::Relaxed),
         attack_denied.load(Ordering::Relaxed),
     );
-    println!("victim {victim_answered}/9 answered; attackers {answered} answered, {denied} failed fast");
+    println!(
+        "victim {victim_answered}/9 answered; attackers {answered} answered, {denied} failed fast"
+    );
     assert_eq!(victim_answered, 9);
     // Each attacker is held to 4 starts per second: about 3 s (4 windows at most) x 4 x 4.
-    assert!(answered <= 4 * 4 * 4, "attackers' primary reads: {answered}");
-    assert!(denied > answered, "the attackers were refused most: {denied} vs {answered}");
+    assert!(
+        answered <= 4 * 4 * 4,
+        "attackers' primary reads: {answered}"
+    );
+    assert!(
+        denied > answered,
+        "the attackers were refused most: {denied} vs {answered}"
+    );
     let climbed = primary_finds(&back) - before;
-    assert_eq!(climbed as u64, answered + 9, "every primary read: the attackers' and the victim's");
+    assert_eq!(
+        climbed as u64,
+        answered + 9,
+        "every primary read: the attackers' and the victim's"
+    );
 
     // After all that, a pinned read still never goes to the primary.
     let before = primary_finds(&back);

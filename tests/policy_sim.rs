@@ -1070,8 +1070,7 @@ async fn with_the_ladder_strict_reads_answer_from_the_primary_with_no_orphans() 
     // then (breaker open) go to the primary at once. Every answer is the whole collection,
     // versioned by the primary: no orphan.
     for i in 1..=4 {
-        let (r, took) =
-            timed(find_with(&guarded, PAYMENTS, doc! {}, secondary(), doc! {})).await;
+        let (r, took) = timed(find_with(&guarded, PAYMENTS, doc! {}, secondary(), doc! {})).await;
         let docs = r.unwrap_or_else(|e| panic!("payment read {i}: {e}"));
         assert_eq!(docs.len(), PAYMENT_DOCS, "read {i}: no orphans");
         println!("payment read {i} answered after {took:?}");

@@ -222,8 +222,14 @@ impl Breakers {
         let mut bound = self.bound();
         let acting = |i: &usize| table.entries()[*i].mode != Mode::Passthrough;
         let n = table.entries().len();
-        bound.exact_entries = (0..n).filter(acting).filter(|&i| is_exact(table, i)).count();
-        bound.wild_entries = (0..n).filter(acting).filter(|&i| !is_exact(table, i)).count();
+        bound.exact_entries = (0..n)
+            .filter(acting)
+            .filter(|&i| is_exact(table, i))
+            .count();
+        bound.wild_entries = (0..n)
+            .filter(acting)
+            .filter(|&i| !is_exact(table, i))
+            .count();
         bound.share = share;
         bound.table = Some(table.clone());
         self.recount(&mut bound);
@@ -315,7 +321,10 @@ impl Breakers {
             return true;
         }
         let barren = bound.barren_index(need);
-        if barren.and_then(|i| bound.barren[i]).is_some_and(|until| now < until) {
+        if barren
+            .and_then(|i| bound.barren[i])
+            .is_some_and(|until| now < until)
+        {
             return false;
         }
         let mut soft = Idlest::default();
@@ -460,7 +469,11 @@ mod tests {
         assert_eq!(bound.class_of("pay.transactions"), Class::Exact);
         assert_eq!(bound.class_of("pay.x"), Class::Pooled(1));
         assert_eq!(bound.class_of("db.x"), Class::Pooled(2));
-        assert_eq!(bound.class_of("pay.audit"), Class::Pooled(4), "not governed");
+        assert_eq!(
+            bound.class_of("pay.audit"),
+            Class::Pooled(4),
+            "not governed"
+        );
         assert_eq!(bound.class_of("other.x"), Class::Pooled(4), "not governed");
         assert_eq!((bound.guarantee(1), bound.cap(1)), (4, 4));
         assert_eq!(bound.guarantee(4), 0);
@@ -482,7 +495,10 @@ mod tests {
             .filter(|i| open(&b, &format!("pay.flood{i}"), t0))
             .count();
         assert_eq!(opened, 4, "pay.* holds its cap, no more");
-        assert!(open(&b, "pay.transactions", t0), "exact: always its breaker");
+        assert!(
+            open(&b, "pay.transactions", t0),
+            "exact: always its breaker"
+        );
         for i in 0..4 {
             assert!(open(&b, &format!("db.c{i}"), t0), "db.* keeps its share");
         }
@@ -503,7 +519,11 @@ mod tests {
             assert!(open(&b, &format!("db.c{i}"), t0 + S(1)), "db.c{i}");
         }
         assert_eq!(count_under(&b, "pay.flood"), 5);
-        assert_eq!(b.state("pay.flood0"), State::Closed, "the idlest went first");
+        assert_eq!(
+            b.state("pay.flood0"),
+            State::Closed,
+            "the idlest went first"
+        );
         assert_eq!(b.not_closed(), 9);
         // Its guarantee met, db.* cannot take more while every breaker is open and read.
         assert!(!open(&b, "db.c4", t0 + S(1)));

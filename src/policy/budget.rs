@@ -236,8 +236,9 @@ mod tests {
     fn the_primary_rung_is_never_unbounded() {
         let off = None;
         let ceiling = PRIMARY_RUNG_CEILING_MS;
-        // (remaining, available after it, share, attempt_limit) -> maxTimeMS
-        let table: [(Option<i64>, bool, f64, Option<Duration>, i64); 12] = [
+        /// (remaining, `available` after it, share, attempt_limit, expected maxTimeMS)
+        type Row = (Option<i64>, bool, f64, Option<Duration>, i64);
+        let table: [Row; 12] = [
             // Strict, the last rung: what the read had left, whatever the limit.
             (Some(9_500), false, HALF, LIMIT, 9_500),
             (Some(9_500), false, HALF, off, 9_500),

@@ -299,7 +299,12 @@ pub fn decide<'a>(
             },
             // Primary first, with room left for `available` after it.
             (true, true) => Decision::Primary {
-                cap_ms: Some(primary_rung_ms(split.total_ms, true, p.attempt_share, p.attempt_limit)),
+                cap_ms: Some(primary_rung_ms(
+                    split.total_ms,
+                    true,
+                    p.attempt_share,
+                    p.attempt_limit,
+                )),
                 budget_ms: split.total_ms,
                 then: AfterPrimary::Available {
                     drop_after_cluster_time: true,
@@ -307,7 +312,12 @@ pub fn decide<'a>(
             },
             // The primary is the last rung: the whole budget, never unbounded.
             (false, true) => Decision::Primary {
-                cap_ms: Some(primary_rung_ms(split.total_ms, false, p.attempt_share, p.attempt_limit)),
+                cap_ms: Some(primary_rung_ms(
+                    split.total_ms,
+                    false,
+                    p.attempt_share,
+                    p.attempt_limit,
+                )),
                 budget_ms: split.total_ms,
                 then: AfterPrimary::FailFast {
                     reason,
@@ -555,28 +565,129 @@ mod tests {
         let tags = rawdoc! {"mode": "secondary", "tags": [{"node": "a1"}]};
         let tag_sets = rawdoc! {"mode": "nearest", "tagSets": [{"node": "a1"}, {}]};
         let any = rawdoc! {"mode": "secondary", "tags": [{}]};
-        type Row<'r> = (&'r str, &'r bson::RawDocument, Option<i64>, Admission, Decision<'static>);
+        type Row<'r> = (
+            &'r str,
+            &'r bson::RawDocument,
+            Option<i64>,
+            Admission,
+            Decision<'static>,
+        );
         let rows: Vec<Row> = vec![
             // Untagged: climbs; the primary gets the whole budget (strict) ...
-            ("pay.ladder", &secondary, Some(1000), open(), primary(1000, Some(1000), fail_fast)),
+            (
+                "pay.ladder",
+                &secondary,
+                Some(1000),
+                open(),
+                primary(1000, Some(1000), fail_fast),
+            ),
             // ... attempt_limit without a budget, the ceiling when that is off.
-            ("pay.ladder", &secondary, None, open(), primary(500, None, fail_fast)),
-            ("pay.off", &secondary, None, open(), primary(PRIMARY_RUNG_CEILING_MS, None, fail_fast)),
-            ("demo.ladder", &secondary, None, open(), primary(500, None, avail)),
-            ("demo.off", &secondary, None, open(), primary(PRIMARY_RUNG_CEILING_MS, None, avail)),
-            ("demo.ladder", &secondary, Some(4000), open(), primary(500, Some(4000), avail)),
+            (
+                "pay.ladder",
+                &secondary,
+                None,
+                open(),
+                primary(500, None, fail_fast),
+            ),
+            (
+                "pay.off",
+                &secondary,
+                None,
+                open(),
+                primary(PRIMARY_RUNG_CEILING_MS, None, fail_fast),
+            ),
+            (
+                "demo.ladder",
+                &secondary,
+                None,
+                open(),
+                primary(500, None, avail),
+            ),
+            (
+                "demo.off",
+                &secondary,
+                None,
+                open(),
+                primary(PRIMARY_RUNG_CEILING_MS, None, avail),
+            ),
+            (
+                "demo.ladder",
+                &secondary,
+                Some(4000),
+                open(),
+                primary(500, Some(4000), avail),
+            ),
             // `tags: [{}]` matches any member: not pinned.
-            ("pay.ladder", &any, None, open(), primary(500, None, fail_fast)),
-            ("pay.ladder", &any, Some(1000), Admission::Closed, track(Some(500), Some(1000), false, true)),
+            (
+                "pay.ladder",
+                &any,
+                None,
+                open(),
+                primary(500, None, fail_fast),
+            ),
+            (
+                "pay.ladder",
+                &any,
+                Some(1000),
+                Admission::Closed,
+                track(Some(500), Some(1000), false, true),
+            ),
             // Pinned: never to the primary. Strict fails fast when open and, closed, keeps
             // the client's own limit (no rung to leave room for) ...
-            ("pay.ladder", &tags, Some(1000), Admission::Closed, track(None, Some(1000), false, false)),
-            ("pay.ladder", &tag_sets, None, Admission::Closed, track(None, None, false, false)),
-            ("pay.ladder", &tags, None, open(), Decision::FailFast { reason: Reason::StaleRouting, probe_in: Duration::from_secs(5), errors: 3 }),
-            ("pay.ladder", &tag_sets, Some(1000), open(), Decision::FailFast { reason: Reason::StaleRouting, probe_in: Duration::from_secs(5), errors: 3 }),
+            (
+                "pay.ladder",
+                &tags,
+                Some(1000),
+                Admission::Closed,
+                track(None, Some(1000), false, false),
+            ),
+            (
+                "pay.ladder",
+                &tag_sets,
+                None,
+                Admission::Closed,
+                track(None, None, false, false),
+            ),
+            (
+                "pay.ladder",
+                &tags,
+                None,
+                open(),
+                Decision::FailFast {
+                    reason: Reason::StaleRouting,
+                    probe_in: Duration::from_secs(5),
+                    errors: 3,
+                },
+            ),
+            (
+                "pay.ladder",
+                &tag_sets,
+                Some(1000),
+                open(),
+                Decision::FailFast {
+                    reason: Reason::StaleRouting,
+                    probe_in: Duration::from_secs(5),
+                    errors: 3,
+                },
+            ),
             // ... fallback goes straight to `available`.
-            ("demo.ladder", &tags, Some(1000), Admission::Closed, track(Some(500), Some(1000), true, false)),
-            ("demo.ladder", &tag_sets, None, open(), Decision::Rewrite { drop_after_cluster_time: true, cap_ms: None }),
+            (
+                "demo.ladder",
+                &tags,
+                Some(1000),
+                Admission::Closed,
+                track(Some(500), Some(1000), true, false),
+            ),
+            (
+                "demo.ladder",
+                &tag_sets,
+                None,
+                open(),
+                Decision::Rewrite {
+                    drop_after_cluster_time: true,
+                    cap_ms: None,
+                },
+            ),
         ];
         for (ns, rp, max_time, admission, want) in rows {
             let (db, coll) = ns.split_once('.').expect("db.coll");
@@ -586,7 +697,11 @@ mod tests {
             }
             let info = classify(&body).expect("classifies");
             let target = resolve(&info, &t).expect("governed");
-            assert_eq!(decide(&target, &info, admission), want, "{ns} {rp:?} {max_time:?} {admission:?}");
+            assert_eq!(
+                decide(&target, &info, admission),
+                want,
+                "{ns} {rp:?} {max_time:?} {admission:?}"
+            );
         }
     }
 

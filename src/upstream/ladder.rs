@@ -249,7 +249,10 @@ mod tests {
         );
         drop(a);
         for _ in 0..2 {
-            drop(conn.try_acquire(&g, l, 0, false, t0).expect("within the share"));
+            drop(
+                conn.try_acquire(&g, l, 0, false, t0)
+                    .expect("within the share"),
+            );
         }
         let later = t0 + Duration::from_millis(999);
         assert_eq!(
@@ -258,27 +261,44 @@ mod tests {
         );
         // Another connection still has its own share of the upstream's 100 per second.
         let mut other = ConnLadder::default();
-        drop(other.try_acquire(&g, l, 0, false, later).expect("other connection"));
+        drop(
+            other
+                .try_acquire(&g, l, 0, false, later)
+                .expect("other connection"),
+        );
         // A new window.
         let next = t0 + Duration::from_secs(1);
-        drop(conn.try_acquire(&g, l, 0, false, next).expect("next second"));
+        drop(
+            conn.try_acquire(&g, l, 0, false, next)
+                .expect("next second"),
+        );
         // A refusal by the upstream's guard does not spend the connection's share.
         let tight = LadderGuardConfig {
             max_per_second: 1,
             ..l
         };
         let fresh = Arc::new(LadderGuard::new(t0));
-        drop(other.try_acquire(&fresh, tight, 0, false, next).expect("the one"));
+        drop(
+            other
+                .try_acquire(&fresh, tight, 0, false, next)
+                .expect("the one"),
+        );
         let mut third = ConnLadder::default();
         for _ in 0..5 {
             assert_eq!(
-                third.try_acquire(&fresh, tight, 0, false, next).unwrap_err(),
+                third
+                    .try_acquire(&fresh, tight, 0, false, next)
+                    .unwrap_err(),
                 Denied::Rate
             );
         }
         let after = next + Duration::from_secs(1);
         for _ in 0..1 {
-            drop(third.try_acquire(&fresh, tight, 0, false, after).expect("its share intact"));
+            drop(
+                third
+                    .try_acquire(&fresh, tight, 0, false, after)
+                    .expect("its share intact"),
+            );
         }
     }
 
