@@ -32,7 +32,7 @@ mod snapshot;
 pub use entry::backoff;
 use entry::{Breaker, Wait};
 
-pub use bound::{DEFAULT_BREAKER_SHARE, MIN_EXPIRY};
+pub use bound::MIN_EXPIRY;
 pub use snapshot::Snapshot;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -28,10 +28,9 @@ use dashmap::mapref::one::RefMut;
 use tokio::time::Instant;
 
 use super::{Breaker, Breakers, State};
+use crate::config::DEFAULT_BREAKER_SHARE;
 use crate::policy::{Mode, PolicyTable};
 
-/// Default `breaker_share`: one wildcard pattern may hold at most half the pool.
-pub const DEFAULT_BREAKER_SHARE: f64 = 0.5;
 /// The least time an open breaker nobody reads is kept (see [`Bound::expiry`]).
 pub const MIN_EXPIRY: Duration = Duration::from_secs(60);
 /// Evictable breakers freed by one scan of a full pool.

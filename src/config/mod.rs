@@ -151,6 +151,9 @@ impl Default for LadderGuardConfig {
     }
 }
 
+/// Default `breaker_share`: one wildcard pattern may hold at most half the breaker map's
+/// pool.
+pub const DEFAULT_BREAKER_SHARE: f64 = 0.5;
 /// Default `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `message_timeout`.
@@ -248,7 +251,7 @@ impl Config {
             stall: StallConfig::off(),
             ladder_guard: LadderGuardConfig::default(),
             limits: Limits::default(),
-            breaker_share: crate::breaker::DEFAULT_BREAKER_SHARE,
+            breaker_share: DEFAULT_BREAKER_SHARE,
         }
     }
 }

@@ -174,7 +174,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
 /// `breaker_share`: in (0, 1].
 fn breaker_share(ctx: &mut Ctx, v: Option<&Spanned<f64>>) -> Option<f64> {
     let Some(v) = v else {
-        return Some(crate::breaker::DEFAULT_BREAKER_SHARE);
+        return Some(super::DEFAULT_BREAKER_SHARE);
     };
     let share = *v.get_ref();
     if share > 0.0 && share <= 1.0 {
