@@ -28,9 +28,9 @@
 //! `window` come from at least `min_connections` connections. The window keeps at most
 //! `max(threshold, min_connections * per_connection)` entries, so memory is bounded.
 //!
-//! The map holds at most `max` breakers, exactly: a slot is reserved before a breaker is
-//! inserted. When it is full, the closed breaker (not held) idle the longest is evicted to
-//! make room; open and held breakers are never evicted.
+//! The map is bounded per pattern (`bound.rs`): namespaces the config lists exactly always
+//! have their breaker; each wildcard pattern has a guaranteed share of the rest and may
+//! borrow up to `breaker_share` of it; an open breaker nobody reads expires.
 
 mod bound;
 mod entry;
@@ -40,6 +40,7 @@ mod snapshot;
 pub use entry::backoff;
 use entry::Breaker;
 
+pub use bound::MIN_EXPIRY;
 pub use snapshot::Snapshot;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -97,15 +98,17 @@ pub enum Sample {
     Unknown,
 }
 
-/// All breakers. Bounded exactly by `max`: when full, the closed breaker idle the longest
-/// makes room; when every breaker is open or held, a new namespace is not tracked (behaves
-/// as closed). A flood of random names can neither grow memory nor keep new namespaces out.
+/// All breakers, bounded per pattern (see `bound.rs`): a namespace without room is not
+/// tracked (behaves as closed). A flood of names can neither grow memory nor take the
+/// breakers of exactly listed namespaces or of other patterns.
 #[derive(Debug)]
 pub struct Breakers {
     map: DashMap<String, Breaker>,
-    max: usize,
-    /// Slots taken in `map` (reserved before an insert, so the bound is exact).
-    taken: AtomicUsize,
+    /// Who may hold how many slots of `map`; taken before any shard lock of `map`, never
+    /// while one is held.
+    bound: Mutex<bound::Bound>,
+    /// The origin of each breaker's `last_read` clock.
+    epoch: Instant,
     /// Breakers open. Changed under the breaker's map lock by [`Breakers::moved`]; while it
     /// is 0 every read is admitted without touching the map (a read of a line that changes
     /// only on transitions, no lock taken).
@@ -134,8 +137,8 @@ impl Breakers {
     pub fn with_metrics(max: usize, metrics: Arc<Metrics>) -> Breakers {
         Breakers {
             map: DashMap::new(),
-            max,
-            taken: AtomicUsize::new(0),
+            bound: Mutex::new(bound::Bound::new(max)),
+            epoch: Instant::now(),
             not_closed: AtomicUsize::new(0),
             metrics,
             hold: Mutex::new(None),
@@ -185,6 +188,7 @@ impl Breakers {
             let Some(b) = self.map.get(ns) else {
                 return Admission::Closed;
             };
+            self.touch(&b, now);
             match b.peek(policy, now) {
                 Admission::Probe => {}
                 a => return a,
@@ -324,18 +328,15 @@ impl Breakers {
 
     /// Drops breakers whose namespace no longer has an acting policy (after a reload).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut bound = self.bound();
         self.map.retain(|k, b| {
             let kept = keep(k);
-            if !kept {
-                self.taken.fetch_sub(1, Ordering::AcqRel);
-                if b.state != State::Closed {
-                    self.not_closed.fetch_sub(1, Ordering::AcqRel);
-                }
+            if !kept && b.state != State::Closed {
+                self.not_closed.fetch_sub(1, Ordering::AcqRel);
             }
             kept
         });
-        let taken = self.taken.load(Ordering::Acquire);
-        self.metrics.limits.breakers.set(taken as i64);
+        self.recount(&mut bound);
     }
 }
 

@@ -39,13 +39,12 @@ impl Handles {
     pub fn new(config: Arc<Config>) -> Handles {
         let metrics = Arc::new(Metrics::new());
         crate::state::publish_limits(&metrics, &config, DEFAULT_MAX_BREAKERS);
+        let breakers = Breakers::with_metrics(DEFAULT_MAX_BREAKERS, metrics.clone());
+        breakers.set_patterns(&config.policy, config.breaker_share);
         Handles {
             upstreams: Arc::new(Upstreams::new(config.upstreams.clone())),
             config: Arc::new(LiveConfig::new(config)),
-            breakers: Arc::new(Breakers::with_metrics(
-                DEFAULT_MAX_BREAKERS,
-                metrics.clone(),
-            )),
+            breakers: Arc::new(breakers),
             metrics,
             stall: Arc::new(StallWatch::new()),
             ids: Arc::default(),

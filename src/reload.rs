@@ -56,6 +56,8 @@ pub fn reload(shared: &Handles, trigger: &str) -> Result<(), Vec<ConfigError>> {
         tracing::warn!(server_name = ?t.server_name, "upstream_tls.insecure_skip_verify = true: mongos certificates are NOT verified");
     }
     retain_breakers(shared, &old, &new);
+    // The breaker map's shares follow the new patterns (exact ones reserved at once).
+    shared.breakers.set_patterns(&new.policy, new.breaker_share);
     for gone in shared.upstreams.set(&new.upstreams) {
         shared.metrics.upstream_removed(&gone);
     }

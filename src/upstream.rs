@@ -4,7 +4,7 @@
 
 mod ladder;
 
-pub use ladder::{Denied, LadderGuard, LadderPermit};
+pub use ladder::{ConnLadder, Denied, LadderGuard, LadderPermit};
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -44,6 +44,7 @@ fn find_with_secondary_preferred_and_tags() {
             db: Some("demo"),
             collection: Some("store_inventory"),
             read_pref: Some(ReadPrefMode::SecondaryPreferred),
+            read_pref_tags: true,
             ..CommandInfo::default()
         }
     );
@@ -54,6 +55,37 @@ fn find_with_secondary_preferred_and_tags() {
         "no allocation for a find"
     );
     assert!(is_eligible_shape(&info));
+}
+
+/// Tag sets pin a read (it never climbs to the primary): `tags` or the Rust driver's
+/// `tagSets`, unless every set is the empty document (any member).
+#[test]
+fn read_preference_tag_sets() {
+    let pinned = |rp: RawDocumentBuf| {
+        classify(&rawdoc! { "find": "c", "$db": "d", "$readPreference": rp })
+            .unwrap()
+            .read_pref_tags
+    };
+    assert!(pinned(
+        rawdoc! { "mode": "secondary", "tags": [ { "node": "a1" } ] }
+    ));
+    assert!(pinned(
+        rawdoc! { "mode": "secondary", "tags": [ { "dc": "x" }, {} ] }
+    ));
+    assert!(pinned(
+        rawdoc! { "mode": "nearest", "tagSets": [ { "node": "a1" } ] }
+    ));
+    assert!(
+        pinned(rawdoc! { "mode": "secondary", "tags": "a1" }),
+        "odd shapes pin"
+    );
+    assert!(pinned(rawdoc! { "mode": "secondary", "tags": [ 1 ] }));
+    assert!(!pinned(rawdoc! { "mode": "secondary" }));
+    assert!(!pinned(rawdoc! { "mode": "secondary", "tags": [] }));
+    assert!(!pinned(rawdoc! { "mode": "secondary", "tags": [ {} ] }));
+    assert!(!pinned(
+        rawdoc! { "mode": "secondary", "tagSets": [ {} ], "maxStalenessSeconds": 90 }
+    ));
 }
 
 #[test]

@@ -1263,3 +1263,51 @@ fn a_huge_cooldown_is_refused_at_load() {
     assert_eq!(e.key, "defaults.window");
     ok("[defaults]\ncooldown = \"24h\"\n");
 }
+
+// ------------------------------------------------------------- issue 20: the breaker map
+
+#[test]
+fn breaker_share_default_value_and_errors() {
+    assert_eq!(ok("").breaker_share, 0.5);
+    assert_eq!(ok("breaker_share = 0.25\n").breaker_share, 0.25);
+    assert_eq!(ok("breaker_share = 1.0\n").breaker_share, 1.0);
+    for bad in ["0.0", "-0.5", "1.5", "nan"] {
+        assert_eq!(
+            problems(&format!(
+                "listen = \"127.0.0.1:0\"\nbreaker_share = {bad}\n"
+            )),
+            [k(2, "breaker_share")],
+            "{bad}"
+        );
+    }
+    let shown = staleguard::config::render_table(&ok("breaker_share = 0.25\n"));
+    assert!(shown.contains("breaker_share     0.25"), "{shown}");
+}
+
+#[test]
+fn per_connection_per_second_default_value_and_errors() {
+    let laddered = "[[namespaces]]\npattern = \"p.*\"\nmode = \"strict\"\nladder = [\"primary\"]\n";
+    assert_eq!(ok(laddered).ladder_guard.per_connection_per_second, 10);
+    // Unset: a tenth of max_per_second, at least 1.
+    let g = |guard: &str| ok(&format!("[ladder_guard]\n{guard}\n{laddered}")).ladder_guard;
+    assert_eq!(g("max_per_second = 40").per_connection_per_second, 4);
+    assert_eq!(g("max_per_second = 5").per_connection_per_second, 1);
+    assert_eq!(
+        g("max_per_second = 40\nper_connection_per_second = 40").per_connection_per_second,
+        40
+    );
+    for bad in ["0", "-1", "101"] {
+        assert_eq!(
+            problems(&format!(
+                "[ladder_guard]\nper_connection_per_second = {bad}\n{laddered}"
+            )),
+            [k(2, "ladder_guard.per_connection_per_second")],
+            "{bad}"
+        );
+    }
+    let shown = staleguard::config::render_table(&ok(laddered));
+    assert!(
+        shown.contains("16 in flight, 100/s per upstream; per connection 4 in flight, 10/s"),
+        "{shown}"
+    );
+}

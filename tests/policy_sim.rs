@@ -1102,11 +1102,11 @@ async fn with_the_ladder_strict_reads_answer_from_the_primary_with_no_orphans() 
     );
     assert!(pay_move.moved_docs > 0 && inv_move.moved_docs > 0);
     warm(&direct, &["a1", "a2"]).await;
+    // Both of shard A's secondaries restart: an unpinned secondary read fails on either.
     env.incident(&["a1", "a2"]);
-    // Not pinned by tag sets (a pinned read never climbs: the client chose its members).
     let secondary = || doc! { "mode": "secondary" };
 
-    // Straight to mongos, the secondaries refuse the payment read.
+    // Straight to mongos, shard A's secondaries refuse the payment read.
     let r = find_with(&direct, PAYMENTS, doc! {}, secondary(), doc! {}).await;
     assert_eq!(error_of(r, "direct read").0, 13388);
 
@@ -1132,6 +1132,15 @@ async fn with_the_ladder_strict_reads_answer_from_the_primary_with_no_orphans() 
     let ladder = &env.proxy.shared().metrics.ladder;
     assert_eq!(ladder.attempts_of(PAYMENTS, "primary", "answered"), 4);
     assert_eq!(ladder.orphans_of(PAYMENTS), 0);
+
+    // A read pinned to a1 by its tag sets never goes to the primary (issue 20): the client
+    // chose its members. The breaker is open, so it fails fast, and nothing is sent.
+    let sent = env.upstream("find", PAYMENTS).len();
+    let r = find_on(&guarded, PAYMENTS, doc! {}, "a1", doc! {}).await;
+    let (code, _, msg) = error_of(r, "pinned read");
+    assert_eq!(code, 13388);
+    assert!(msg.starts_with("staleguard:"), "{msg}");
+    assert_eq!(env.upstream("find", PAYMENTS).len(), sent, "nothing sent");
 
     // The fallback inventory is served with `available`: a read of the moved document
     // gets it twice (from the donor as an orphan, and from its owner). The estimate counts

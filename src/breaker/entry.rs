@@ -4,6 +4,7 @@
 //! here.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -38,6 +39,9 @@ pub(super) struct Breaker {
     /// Samples answered in a row while open (reset by a failed one), since when, and the
     /// first connections they came from.
     pub(super) streak: Streak,
+    /// When an eligible read last met it, in ms since `Breakers::epoch` (0: never); kept
+    /// by `Breakers::touch` under the map's read lock.
+    pub(super) last_read: AtomicU64,
 }
 
 /// Successful samples in a row while a breaker is open: it closes on a streak, not on one
@@ -96,6 +100,7 @@ impl Breaker {
             step: 0,
             early: false,
             streak: Streak::default(),
+            last_read: AtomicU64::new(0),
         }
     }
 

@@ -140,8 +140,9 @@ pub struct CommandInfo<'a> {
     pub read_pref: Option<ReadPrefMode>,
     /// `$readPreference` present with a mode we do not know.
     pub read_pref_unknown: bool,
-    /// `$readPreference.tags` (or the Rust driver's `tagSets`) lists tag sets and none of
-    /// them is the empty set that matches any member: the client pinned the read to members.
+    /// `$readPreference` carries tag sets that pin the read to some members: `tags` (what
+    /// mongos reads) or `tagSets` (what the Rust driver sends) with an element other than
+    /// the empty document (which matches any member), or of another type than an array.
     pub read_pref_tags: bool,
     pub read_concern: ReadConcernInfo<'a>,
     /// `autocommit` present (any value) or `startTransaction` present.
@@ -357,35 +358,31 @@ fn read_preference<'a>(
     let mut elems = Elements::new(e.value)?;
     let mut seen = Seen::default();
     while let Some(f) = elems.next_elem()? {
-        if f.key == b"mode" {
+        if f.key == b"tags" || f.key == b"tagSets" {
+            info.read_pref_tags |= pins(&f)?;
+        } else if f.key == b"mode" {
             seen.mark(K_MODE, "$readPreference.mode", dup);
             let mode = string_value(&f)?.and_then(ReadPrefMode::parse);
             info.read_pref = mode;
             info.read_pref_unknown = mode.is_none();
-        } else if f.key == b"tags" || f.key == b"tagSets" {
-            info.read_pref_tags |= pins_members(&f)?;
         }
     }
     Ok(())
 }
 
-/// A list of tag sets that pins a read: at least one set, and no empty set (`{}` matches
-/// any member). Anything but an array of documents pins too (the server would refuse it,
-/// and such a read's 133 is the client's doing).
-fn pins_members(e: &Elem<'_>) -> Result<bool, ClassifyError> {
+/// A tag-set list that pins a read: anything but an array of empty documents.
+fn pins(e: &Elem<'_>) -> Result<bool, ClassifyError> {
     if e.tag != scan::ARRAY {
         return Ok(true);
     }
     let mut sets = Elements::new(e.value)?;
-    let mut any = false;
     while let Some(set) = sets.next_elem()? {
-        any = true;
-        // An empty document is 5 bytes: its length and the terminating zero.
-        if set.tag == scan::DOCUMENT && set.value.len() <= 5 {
-            return Ok(false);
+        // An empty document is exactly 5 bytes (length and terminator).
+        if set.tag != scan::DOCUMENT || set.value.len() > 5 {
+            return Ok(true);
         }
     }
-    Ok(any)
+    Ok(false)
 }
 
 fn read_concern<'a>(

@@ -113,6 +113,10 @@ pub struct Config {
     /// The resource limits (top-level keys `max_connections`, `message_timeout`,
     /// `idle_timeout`, `max_pending_reads`).
     pub limits: Limits,
+    /// `breaker_share`: the largest share of the breaker map's wildcard pool (the slots
+    /// exact patterns do not reserve) one wildcard pattern may hold. Default 0.5; above 0,
+    /// at most 1. Reloads.
+    pub breaker_share: f64,
 }
 
 /// `[ladder_guard]`: the per-upstream limits on reads sent to the primary rung; past
@@ -127,7 +131,13 @@ pub struct LadderGuardConfig {
     pub max_per_second: u32,
     /// `per_connection`: primary-rung reads one client connection may have waiting at once
     /// (so that one client cannot take every slot of `max_in_flight`). Default 4; at least 1.
+    /// A primary-rung read is only sent when nothing earlier waits on its connection, so a
+    /// connection holds one slot at most in practice.
     pub per_connection: u32,
+    /// `per_connection_per_second`: primary-rung reads one client connection may start per
+    /// second (so that a few clients cannot spend all of `max_per_second`). Default a tenth
+    /// of `max_per_second` (10), at least 1; 1..=`max_per_second`.
+    pub per_connection_per_second: u32,
 }
 
 impl Default for LadderGuardConfig {
@@ -136,10 +146,14 @@ impl Default for LadderGuardConfig {
             max_in_flight: 16,
             max_per_second: 100,
             per_connection: 4,
+            per_connection_per_second: 10,
         }
     }
 }
 
+/// Default `breaker_share`: one wildcard pattern may hold at most half the breaker map's
+/// pool.
+pub const DEFAULT_BREAKER_SHARE: f64 = 0.5;
 /// Default `max_connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `message_timeout`.
@@ -237,6 +251,7 @@ impl Config {
             stall: StallConfig::off(),
             ladder_guard: LadderGuardConfig::default(),
             limits: Limits::default(),
+            breaker_share: DEFAULT_BREAKER_SHARE,
         }
     }
 }

@@ -77,6 +77,7 @@ struct RawConfig {
     message_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_pending_reads: Option<Spanned<i64>>,
+    breaker_share: Option<Spanned<f64>>,
     admin: Option<Spanned<ops::RawAdmin>>,
     tls: Option<Spanned<ops::RawTls>>,
     upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
@@ -93,6 +94,7 @@ struct RawLadderGuard {
     max_in_flight: Option<Spanned<i64>>,
     per_connection: Option<Spanned<i64>>,
     max_per_second: Option<Spanned<i64>>,
+    per_connection_per_second: Option<Spanned<i64>>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -146,6 +148,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
     let stall = stall::stall(ctx, raw.stall_watch.as_ref(), fallback_entries);
     let ladder_guard = ladder_guard(ctx, raw.ladder_guard.as_ref(), policy.as_ref());
     let limits = limits(ctx, &raw);
+    let breaker_share = breaker_share(ctx, raw.breaker_share.as_ref());
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -164,7 +167,22 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         stall: stall.ok()?,
         ladder_guard: ladder_guard?,
         limits: limits?,
+        breaker_share: breaker_share?,
     })
+}
+
+/// `breaker_share`: in (0, 1].
+fn breaker_share(ctx: &mut Ctx, v: Option<&Spanned<f64>>) -> Option<f64> {
+    let Some(v) = v else {
+        return Some(super::DEFAULT_BREAKER_SHARE);
+    };
+    let share = *v.get_ref();
+    if share > 0.0 && share <= 1.0 {
+        return Some(share);
+    }
+    let msg = format!("{share} is out of range: above 0, at most 1");
+    ctx.err(v, "breaker_share", msg);
+    None
 }
 
 fn ladder_guard(
@@ -194,6 +212,11 @@ fn ladder_guard(
             &raw.per_connection,
             &mut out.per_connection,
         ),
+        (
+            "per_connection_per_second",
+            &raw.per_connection_per_second,
+            &mut out.per_connection_per_second,
+        ),
     ] {
         let Some(value) = value else { continue };
         match u32::try_from(*value.get_ref()) {
@@ -204,6 +227,19 @@ fn ladder_guard(
                 ok = false;
             }
         }
+    }
+    match &raw.per_connection_per_second {
+        // A tenth of the upstream's rate unless set.
+        None => out.per_connection_per_second = (out.max_per_second / 10).max(1),
+        Some(v) if ok && out.per_connection_per_second > out.max_per_second => {
+            let msg = format!(
+                "{} is above max_per_second ({}): it can never take effect",
+                out.per_connection_per_second, out.max_per_second
+            );
+            ctx.err(v, "ladder_guard.per_connection_per_second", msg);
+            ok = false;
+        }
+        Some(_) => {}
     }
     ok.then_some(out)
 }

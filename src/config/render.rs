@@ -134,6 +134,7 @@ fn settings(out: &mut String, config: &Config) {
         l.idle_timeout.map_or("off".to_string(), fmt_duration)
     );
     let _ = writeln!(out, "max_pending_reads {}", l.max_pending_reads);
+    let _ = writeln!(out, "breaker_share     {}", config.breaker_share);
     let _ = writeln!(out, "max_message_size  {}", config.max_message_size);
     let _ = writeln!(
         out,
@@ -153,8 +154,8 @@ fn settings(out: &mut String, config: &Config) {
     let g = config.ladder_guard;
     let _ = writeln!(
         out,
-        "ladder_guard      {} in flight, {}/s per upstream, {} in flight per connection",
-        g.max_in_flight, g.max_per_second, g.per_connection
+        "ladder_guard      {} in flight, {}/s per upstream; per connection {} in flight, {}/s",
+        g.max_in_flight, g.max_per_second, g.per_connection, g.per_connection_per_second
     );
 }
 

@@ -100,6 +100,32 @@ pub fn rung_share(remaining: Option<i64>, share: f64, limit: Option<Duration>) -
         .or(remaining)
 }
 
+/// The primary rung's time limit when neither the read nor `attempt_limit` bounds it (no
+/// `maxTimeMS`, no `max_time`, `attempt_limit = "off"`): a primary read is never sent
+/// without a limit, so a guard slot always comes back and the primary is never left with
+/// reads nobody waits for.
+pub const PRIMARY_RUNG_CEILING_MS: i64 = 5_000;
+
+/// The `maxTimeMS` of the primary rung: never unbounded. `remaining` is what the read has
+/// left of its budget (`None`: it had none); `then_available`: the `available` rung follows
+/// (fallback), so the primary takes only a share, as the first attempt did.
+///
+/// - with a budget: all of what is left (strict, the last rung), or
+///   `min(left * share, limit)` with `available` after it;
+/// - without one: `attempt_limit`, or [`PRIMARY_RUNG_CEILING_MS`] when it is off.
+pub fn primary_rung_ms(
+    remaining: Option<i64>,
+    then_available: bool,
+    share: f64,
+    limit: Option<Duration>,
+) -> i64 {
+    match remaining.filter(|&t| t > 0) {
+        Some(t) if then_available => rung_share(Some(t), share, limit).unwrap_or(t),
+        Some(t) => t,
+        None => limit.map_or(PRIMARY_RUNG_CEILING_MS, |l| ms(l).max(1)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,6 +245,43 @@ mod tests {
         assert_eq!(rung_share(Some(300), 1.0, None), Some(300));
         assert_eq!(rung_share(None, HALF, LIMIT), Some(500));
         assert_eq!(rung_share(None, HALF, None), None);
+    }
+
+    #[test]
+    fn the_primary_rung_is_never_unbounded() {
+        let off = None;
+        let ceiling = PRIMARY_RUNG_CEILING_MS;
+        /// (remaining, `available` after it, share, attempt_limit, expected maxTimeMS)
+        type Row = (Option<i64>, bool, f64, Option<Duration>, i64);
+        let table: [Row; 12] = [
+            // Strict, the last rung: what the read had left, whatever the limit.
+            (Some(9_500), false, HALF, LIMIT, 9_500),
+            (Some(9_500), false, HALF, off, 9_500),
+            (Some(1), false, HALF, LIMIT, 1),
+            // No budget: attempt_limit, or the ceiling when it is off.
+            (None, false, HALF, LIMIT, 500),
+            (None, false, HALF, Some(Duration::from_secs(2)), 2_000),
+            (None, false, HALF, off, ceiling),
+            (Some(0), false, HALF, off, ceiling),
+            // Fallback, `available` after it: a share of what is left, at most the limit.
+            (Some(9_500), true, HALF, LIMIT, 500),
+            (Some(800), true, HALF, LIMIT, 400),
+            (Some(800), true, 1.0, off, 800),
+            (None, true, HALF, LIMIT, 500),
+            (None, true, HALF, off, ceiling),
+        ];
+        for (remaining, then_available, share, limit, want) in table {
+            assert_eq!(
+                primary_rung_ms(remaining, then_available, share, limit),
+                want,
+                "{remaining:?} {then_available} {share} {limit:?}"
+            );
+        }
+        // A tiny limit is still a limit (0 would mean none to the server).
+        assert_eq!(
+            primary_rung_ms(None, false, HALF, Some(Duration::from_micros(10))),
+            1
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::budget::attempt_budget;
+use super::budget::{attempt_budget, primary_rung_ms};
 use super::reason::{Admission, Reason};
 use super::table::{Causal, Mode, NsPolicy, PolicyTable};
 use crate::command::{is_eligible_shape, is_read_command, CommandInfo, Ns, ReadPrefMode};
@@ -270,16 +270,16 @@ pub fn decide<'a>(
         return Decision::Forward;
     }
     let fallback = target.mode == Mode::Fallback;
+    // A read pinned by tag sets never climbs to the primary: the client chose its members.
+    let primary_rung = p.primary_rung && !info.read_pref_tags;
     // A rung follows the first attempt: it gets a share of the budget, the rung the rest.
-    let climbs = fallback || p.primary_rung;
+    let climbs = fallback || primary_rung;
     let split = attempt_budget(
         info.max_time_ms,
         p.max_time,
         p.attempt_share,
         p.attempt_limit,
     );
-    // A read pinned by tag sets is never sent to the primary: the client chose its members.
-    let primary = p.primary_rung && !info.read_pref_tags;
     let track = |probe| {
         if climbs {
             Decision::Track {
@@ -287,7 +287,7 @@ pub fn decide<'a>(
                 budget_ms: split.total_ms,
                 probe,
                 retry: fallback,
-                primary,
+                primary: primary_rung,
                 bounded: None,
             }
         } else {
@@ -327,22 +327,32 @@ pub fn decide<'a>(
             reason,
             probe_in,
             errors,
-        } => match (fallback, primary) {
+        } => match (fallback, primary_rung) {
             (true, false) => Decision::Rewrite {
                 drop_after_cluster_time: true,
                 cap_ms,
             },
             // Primary first, with room left for `available` after it.
             (true, true) => Decision::Primary {
-                cap_ms: split.first_ms,
+                cap_ms: Some(primary_rung_ms(
+                    split.total_ms,
+                    true,
+                    p.attempt_share,
+                    p.attempt_limit,
+                )),
                 budget_ms: split.total_ms,
                 then: AfterPrimary::Available {
                     drop_after_cluster_time: true,
                 },
             },
-            // The primary is the last rung: the whole budget.
+            // The primary is the last rung: the whole budget, never unbounded.
             (false, true) => Decision::Primary {
-                cap_ms,
+                cap_ms: Some(primary_rung_ms(
+                    split.total_ms,
+                    false,
+                    p.attempt_share,
+                    p.attempt_limit,
+                )),
                 budget_ms: split.total_ms,
                 then: AfterPrimary::FailFast {
                     reason,
@@ -380,6 +390,7 @@ impl Decision<'_> {
 mod tests {
     use super::*;
     use crate::command::classify;
+    use crate::policy::PRIMARY_RUNG_CEILING_MS;
     use bson::rawdoc;
 
     fn table() -> PolicyTable {
@@ -526,7 +537,7 @@ mod tests {
         assert_eq!(
             decide_on(&pay, open()),
             Decision::Primary {
-                cap_ms: None,
+                cap_ms: Some(1000),
                 budget_ms: Some(1000),
                 then: AfterPrimary::FailFast {
                     reason: Reason::StaleRouting,
@@ -555,6 +566,187 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A read pinned by tag sets (`tags`, or the Rust driver's `tagSets`) never climbs to
+    /// the primary; its breaker, budget and fail-fast are those of a namespace without the
+    /// rung. The primary rung's `maxTimeMS` is never unbounded.
+    #[test]
+    fn ladder_table_tags_and_bounds() {
+        let mut strict = NsPolicy::with_defaults("pay.ladder", Mode::Strict);
+        strict.primary_rung = true;
+        let mut strict_off = NsPolicy::with_defaults("pay.off", Mode::Strict);
+        strict_off.primary_rung = true;
+        strict_off.attempt_limit = None;
+        let mut fb = NsPolicy::with_defaults("demo.ladder", Mode::Fallback);
+        fb.primary_rung = true;
+        let mut fb_off = NsPolicy::with_defaults("demo.off", Mode::Fallback);
+        fb_off.primary_rung = true;
+        fb_off.attempt_limit = None;
+        let t = PolicyTable::from_policies(vec![strict, strict_off, fb, fb_off]).expect("valid");
+        let fail_fast = AfterPrimary::FailFast {
+            reason: Reason::StaleRouting,
+            probe_in: Duration::from_secs(5),
+            errors: 3,
+        };
+        let avail = AfterPrimary::Available {
+            drop_after_cluster_time: true,
+        };
+        let track = |cap_ms, budget_ms, retry, primary| Decision::Track {
+            cap_ms,
+            budget_ms,
+            probe: false,
+            retry,
+            primary,
+            bounded: None,
+        };
+        let primary = |cap_ms, budget_ms, then| Decision::Primary {
+            cap_ms: Some(cap_ms),
+            budget_ms,
+            then,
+        };
+        let secondary = rawdoc! {"mode": "secondary"};
+        let tags = rawdoc! {"mode": "secondary", "tags": [{"node": "a1"}]};
+        let tag_sets = rawdoc! {"mode": "nearest", "tagSets": [{"node": "a1"}, {}]};
+        let any = rawdoc! {"mode": "secondary", "tags": [{}]};
+        type Row<'r> = (
+            &'r str,
+            &'r bson::RawDocument,
+            Option<i64>,
+            Admission,
+            Decision<'static>,
+        );
+        let rows: Vec<Row> = vec![
+            // Untagged: climbs; the primary gets the whole budget (strict) ...
+            (
+                "pay.ladder",
+                &secondary,
+                Some(1000),
+                open(),
+                primary(1000, Some(1000), fail_fast),
+            ),
+            // ... attempt_limit without a budget, the ceiling when that is off.
+            (
+                "pay.ladder",
+                &secondary,
+                None,
+                open(),
+                primary(500, None, fail_fast),
+            ),
+            (
+                "pay.off",
+                &secondary,
+                None,
+                open(),
+                primary(PRIMARY_RUNG_CEILING_MS, None, fail_fast),
+            ),
+            (
+                "demo.ladder",
+                &secondary,
+                None,
+                open(),
+                primary(500, None, avail),
+            ),
+            (
+                "demo.off",
+                &secondary,
+                None,
+                open(),
+                primary(PRIMARY_RUNG_CEILING_MS, None, avail),
+            ),
+            (
+                "demo.ladder",
+                &secondary,
+                Some(4000),
+                open(),
+                primary(500, Some(4000), avail),
+            ),
+            // `tags: [{}]` matches any member: not pinned.
+            (
+                "pay.ladder",
+                &any,
+                None,
+                open(),
+                primary(500, None, fail_fast),
+            ),
+            (
+                "pay.ladder",
+                &any,
+                Some(1000),
+                Admission::Closed,
+                track(Some(500), Some(1000), false, true),
+            ),
+            // Pinned: never to the primary. Strict fails fast when open and, closed, keeps
+            // the client's own limit (no rung to leave room for) ...
+            (
+                "pay.ladder",
+                &tags,
+                Some(1000),
+                Admission::Closed,
+                track(None, Some(1000), false, false),
+            ),
+            (
+                "pay.ladder",
+                &tag_sets,
+                None,
+                Admission::Closed,
+                track(None, None, false, false),
+            ),
+            (
+                "pay.ladder",
+                &tags,
+                None,
+                open(),
+                Decision::FailFast {
+                    reason: Reason::StaleRouting,
+                    probe_in: Duration::from_secs(5),
+                    errors: 3,
+                },
+            ),
+            (
+                "pay.ladder",
+                &tag_sets,
+                Some(1000),
+                open(),
+                Decision::FailFast {
+                    reason: Reason::StaleRouting,
+                    probe_in: Duration::from_secs(5),
+                    errors: 3,
+                },
+            ),
+            // ... fallback goes straight to `available`.
+            (
+                "demo.ladder",
+                &tags,
+                Some(1000),
+                Admission::Closed,
+                track(Some(500), Some(1000), true, false),
+            ),
+            (
+                "demo.ladder",
+                &tag_sets,
+                None,
+                open(),
+                Decision::Rewrite {
+                    drop_after_cluster_time: true,
+                    cap_ms: None,
+                },
+            ),
+        ];
+        for (ns, rp, max_time, admission, want) in rows {
+            let (db, coll) = ns.split_once('.').expect("db.coll");
+            let mut body = rawdoc! {"find": coll, "$db": db, "$readPreference": rp.to_owned()};
+            if let Some(ms) = max_time {
+                body.append(bson::raw::cstr!("maxTimeMS"), ms);
+            }
+            let info = classify(&body).expect("classifies");
+            let target = resolve(&info, &t).expect("governed");
+            assert_eq!(
+                decide(&target, &info, admission),
+                want,
+                "{ns} {rp:?} {max_time:?} {admission:?}"
+            );
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::{next_rung_ms, rung_share, Remaining};
+use super::budget::{next_rung_ms, primary_rung_ms, Remaining};
 use super::decide::Bounded;
 use super::reason::Reason;
 use super::table::{Causal, NsPolicy};
@@ -367,11 +367,12 @@ fn climb(read: &Read<'_>, to: Rung, remaining: Option<i64>) -> Then {
     };
     match to {
         Rung::Primary => {
-            let max_time_ms = if read.retry {
-                rung_share(remaining, policy.attempt_share, policy.attempt_limit)
-            } else {
-                remaining
-            };
+            let max_time_ms = Some(primary_rung_ms(
+                remaining,
+                read.retry,
+                policy.attempt_share,
+                policy.attempt_limit,
+            ));
             Then::Climb {
                 to,
                 spec: RewriteSpec {

@@ -23,7 +23,10 @@ mod outcome;
 mod reason;
 mod table;
 
-pub use budget::{attempt_budget, next_rung_ms, rung_share, AttemptBudget, Remaining};
+pub use budget::{
+    attempt_budget, next_rung_ms, primary_rung_ms, rung_share, AttemptBudget, Remaining,
+    PRIMARY_RUNG_CEILING_MS,
+};
 pub use decide::{
     capped_max_time, decide, resolve, AfterPrimary, Bounded, Decision, ReadKind, Refusal, Target,
 };

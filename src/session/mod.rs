@@ -113,6 +113,8 @@ pub struct Session {
     upstream: String,
     /// That upstream's guard on primary-rung reads (`[ladder_guard]`).
     ladder: Option<Arc<crate::upstream::LadderGuard>>,
+    /// This connection's share of it (`per_connection_per_second`).
+    ladder_share: crate::upstream::ConnLadder,
     /// Scratch space for the orphan estimate on `available` replies.
     ids: crate::wire::dupids::IdSet,
     /// Writes sent and not answered yet (write-stall watch).
@@ -156,6 +158,7 @@ impl Session {
             last_tracked_ns: None,
             upstream: String::new(),
             ladder: None,
+            ladder_share: Default::default(),
             ids: Default::default(),
             writes: WriteTracker::default(),
             to_upstream: Outbox::default(),

@@ -346,25 +346,25 @@ impl Session {
             .ladder_attempt(&self.shared.metrics, &t.ns, t.rung.as_str(), result);
     }
 
-    /// A slot on this connection's upstream for one primary-rung read, or `None` (counted
-    /// as `denied`) when the guard is full.
-    pub(super) fn claim_ladder(&self, ns: &str) -> Option<LadderPermit> {
+    /// A slot on this connection's upstream for one primary-rung read about to be sent,
+    /// within this connection's share (`upstream::ConnLadder`: only when mongos starts it at
+    /// once), or `None` (counted as `denied`).
+    pub(super) fn claim_ladder(&mut self, ns: &str) -> Option<LadderPermit> {
         let guard = self.ladder.as_ref()?;
-        let limits = self.config.ladder_guard;
         let held = self.pending.iter().filter(|t| t.permit.is_some()).count();
-        if held >= limits.per_connection as usize {
-            self.shared.metrics.ladder_attempt(ns, "primary", "denied");
-            tracing::debug!(ns = %ns, held, "primary rung refused: this connection holds its share of the ladder guard");
-            return None;
-        }
-        match guard.try_acquire(limits, Instant::now()) {
-            Ok(permit) => Some(permit),
-            Err(denied) => {
+        // The read would be request `sent_finals + 1`: mongos starts it once every earlier
+        // one has its final reply.
+        let queued = self.finals_in < self.sent_finals;
+        let limits = self.config.ladder_guard;
+        let claimed = self
+            .ladder_share
+            .try_acquire(guard, limits, held, queued, Instant::now());
+        claimed
+            .map_err(|denied| {
                 self.shared.metrics.ladder_attempt(ns, "primary", "denied");
-                tracing::debug!(ns = %ns, limit = denied.as_str(), upstream = %self.upstream, "primary rung refused by the ladder guard");
-                None
-            }
-        }
+                tracing::debug!(ns = %ns, limit = denied.as_str(), held, upstream = %self.upstream, "primary rung refused by the ladder guard");
+            })
+            .ok()
     }
 
     /// A trigger error met by `t`, in the log.

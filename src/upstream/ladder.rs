@@ -3,6 +3,16 @@
 //! in flight, and how many may start per second. Lock-free: two atomics, checked and
 //! claimed with compare-and-swap; a claimed slot is a [`LadderPermit`] that frees itself
 //! when dropped.
+//!
+//! Each client connection gets a bounded share of it ([`ConnLadder`], kept by the session):
+//! `per_connection` slots in flight, `per_connection_per_second` starts per second, and a
+//! slot only for a read mongos starts at once. mongos serves a connection's requests one at
+//! a time, in order: a read sent behind an earlier request still waiting for its final reply
+//! (an awaitable `hello`, a slow query, an exhaust stream) would hold a slot while mongos has
+//! not started it, so such a read is refused the rung (it does what it would without it).
+//! Drivers send one request at a time per connection, so their reads always start at once;
+//! and a connection's slot-holding read makes every later read on it wait, so a connection
+//! never holds more than one slot.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +28,13 @@ pub enum Denied {
     InFlight,
     /// `max_per_second` ladder reads started within this second already.
     Rate,
+    /// An earlier request on the read's connection has no final reply yet: mongos would not
+    /// start the read at once.
+    Queued,
+    /// The read's connection holds `per_connection` slots already.
+    ConnectionInFlight,
+    /// The read's connection started `per_connection_per_second` within this second already.
+    ConnectionRate,
 }
 
 impl Denied {
@@ -25,6 +42,9 @@ impl Denied {
         match self {
             Denied::InFlight => "max_in_flight",
             Denied::Rate => "max_per_second",
+            Denied::Queued => "queued",
+            Denied::ConnectionInFlight => "per_connection",
+            Denied::ConnectionRate => "per_connection_per_second",
         }
     }
 }
@@ -96,6 +116,48 @@ impl LadderGuard {
     }
 }
 
+/// One client connection's share of its upstream's guard: the primary-rung reads it started
+/// in the current one-second window (its reads in flight are counted by the session).
+#[derive(Debug, Default)]
+pub struct ConnLadder {
+    /// When the current window began, and the reads started in it.
+    window: Option<(Instant, u32)>,
+}
+
+impl ConnLadder {
+    /// Claims a slot of `guard` for one primary-rung read of this connection, or says which
+    /// limit refused it. `held`: the connection's primary-rung reads in flight; `queued`: an
+    /// earlier request on it still waits for its final reply. A refusal costs the
+    /// connection nothing of its per-second share.
+    pub fn try_acquire(
+        &mut self,
+        guard: &Arc<LadderGuard>,
+        limits: LadderGuardConfig,
+        held: usize,
+        queued: bool,
+        now: Instant,
+    ) -> Result<LadderPermit, Denied> {
+        if queued {
+            return Err(Denied::Queued);
+        }
+        if held >= limits.per_connection as usize {
+            return Err(Denied::ConnectionInFlight);
+        }
+        let (start, started) = match self.window {
+            Some((start, n)) if now.saturating_duration_since(start) < SECOND => (start, n),
+            _ => (now, 0),
+        };
+        if started >= limits.per_connection_per_second {
+            return Err(Denied::ConnectionRate);
+        }
+        let permit = guard.try_acquire(limits, now)?;
+        self.window = Some((start, started + 1));
+        Ok(permit)
+    }
+}
+
+const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One ladder read's slot; dropping it (reply arrived, client gone) frees it.
 #[derive(Debug, Default)]
 pub struct LadderPermit {
@@ -120,6 +182,7 @@ mod tests {
             max_in_flight,
             max_per_second,
             per_connection: 4,
+            per_connection_per_second: max_per_second,
         }
     }
 
@@ -160,6 +223,83 @@ mod tests {
             drop(g.try_acquire(l, next).expect("a new second"));
         }
         assert_eq!(g.try_acquire(l, next).unwrap_err(), Denied::Rate);
+    }
+
+    #[test]
+    fn a_connection_gets_a_bounded_share_and_only_for_reads_that_start_at_once() {
+        let t0 = Instant::now();
+        let g = Arc::new(LadderGuard::new(t0));
+        let l = LadderGuardConfig {
+            max_in_flight: 16,
+            max_per_second: 100,
+            per_connection: 1,
+            per_connection_per_second: 3,
+        };
+        let mut conn = ConnLadder::default();
+        // Behind an unanswered request: refused, and nothing of the share is spent.
+        assert_eq!(
+            conn.try_acquire(&g, l, 0, true, t0).unwrap_err(),
+            Denied::Queued
+        );
+        assert_eq!(g.in_flight(), 0);
+        let a = conn.try_acquire(&g, l, 0, false, t0).expect("first");
+        assert_eq!(
+            conn.try_acquire(&g, l, 1, false, t0).unwrap_err(),
+            Denied::ConnectionInFlight
+        );
+        drop(a);
+        for _ in 0..2 {
+            drop(
+                conn.try_acquire(&g, l, 0, false, t0)
+                    .expect("within the share"),
+            );
+        }
+        let later = t0 + Duration::from_millis(999);
+        assert_eq!(
+            conn.try_acquire(&g, l, 0, false, later).unwrap_err(),
+            Denied::ConnectionRate
+        );
+        // Another connection still has its own share of the upstream's 100 per second.
+        let mut other = ConnLadder::default();
+        drop(
+            other
+                .try_acquire(&g, l, 0, false, later)
+                .expect("other connection"),
+        );
+        // A new window.
+        let next = t0 + Duration::from_secs(1);
+        drop(
+            conn.try_acquire(&g, l, 0, false, next)
+                .expect("next second"),
+        );
+        // A refusal by the upstream's guard does not spend the connection's share.
+        let tight = LadderGuardConfig {
+            max_per_second: 1,
+            ..l
+        };
+        let fresh = Arc::new(LadderGuard::new(t0));
+        drop(
+            other
+                .try_acquire(&fresh, tight, 0, false, next)
+                .expect("the one"),
+        );
+        let mut third = ConnLadder::default();
+        for _ in 0..5 {
+            assert_eq!(
+                third
+                    .try_acquire(&fresh, tight, 0, false, next)
+                    .unwrap_err(),
+                Denied::Rate
+            );
+        }
+        let after = next + Duration::from_secs(1);
+        for _ in 0..1 {
+            drop(
+                third
+                    .try_acquire(&fresh, tight, 0, false, after)
+                    .expect("its share intact"),
+            );
+        }
     }
 
     #[test]
