@@ -110,8 +110,8 @@ pub struct Config {
     /// `[ladder_guard]`: how many primary-rung reads each upstream may carry. Reloads (the
     /// next ladder read is judged against the new limits).
     pub ladder_guard: LadderGuardConfig,
-    /// The resource limits (top-level keys `max_connections`, `message_timeout`,
-    /// `idle_timeout`, `max_pending_reads`).
+    /// The resource limits (top-level keys `max_connections`, `max_connections_per_peer`,
+    /// `message_timeout`, `first_message_timeout`, `idle_timeout`, `max_pending_reads`).
     pub limits: Limits,
 }
 
@@ -146,6 +146,12 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `max_pending_reads`.
 pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
+/// Default `first_message_timeout`: a driver sends its handshake at once.
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `idle_timeout`: longer than any pause a pooled driver connection makes while it
+/// is in use (see README, *Configuration reference*), so only connections left unused are
+/// closed; drivers open a new one when they need it.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// What one client may hold of the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,9 +164,18 @@ pub struct Limits {
     /// arrived; past it the client is closed. Default 30s; not zero. Reloads: applies to
     /// each connection's next message.
     pub message_timeout: Duration,
+    /// `first_message_timeout`: time a new client has, from its accept (after the TLS
+    /// handshake), to send its whole first message; past it the client is closed. Default
+    /// 10s; not zero. Reloads: applies to new connections.
+    pub first_message_timeout: Duration,
     /// `idle_timeout`: a client that sends nothing for this long, with nothing in flight,
-    /// is closed. Default off (`"off"`). Reloads: applies to each connection's next message.
+    /// is closed. Default 30m; `"off"` turns it off. Reloads: applies to each connection's
+    /// next check.
     pub idle_timeout: Option<Duration>,
+    /// `max_connections_per_peer`: client connections one peer address (IP) may have open
+    /// at once; the next one is refused like one past `max_connections`. Default off
+    /// (none); 1..=1000000. Reloads: applies to the next accept.
+    pub max_connections_per_peer: Option<usize>,
     /// `max_pending_reads`: tracked reads one connection may have waiting for replies;
     /// past it reads are forwarded untracked (no retry, no evidence). Default 1000;
     /// 1..=100000. Reloads: applies to each connection's next message.
@@ -172,7 +187,9 @@ impl Default for Limits {
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             message_timeout: DEFAULT_MESSAGE_TIMEOUT,
-            idle_timeout: None,
+            first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_connections_per_peer: None,
             max_pending_reads: DEFAULT_MAX_PENDING_READS,
         }
     }

@@ -74,7 +74,9 @@ struct RawConfig {
     health_interval: Option<Spanned<String>>,
     health_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
+    max_connections_per_peer: Option<Spanned<i64>>,
     message_timeout: Option<Spanned<String>>,
+    first_message_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_pending_reads: Option<Spanned<i64>>,
     admin: Option<Spanned<ops::RawAdmin>>,
@@ -208,8 +210,8 @@ fn ladder_guard(
     ok.then_some(out)
 }
 
-/// `max_connections`, `message_timeout`, `idle_timeout` (`"off"` by default),
-/// `max_pending_reads`.
+/// `max_connections`, `max_connections_per_peer` (off by default), `message_timeout`,
+/// `first_message_timeout`, `idle_timeout` (`"off"` turns it off), `max_pending_reads`.
 fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
     let d = Limits::default();
     let nonzero = Duration::from_nanos(1);
@@ -225,8 +227,18 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
         .map_or(Some(d.message_timeout), |v| {
             duration(ctx, v, "message_timeout", nonzero)
         });
-    let idle_timeout = match &raw.idle_timeout {
+    let max_connections_per_peer = match &raw.max_connections_per_peer {
         None => Some(None),
+        Some(v) => count(ctx, v, "max_connections_per_peer", 1_000_000).map(Some),
+    };
+    let first_message_timeout = raw
+        .first_message_timeout
+        .as_ref()
+        .map_or(Some(d.first_message_timeout), |v| {
+            duration(ctx, v, "first_message_timeout", nonzero)
+        });
+    let idle_timeout = match &raw.idle_timeout {
+        None => Some(d.idle_timeout),
         Some(v) if v.get_ref() == "off" => Some(None),
         Some(v) => duration(ctx, v, "idle_timeout", nonzero).map(Some),
     };
@@ -239,7 +251,9 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
     Some(Limits {
         max_connections: max_connections?,
         message_timeout: message_timeout?,
+        first_message_timeout: first_message_timeout?,
         idle_timeout: idle_timeout?,
+        max_connections_per_peer: max_connections_per_peer?,
         max_pending_reads: max_pending_reads?,
     })
 }

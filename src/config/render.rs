@@ -112,7 +112,16 @@ fn settings(out: &mut String, config: &Config) {
     let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
     let l = &config.limits;
     let _ = writeln!(out, "max_connections   {}", l.max_connections);
+    let per_peer = l
+        .max_connections_per_peer
+        .map_or("off".to_string(), |n| n.to_string());
+    let _ = writeln!(out, "max_connections_per_peer {per_peer}");
     let _ = writeln!(out, "message_timeout   {}", fmt_duration(l.message_timeout));
+    let _ = writeln!(
+        out,
+        "first_message_timeout {}",
+        fmt_duration(l.first_message_timeout)
+    );
     let _ = writeln!(
         out,
         "idle_timeout      {}",
