@@ -150,7 +150,11 @@ fn init_logs(level: &str, format: LogFormat) {
         .with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Pretty => registry.with(logs).init(),
+        // Client-supplied strings (namespaces, command names) reach field values: escaped,
+        // so none can forge a line.
+        LogFormat::Pretty => registry
+            .with(logs.fmt_fields(staleguard::logs::EscapedFields))
+            .init(),
         // The connection span (client address, id) rides along on every event.
         LogFormat::Json => registry
             .with(logs.json().with_current_span(true).with_span_list(false))
