@@ -200,7 +200,7 @@ fn run(path: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let running = match staleguard::server::start(Arc::new(cfg)).await {
             Ok(r) => r,
             Err(e) => {
@@ -218,8 +218,15 @@ fn run(path: PathBuf) -> ExitCode {
         tokio::spawn(reload_on_hangup(shared));
         running.wait().await;
         ExitCode::SUCCESS
-    })
+    });
+    // Every session and admin connection is gone by now; what is left (background tasks,
+    // a decompression on the blocking pool) must not hold the exit.
+    rt.shutdown_timeout(RUNTIME_EXIT);
+    code
 }
+
+/// How long the runtime's leftovers may delay the exit after the stop.
+const RUNTIME_EXIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// SIGHUP reloads the config file (errors are logged and shown in `/status`).
 async fn reload_on_hangup(shared: Arc<staleguard::handles::Handles>) {

@@ -40,7 +40,10 @@ mod stall;
 mod values;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
-pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
+pub use ops::{
+    DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
+    DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
+};
 pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
 pub use stall::{
@@ -84,9 +87,14 @@ pub struct Config {
     /// file (`[admin] enabled = false` turns it off), none in [`Config::for_upstreams`].
     /// Needs a restart.
     pub admin_listen: Option<String>,
-    /// `[admin] token`: bearer token required for every admin route but `/healthz` and
-    /// `/readyz`. Default none (no authentication). Reloads.
+    /// `[admin] token`, or the content of `token_file`, or the value of the environment
+    /// variable `token_env` (at most one of them): bearer token required for every admin
+    /// route but `/healthz` and `/readyz`. Default none (no authentication). Reloads (the
+    /// file and the variable are read again).
     pub admin_token: Option<String>,
+    /// `[admin] header_read_timeout`, `request_timeout`, `max_connections`: what one admin
+    /// HTTP client may hold. Reloads (new admin connections).
+    pub admin_limits: AdminLimits,
     /// `health_interval`: time between two `hello` checks of each upstream; `"off"` (none)
     /// disables them. Default 5s in a file, off in [`Config::for_upstreams`]. Reloads (from
     /// the next check).
@@ -113,6 +121,32 @@ pub struct Config {
     /// The resource limits (top-level keys `max_connections`, `max_connections_per_peer`,
     /// `message_timeout`, `first_message_timeout`, `idle_timeout`, `max_pending_reads`).
     pub limits: Limits,
+}
+
+/// The admin endpoint's bounds on its HTTP clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// `header_read_timeout`: time a client has to send a request's whole head, from its
+    /// connection or from the end of the previous response (so it also closes idle
+    /// keep-alive connections). Default 5s; not zero.
+    pub header_read_timeout: Duration,
+    /// `request_timeout`: time from a request's head being read until its response is
+    /// written; past it the connection is closed (an idle keep-alive connection too, once
+    /// its last request is that old). Default 10s; not zero.
+    pub request_timeout: Duration,
+    /// `max_connections`: admin connections open at once; the next one gets a bare
+    /// `503 Service Unavailable` and is closed. Default 64; 1..=65536.
+    pub max_connections: usize,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        AdminLimits {
+            header_read_timeout: DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
+            request_timeout: DEFAULT_ADMIN_REQUEST_TIMEOUT,
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// `[ladder_guard]`: the per-upstream limits on reads sent to the primary rung; past
@@ -246,6 +280,7 @@ impl Config {
             layout: Layout::default(),
             admin_listen: None,
             admin_token: None,
+            admin_limits: AdminLimits::default(),
             health_interval: None,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             tls: None,

@@ -135,7 +135,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         }
         layout
     });
-    let (admin_listen, admin_token) = ops::admin(ctx, raw.admin.as_ref(), &listen);
+    let admin = ops::admin(ctx, raw.admin.as_ref(), &listen, path);
     let (health_interval, health_timeout) = ops::health(
         ctx,
         raw.health_interval.as_ref(),
@@ -156,8 +156,9 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         connect_timeout: connect_timeout?,
         shutdown_timeout: shutdown_timeout?,
         layout: layout?,
-        admin_listen,
-        admin_token,
+        admin_listen: admin.listen,
+        admin_token: admin.token,
+        admin_limits: admin.limits?,
         health_interval: health_interval?,
         health_timeout: health_timeout?,
         tls: tls.ok()?,
