@@ -279,4 +279,11 @@ pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
     );
     m.set("max_pending_reads", l.max_pending_reads as f64);
     m.set("max_breakers", max_breakers as f64);
+    let a = &config.admin_limits;
+    m.set("admin_max_connections", a.max_connections as f64);
+    m.set(
+        "admin_header_read_timeout",
+        a.header_read_timeout.as_secs_f64(),
+    );
+    m.set("admin_request_timeout", a.request_timeout.as_secs_f64());
 }

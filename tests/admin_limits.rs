@@ -148,6 +148,12 @@ async fn past_max_connections_an_admin_client_gets_503_and_the_others_are_served
     })
     .await;
     let admin: SocketAddr = admin(&p);
+    let m = p.shared().metrics.render();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("staleguard_limit_setting{limit=\"admin_max_connections\"} 4")),
+        "{m}"
+    );
     let mut held = Vec::new();
     for _ in 0..4 {
         held.push(TcpStream::connect(admin).await.expect("connect"));

@@ -109,6 +109,14 @@ fn settings(out: &mut String, config: &Config) {
         "-"
     };
     let _ = writeln!(out, "admin.token       {token}");
+    let a = &config.admin_limits;
+    let _ = writeln!(
+        out,
+        "admin.limits      max_connections {}, header_read_timeout {}, request_timeout {}",
+        a.max_connections,
+        fmt_duration(a.header_read_timeout),
+        fmt_duration(a.request_timeout)
+    );
     let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
     let l = &config.limits;
     let _ = writeln!(out, "max_connections   {}", l.max_connections);
