@@ -90,7 +90,8 @@ impl<W: fmt::Write> fmt::Write for Escape<'_, W> {
 /// and paragraph separators, and the bidirectional overrides and isolates (which reorder
 /// what a terminal shows).
 fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 #[cfg(test)]
@@ -107,7 +108,10 @@ mod tests {
     fn control_characters_are_escaped() {
         assert_eq!(escaped("shop.x\nFAKE LOG"), "shop.x\\nFAKE LOG");
         assert_eq!(escaped("a\r\tb\u{1b}[31m"), "a\\r\\tb\\u{1b}[31m");
-        assert_eq!(escaped("\u{85}\u{2028}\u{202e}"), "\\u{85}\\u{2028}\\u{202e}");
+        assert_eq!(
+            escaped("\u{85}\u{2028}\u{202e}"),
+            "\\u{85}\\u{2028}\\u{202e}"
+        );
         assert_eq!(escaped("plain é ü 日本 \\n"), "plain é ü 日本 \\n");
     }
 
@@ -120,7 +124,10 @@ mod tests {
         struct Buf(Arc<Mutex<Vec<u8>>>);
         impl std::io::Write for Buf {
             fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+                self.0
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(b);
                 Ok(b.len())
             }
             fn flush(&mut self) -> std::io::Result<()> {
@@ -151,7 +158,10 @@ mod tests {
         assert_eq!(out.lines().count(), 1, "{out}");
         assert!(!out.lines().any(|l| l.starts_with("FORGED")), "{out}");
         assert!(out.contains("conn{peer=shop.x\\nFORGED span}"), "{out}");
-        assert!(out.contains("trigger m\\nFORGED message ns=x\\nFORGED field"), "{out}");
+        assert!(
+            out.contains("trigger m\\nFORGED message ns=x\\nFORGED field"),
+            "{out}"
+        );
         // `?`-formatted strings keep their quotes, as with the default formatter.
         assert!(out.contains("name=\"q\\nFORGED str\""), "{out}");
     }

@@ -240,7 +240,8 @@ impl Change {
             EventKind::Modify(ModifyKind::Metadata(_)) => Change::Unknown,
             EventKind::Modify(_) => Change::Writing,
             EventKind::Create(_) => {
-                let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+                let link =
+                    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
                 if link {
                     Change::Complete
                 } else {

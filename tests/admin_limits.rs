@@ -131,7 +131,9 @@ async fn responses_never_read_are_cut_at_request_timeout() {
             Ok(n) => got += n,
         }
     }
-    println!("{got} bytes of {REQUESTS} answers of about {one} bytes each arrived; cut after {cut:?}");
+    println!(
+        "{got} bytes of {REQUESTS} answers of about {one} bytes each arrived; cut after {cut:?}"
+    );
     assert!(got < REQUESTS * one, "{got} bytes");
     assert_eq!(hits(&p, "admin_request_timeout"), 1);
     // Other clients are served meanwhile and after.
@@ -204,7 +206,11 @@ fn the_token_comes_from_the_file_a_token_file_or_the_environment() {
     let c = parse("[admin]\ntoken_file = \"admin.token\"\n", dir.path()).expect("valid");
     assert_eq!(c.admin_token.as_deref(), Some("from-file"));
     std::env::set_var(ADMIN_ENV, "from-env");
-    let c = parse(&format!("[admin]\ntoken_env = \"{ADMIN_ENV}\"\n"), dir.path()).expect("valid");
+    let c = parse(
+        &format!("[admin]\ntoken_env = \"{ADMIN_ENV}\"\n"),
+        dir.path(),
+    )
+    .expect("valid");
     assert_eq!(c.admin_token.as_deref(), Some("from-env"));
     let c = parse("[admin]\ntoken = \"inline\"\n", dir.path()).expect("valid");
     assert_eq!(c.admin_token.as_deref(), Some("inline"));

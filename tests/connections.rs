@@ -64,7 +64,10 @@ fn defaults_bound_silent_connections() {
     assert_eq!(d.max_connections_per_peer, None);
     let path = std::path::Path::new("t.toml");
     let c = Config::parse("", path).expect("empty config");
-    assert_eq!(c.limits, d, "a file without the keys gets the same defaults");
+    assert_eq!(
+        c.limits, d,
+        "a file without the keys gets the same defaults"
+    );
     let c = Config::parse(
         "idle_timeout = \"off\"\nfirst_message_timeout = \"2s\"\nmax_connections_per_peer = 5\n",
         path,
@@ -215,11 +218,16 @@ async fn past_max_connections_per_peer_that_peer_is_refused_and_others_are_not()
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(d.is_some(), "a place freed by a closed connection is given again");
+    assert!(
+        d.is_some(),
+        "a place freed by a closed connection is given again"
+    );
     let m = p.shared().metrics.render();
     let hits = m
         .lines()
-        .find_map(|l| l.strip_prefix("staleguard_limit_hits_total{limit=\"max_connections_per_peer\"} "))
+        .find_map(|l| {
+            l.strip_prefix("staleguard_limit_hits_total{limit=\"max_connections_per_peer\"} ")
+        })
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(hits >= 1, "{m}");

@@ -445,7 +445,9 @@ async fn a_file_written_in_place_in_two_pieces_is_applied_only_whole() {
     use std::io::Write as _;
     let env = env("strict", "strict").await;
     let whole = text(&env.fake, "fallback", "passthrough");
-    let cut = whole.find("[[namespaces]]\npattern = \"shop.*\"").expect("shop entry");
+    let cut = whole
+        .find("[[namespaces]]\npattern = \"shop.*\"")
+        .expect("shop entry");
     let (head, tail) = whole.split_at(cut);
     let prefix = Config::parse(head, &env.path).expect("the first piece alone is valid");
     assert!(prefix.policy.lookup("shop", "x").is_none());
@@ -462,7 +464,11 @@ async fn a_file_written_in_place_in_two_pieces_is_applied_only_whole() {
     assert!(pause > staleguard::reload::DEBOUNCE * 4);
     let started = std::time::Instant::now();
     while started.elapsed() < pause {
-        assert_eq!(env.mode_of("pay"), Mode::Strict, "the first piece was applied");
+        assert_eq!(
+            env.mode_of("pay"),
+            Mode::Strict,
+            "the first piece was applied"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let m = metrics(&env);

@@ -236,7 +236,9 @@ async fn sigterm_exits_on_time_whatever_admin_peers_do() {
         if i % 4 == 2 {
             // A whole request, answered; the connection stays open (keep-alive).
             let mut buf = [0u8; 512];
-            let n = support::within("healthz", s.read(&mut buf)).await.expect("read");
+            let n = support::within("healthz", s.read(&mut buf))
+                .await
+                .expect("read");
             assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
         }
         held.push(s);

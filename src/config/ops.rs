@@ -178,18 +178,28 @@ fn token(ctx: &mut Ctx, a: &RawAdmin, config: &Path) -> Option<String> {
 fn admin_limits(ctx: &mut Ctx, a: &RawAdmin) -> Option<super::AdminLimits> {
     let d = super::AdminLimits::default();
     let nonzero = Duration::from_nanos(1);
-    let header = a.header_read_timeout.as_ref().map_or(Some(d.header_read_timeout), |v| {
-        duration(ctx, v, "admin.header_read_timeout", nonzero)
-    });
-    let request = a.request_timeout.as_ref().map_or(Some(d.request_timeout), |v| {
-        duration(ctx, v, "admin.request_timeout", nonzero)
-    });
+    let header = a
+        .header_read_timeout
+        .as_ref()
+        .map_or(Some(d.header_read_timeout), |v| {
+            duration(ctx, v, "admin.header_read_timeout", nonzero)
+        });
+    let request = a
+        .request_timeout
+        .as_ref()
+        .map_or(Some(d.request_timeout), |v| {
+            duration(ctx, v, "admin.request_timeout", nonzero)
+        });
     let max = match &a.max_connections {
         None => Some(d.max_connections),
         Some(v) => match usize::try_from(*v.get_ref()) {
             Ok(n) if (1..=65_536).contains(&n) => Some(n),
             _ => {
-                ctx.err(v, "admin.max_connections", format!("{} is out of range 1..=65536", v.get_ref()));
+                ctx.err(
+                    v,
+                    "admin.max_connections",
+                    format!("{} is out of range 1..=65536", v.get_ref()),
+                );
                 None
             }
         },

@@ -41,7 +41,9 @@ impl Binary {
                     break;
                 }
                 let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                sink.lock().unwrap_or_else(|p| p.into_inner()).push_str(&text);
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_str(&text);
             }
         });
         Binary {
@@ -75,10 +77,7 @@ impl Binary {
     pub async fn addr(&self, message: &str, key: &str) -> SocketAddr {
         self.wait_log(message).await;
         let log = self.log();
-        let line = log
-            .lines()
-            .find(|l| l.contains(message))
-            .expect("the line");
+        let line = log.lines().find(|l| l.contains(message)).expect("the line");
         let pretty = format!("{key}=");
         let json = format!("\"{key}\":\"");
         let at = line
