@@ -276,3 +276,54 @@ async fn a_token_from_the_environment_guards_the_admin_routes() {
     assert_eq!(get(admin, "/healthz", &[]).await.status, 200);
     p.shutdown().await;
 }
+
+/// The case as written: under RLIMIT_NOFILE 512, 520 admin connections used to take
+/// every descriptor, and new proxy clients timed out. Now the admin endpoint holds at most
+/// `max_connections` of them, and a proxy client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_connections_cannot_take_every_descriptor() {
+    use support::bin::Binary;
+    use support::raw::{self, RawClient};
+    let fake = FakeMongos::start().await;
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\n",
+        fake.addr()
+    );
+    let proxy = Binary::start_under(&["prlimit", "--nofile=512:512", "--"], &config, &[]);
+    let admin = proxy.admin().await;
+    let listen = proxy.listen().await;
+    let mut held = Vec::new();
+    for _ in 0..520 {
+        held.push(TcpStream::connect(admin).await.expect("connect admin"));
+    }
+    // Those past the cap are answered 503 and closed; the first 64 stay open.
+    let answers = futures::future::join_all(held.into_iter().map(|mut s| async move {
+        let mut buf = [0u8; 128];
+        let answer = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+        let refused = matches!(answer, Ok(Ok(n)) if buf[..n].starts_with(b"HTTP/1.1 503"));
+        (refused, s)
+    }))
+    .await;
+    let refused = answers.iter().filter(|(r, _)| *r).count();
+    let held: Vec<TcpStream> = answers.into_iter().map(|(_, s)| s).collect();
+    assert_eq!(refused, 520 - 64, "{}", proxy.log());
+    let mut client = RawClient::connect(listen).await;
+    let reply = client
+        .roundtrip(&raw::msg(1, 0, &bson::rawdoc! {"ping": 1, "$db": "admin"}))
+        .await;
+    assert_eq!(raw::body(&reply).get_f64("ok").ok(), Some(1.0));
+    drop(held);
+    let mut m = String::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = get(admin, "/metrics", &[]).await;
+        if r.status == 200 {
+            m = r.body;
+            break;
+        }
+    }
+    assert!(
+        m.contains("staleguard_limit_hits_total{limit=\"admin_max_connections\"} 456"),
+        "{m}"
+    );
+}

@@ -31,6 +31,9 @@ use crate::state::{ClientSlot, ClientSlots};
 /// are writing; then they are dropped.
 pub const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
+/// The most hyper buffers per admin connection (a request head must fit).
+const READ_BUFFER: usize = 16 * 1024;
+
 /// The answer to a connection past `max_connections`, written without waiting (a fresh
 /// socket's buffer takes it) before the close.
 const BUSY: &[u8] =
@@ -144,6 +147,9 @@ impl Conn {
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read_timeout)
+            // A request's head is a few hundred bytes; hyper's default buffer (~400 KiB)
+            // times max_connections would be memory a client makes us hold for nothing.
+            .max_buf_size(READ_BUFFER)
             .serve_connection(io, service);
         tokio::pin!(conn);
         let mut deadline: Option<Instant> = None;

@@ -19,10 +19,24 @@ impl Binary {
     /// Starts `staleguard [args] run --config FILE` with `config` as the file's text (which
     /// should listen on port 0: the addresses are read from the log).
     pub fn start(config: &str, args: &[&str]) -> Binary {
+        Binary::start_under(&[], config, args)
+    }
+
+    /// [`Binary::start`] run by `wrapper` (e.g. `["prlimit", "--nofile=512", "--"]`).
+    pub fn start_under(wrapper: &[&str], config: &str, args: &[&str]) -> Binary {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("staleguard.toml");
         std::fs::write(&path, config).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_staleguard"))
+        let bin = env!("CARGO_BIN_EXE_staleguard");
+        let mut command = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = command
             .args(args)
             .args(["run", "--config"])
             .arg(&path)
