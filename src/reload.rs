@@ -383,3 +383,47 @@ fn note(writing: &mut bool, change: Change) {
 fn read(path: &Path) -> Option<Vec<u8>> {
     std::fs::read(path).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RenameMode};
+
+    #[test]
+    fn only_a_close_or_a_rename_completes_a_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("f.toml");
+        std::fs::write(&file, "").expect("file");
+        let link = dir.path().join("l.toml");
+        std::os::unix::fs::symlink("f.toml", &link).expect("link");
+        let of = |k: EventKind, p: &Path| Change::of(&k, p);
+        let data = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        let close = EventKind::Access(AccessKind::Close(AccessMode::Write));
+        let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        let created = EventKind::Create(CreateKind::File);
+        assert_eq!(of(data, &file), Some(Change::Writing));
+        assert_eq!(of(created, &file), Some(Change::Writing));
+        assert_eq!(of(created, &link), Some(Change::Complete));
+        assert_eq!(of(close, &file), Some(Change::Complete));
+        assert_eq!(of(renamed, &file), Some(Change::Complete));
+        let opened = EventKind::Access(AccessKind::Open(AccessMode::Any));
+        assert_eq!(of(opened, &file), None);
+        let read = EventKind::Access(AccessKind::Close(AccessMode::Read));
+        assert_eq!(of(read, &file), None);
+
+        // A write stays in progress until its close, whatever comes between.
+        let mut writing = false;
+        for c in [Change::Writing, Change::Unknown, Change::Writing] {
+            note(&mut writing, c);
+            assert!(writing);
+        }
+        note(&mut writing, Change::Complete);
+        assert!(!writing);
+        note(&mut writing, Change::Writing);
+        note(&mut writing, Change::Lost);
+        assert!(
+            !writing,
+            "lost events: the content decides (read twice alike)"
+        );
+    }
+}

@@ -14,6 +14,8 @@
 //! - `max_time` below 1ms (it would be sent as `maxTimeMS: 0`, which means "no limit");
 //! - a database name holding a character MongoDB forbids in database names;
 //! - `admin.listen` equal to `listen` (unless both use port 0);
+//! - more than one of `[admin] token`, `token_file`, `token_env` (a token file that cannot be
+//!   read, or a variable that is not set, is an error too);
 //! - `health_timeout` longer than `health_interval`;
 //! - `[upstream_tls] ca` together with `insecure_skip_verify = true`;
 //! - `[stall_watch]` settings that cannot act (see `stall`);
