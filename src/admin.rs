@@ -1,7 +1,10 @@
 //! The admin HTTP endpoint (axum): `/healthz`, `/readyz`, `/metrics`, `/status` (JSON) and
 //! `/` (the HTML status page). With `[admin] token` set, everything but `/healthz` and
-//! `/readyz` needs `Authorization: Bearer TOKEN` (or `?token=TOKEN`, for a browser).
+//! `/readyz` needs `Authorization: Bearer TOKEN` (or `?token=TOKEN`, for a browser). Its
+//! connections (`conn`) are bounded: a cap, a header-read timeout, a request timeout, and a
+//! stop that waits for no peer.
 
+mod conn;
 mod page;
 pub mod status;
 
@@ -41,7 +44,10 @@ pub fn router(shared: Arc<Handles>, stopping: CancellationToken) -> Router {
         .with_state(AdminState { shared, stopping })
 }
 
-/// Serves until `done` (the proxy has stopped); `stopping` turns `/readyz` to 503.
+pub use conn::CLOSE_WAIT;
+
+/// Serves until `done` (the proxy has stopped), then closes every admin connection within
+/// [`CLOSE_WAIT`]; `stopping` turns `/readyz` to 503.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Handles>,
@@ -57,13 +63,8 @@ pub async fn serve(
         tracing::warn!(admin = %addr, "admin endpoint reachable beyond loopback without [admin] token");
     }
     tracing::info!(admin = %addr, auth = config.admin_token.is_some(), "admin endpoint listening");
-    let app = router(shared, stopping);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { done.cancelled().await })
-        .await;
-    if let Err(e) = served {
-        tracing::error!(error = %e, "admin endpoint failed");
-    }
+    let app = router(shared.clone(), stopping);
+    conn::accept(listener, app, shared, done).await;
 }
 
 async fn healthz() -> &'static str {

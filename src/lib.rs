@@ -37,7 +37,8 @@
 //!                   choosing and dialing mongos, their health, their ladder guards
 //! config            TOML → validated Config
 //! policy            the pattern table; decide and judge (pure); what a decision means
-//! metrics tls command rewrite    every metric name · rustls · classification · splicing
+//! metrics tls command rewrite logs   every metric name · rustls · classification ·
+//!                   splicing · the pretty log's field formatter (client strings escaped)
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
 //! ```
 //!
@@ -72,6 +73,7 @@ pub mod config;
 pub mod demo;
 pub mod handles;
 pub mod health;
+pub mod logs;
 pub mod metrics;
 pub mod policy;
 pub mod reload;

@@ -150,7 +150,11 @@ fn init_logs(level: &str, format: LogFormat) {
         .with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter);
     match format {
-        LogFormat::Pretty => registry.with(logs).init(),
+        // Client-supplied strings (namespaces, command names) reach field values: escaped,
+        // so none can forge a line.
+        LogFormat::Pretty => registry
+            .with(logs.fmt_fields(staleguard::logs::EscapedFields))
+            .init(),
         // The connection span (client address, id) rides along on every event.
         LogFormat::Json => registry
             .with(logs.json().with_current_span(true).with_span_list(false))
@@ -196,7 +200,7 @@ fn run(path: PathBuf) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         let running = match staleguard::server::start(Arc::new(cfg)).await {
             Ok(r) => r,
             Err(e) => {
@@ -214,8 +218,15 @@ fn run(path: PathBuf) -> ExitCode {
         tokio::spawn(reload_on_hangup(shared));
         running.wait().await;
         ExitCode::SUCCESS
-    })
+    });
+    // Every session and admin connection is gone by now; what is left (background tasks,
+    // a decompression on the blocking pool) must not hold the exit.
+    rt.shutdown_timeout(RUNTIME_EXIT);
+    code
 }
+
+/// How long the runtime's leftovers may delay the exit after the stop.
+const RUNTIME_EXIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// SIGHUP reloads the config file (errors are logged and shown in `/status`).
 async fn reload_on_hangup(shared: Arc<staleguard::handles::Handles>) {

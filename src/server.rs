@@ -14,9 +14,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, ConfigError, Layout};
+use crate::config::{Config, ConfigError, Layout, Limits};
 use crate::handles::Handles;
-use crate::state::ClientSlot;
+use crate::state::{ClientSlot, Refused};
 use crate::tls::Stream;
 use crate::{admin, health, reload, session, stall};
 
@@ -193,10 +193,14 @@ async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
                     let _ = socket.set_nodelay(true);
-                    let max = shared.config.load().limits.max_connections;
-                    let Some(slot) = shared.clients.acquire(max) else {
-                        refuse(&shared, &refusing, socket, peer, max);
-                        continue;
+                    let limits = shared.config.load().limits;
+                    let acquired = shared.clients.acquire_from(peer.ip(), limits.max_connections, limits.max_connections_per_peer);
+                    let slot = match acquired {
+                        Ok(slot) => slot,
+                        Err(why) => {
+                            refuse(&shared, &refusing, socket, peer, why, &limits);
+                            continue;
+                        }
                     };
                     let id = shared.ids.next_conn();
                     // Child tokens: a session polls its own (each poll locks the token's
@@ -338,23 +342,36 @@ fn left_early(e: &std::io::Error) -> bool {
     )
 }
 
-/// A connection past `max_connections`: answered with an error reply when its first message
-/// (a driver's handshake) arrives within `REFUSE_WAIT`, closed otherwise. Existing clients
-/// are not touched.
+/// A connection past `max_connections` or `max_connections_per_peer`: answered with an
+/// error reply when its first message (a driver's handshake) arrives within `REFUSE_WAIT`,
+/// closed otherwise. Existing clients are not touched.
 fn refuse(
     shared: &Arc<Handles>,
     refusing: &Arc<Semaphore>,
     socket: TcpStream,
     peer: SocketAddr,
-    max: usize,
+    why: Refused,
+    limits: &Limits,
 ) {
-    shared.metrics.limits.hit("max_connections");
-    tracing::warn!(client.addr = %peer, max_connections = max, "refusing client: max_connections reached");
+    let limit = why.limit();
+    shared.metrics.limits.hit(limit);
+    let max = match why {
+        Refused::MaxConnections => limits.max_connections,
+        Refused::PerPeer => limits.max_connections_per_peer.unwrap_or(0),
+    };
+    tracing::warn!(client.addr = %peer, limit, max, "refusing client: connection limit reached");
     let Ok(permit) = refusing.clone().try_acquire_owned() else {
         return;
     };
-    let errmsg =
-        format!("staleguard: too many connections (max_connections = {max}); try again later");
+    let errmsg = match why {
+        Refused::MaxConnections => {
+            format!("staleguard: too many connections (max_connections = {max}); try again later")
+        }
+        Refused::PerPeer => format!(
+            "staleguard: too many connections from {} (max_connections_per_peer = {max}); try again later",
+            peer.ip()
+        ),
+    };
     let request_id = shared.ids.request_id();
     tokio::spawn(async move {
         let _permit = permit;

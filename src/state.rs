@@ -3,7 +3,9 @@
 //! facts `/status` shows (start time, listening address, last config load), and the count
 //! of client connections that `max_connections` bounds.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+
+use dashmap::DashMap;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
@@ -149,39 +151,110 @@ impl Runtime {
     }
 }
 
-/// Client connections open now, bounded by `max_connections`: a connection holds a
-/// [`ClientSlot`] for its whole life.
+/// Client connections open now, bounded by `max_connections` and, per peer address, by
+/// `max_connections_per_peer`: a connection holds a [`ClientSlot`] for its whole life.
+/// Peers are always counted (one map entry per address with a connection open, taken on
+/// accept and close only), so turning the per-peer cap on by a reload counts the
+/// connections already open.
 #[derive(Debug, Default)]
 pub struct ClientSlots {
     open: Arc<AtomicUsize>,
+    per_peer: Arc<DashMap<IpAddr, usize>>,
 }
 
 /// One client connection's place; given back when dropped.
 #[derive(Debug)]
 pub struct ClientSlot {
     open: Arc<AtomicUsize>,
+    peer: Option<(Arc<DashMap<IpAddr, usize>>, IpAddr)>,
+}
+
+/// Why no place was given: which limit acted (its `limit` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    MaxConnections,
+    PerPeer,
+}
+
+impl Refused {
+    /// The `limit` label of `limit_hits_total`.
+    pub fn limit(self) -> &'static str {
+        match self {
+            Refused::MaxConnections => "max_connections",
+            Refused::PerPeer => "max_connections_per_peer",
+        }
+    }
 }
 
 impl ClientSlots {
-    /// A place for one more client connection, if fewer than `max` are open.
+    /// A place for one more connection, if fewer than `max` are open (not counted per peer).
     pub fn acquire(&self, max: usize) -> Option<ClientSlot> {
+        self.take(max).then(|| ClientSlot {
+            open: self.open.clone(),
+            peer: None,
+        })
+    }
+
+    /// A place for one more client connection from `peer`: fewer than `max` open in all,
+    /// and fewer than `per_peer` (when set) from that address.
+    pub fn acquire_from(
+        &self,
+        peer: IpAddr,
+        max: usize,
+        per_peer: Option<usize>,
+    ) -> Result<ClientSlot, Refused> {
+        if !self.take(max) {
+            return Err(Refused::MaxConnections);
+        }
+        let mut n = self.per_peer.entry(peer).or_insert(0);
+        // A refused peer has at least `cap` (>= 1) open: its entry is never left at 0.
+        if per_peer.is_some_and(|cap| *n >= cap) {
+            drop(n);
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refused::PerPeer);
+        }
+        *n += 1;
+        drop(n);
+        Ok(ClientSlot {
+            open: self.open.clone(),
+            peer: Some((self.per_peer.clone(), peer)),
+        })
+    }
+
+    fn take(&self, max: usize) -> bool {
         self.open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
-            .ok()
-            .map(|_| ClientSlot {
-                open: self.open.clone(),
-            })
+            .is_ok()
     }
 
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Acquire)
     }
+
+    /// Connections open now from `peer`.
+    pub fn open_from(&self, peer: IpAddr) -> usize {
+        self.per_peer.get(&peer).map_or(0, |n| *n)
+    }
+}
+
+impl ClientSlot {
+    fn give_back_peer(&mut self) {
+        let Some((map, peer)) = self.peer.take() else {
+            return;
+        };
+        if let Some(mut n) = map.get_mut(&peer) {
+            *n = n.saturating_sub(1);
+        }
+        // Checked again under the shard's lock: an accept in between keeps the entry.
+        map.remove_if(&peer, |_, n| *n == 0);
+    }
 }
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
+        self.give_back_peer();
         self.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -191,11 +264,26 @@ pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
     let l = &config.limits;
     let m = &metrics.limits;
     m.set("max_connections", l.max_connections as f64);
+    m.set(
+        "max_connections_per_peer",
+        l.max_connections_per_peer.map_or(0.0, |n| n as f64),
+    );
     m.set("message_timeout", l.message_timeout.as_secs_f64());
+    m.set(
+        "first_message_timeout",
+        l.first_message_timeout.as_secs_f64(),
+    );
     m.set(
         "idle_timeout",
         l.idle_timeout.map_or(0.0, |d| d.as_secs_f64()),
     );
     m.set("max_pending_reads", l.max_pending_reads as f64);
     m.set("max_breakers", max_breakers as f64);
+    let a = &config.admin_limits;
+    m.set("admin_max_connections", a.max_connections as f64);
+    m.set(
+        "admin_header_read_timeout",
+        a.header_read_timeout.as_secs_f64(),
+    );
+    m.set("admin_request_timeout", a.request_timeout.as_secs_f64());
 }

@@ -75,8 +75,10 @@ fn check_embedded_configs(docs: &[Yaml]) -> BTreeMap<String, toml::Table> {
         let out_ = Command::new(BIN)
             .arg("check-config")
             .arg(&file)
-            // The shared variant reads the probe password from a Secret through this.
+            // The shared variant reads the probe password from a Secret through this, and
+            // both the admin token.
             .env("STALEGUARD_PROBE_PASSWORD", "from-the-secret")
+            .env("STALEGUARD_ADMIN_TOKEN", "from-the-admin-secret")
             .output()
             .expect("run check-config");
         let printed = format!(
@@ -181,12 +183,41 @@ fn check_pod(
     config.clone()
 }
 
+/// The admin port is reachable beyond loopback, so it is protected: its token comes from a
+/// Secret of the same file through `token_env` (never written in the ConfigMap).
+fn check_admin_token(docs: &[Yaml], deployment: &Yaml, config: &toml::Table) {
+    let admin = config["admin"].as_table().expect("[admin]");
+    assert!(
+        admin.get("token").is_none() && admin.get("token_file").is_none(),
+        "the token is not in the ConfigMap"
+    );
+    let var = admin
+        .get("token_env")
+        .and_then(|v| v.as_str())
+        .expect("[admin] token_env");
+    let c = staleguard_container(&deployment["spec"]["template"]["spec"]);
+    let env = c["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == var)
+        .unwrap_or_else(|| panic!("the container sets {var}"));
+    let secret = &env["valueFrom"]["secretKeyRef"];
+    let named = by_kind(docs, "Secret")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == secret["name"])
+        .expect("the token's Secret is in the file");
+    let key = secret["key"].as_str().expect("key");
+    assert!(named["stringData"][key].as_str().is_some(), "{key}");
+}
+
 #[test]
 fn sidecar_manifest_parses_and_its_config_is_valid() {
     let docs = documents("config/kubernetes/sidecar.yaml");
     let configs = check_embedded_configs(&docs);
     let d = one(&docs, "Deployment");
     let config = check_pod(d, &configs, 0);
+    check_admin_token(&docs, d, &config);
     // The application talks to staleguard over the pod's loopback.
     let listen = config["listen"].as_str().expect("listen");
     assert!(listen.starts_with("127.0.0.1:"), "{listen}");
@@ -224,6 +255,37 @@ fn shared_manifest_parses_and_its_config_is_valid() {
         .and_then(|s| s.parse::<u64>().ok())
         .expect("preStop sleep");
     let config = check_pod(d, &configs, pre_stop);
+    check_admin_token(&docs, d, &config);
+    // And a NetworkPolicy: the admin port only from the listed peers, the mongodb port
+    // from anywhere.
+    let np = one(&docs, "NetworkPolicy");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    let rules = np["spec"]["ingress"].as_sequence().expect("ingress rules");
+    let for_port = |name: &str| -> Vec<&Yaml> {
+        rules
+            .iter()
+            .filter(|r| {
+                r["ports"]
+                    .as_sequence()
+                    .is_some_and(|ps| ps.iter().any(|p| p["port"] == name))
+            })
+            .collect()
+    };
+    let admin_rules = for_port("admin");
+    assert!(!admin_rules.is_empty());
+    assert!(
+        admin_rules
+            .iter()
+            .all(|r| r["from"].as_sequence().is_some_and(|f| !f.is_empty())),
+        "the admin port is open only to listed peers"
+    );
+    assert!(
+        for_port("mongodb").iter().any(|r| r["from"].is_null()),
+        "applications reach the mongodb port"
+    );
     assert!(config["listen"]
         .as_str()
         .is_some_and(|l| l.starts_with("0.0.0.0:")));
@@ -250,16 +312,18 @@ fn shared_manifest_parses_and_its_config_is_valid() {
         .as_table()
         .expect("[stall_watch.probe]");
     assert!(probe.get("password").is_none() && probe.get("password_env").is_some());
-    let secret = one(&docs, "Secret");
     let env_from = c["env"]
         .as_sequence()
         .expect("env")
         .iter()
         .find(|e| e["name"] == probe["password_env"].as_str().unwrap_or_default())
         .expect("the password variable");
-    assert_eq!(
-        env_from["valueFrom"]["secretKeyRef"]["name"],
-        secret["metadata"]["name"]
+    let secret = &env_from["valueFrom"]["secretKeyRef"]["name"];
+    assert!(
+        by_kind(&docs, "Secret")
+            .iter()
+            .any(|s| &s["metadata"]["name"] == secret),
+        "the password's Secret {secret:?} is in the file"
     );
 }
 

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     // the crates below the proxy, re-exported
     &["wire", "sim"],
-    // leaves: every metric name, rustls, classification, splicing
-    &["metrics", "tls", "command", "rewrite"],
+    // leaves: every metric name, rustls, classification, splicing, the log field formatter
+    &["metrics", "tls", "command", "rewrite", "logs"],
     // the pattern table, decide (pure), what a decision means for a request
     &["policy"],
     &["config"],

@@ -441,3 +441,59 @@ fn watched_names_follow_the_configmap_links() {
     std::fs::write(&plain, "").expect("write");
     assert_eq!(names(&plain), ["plain.toml"]);
 }
+
+/// Issue 21, item 4: a config written in place in two pieces, with a pause between them
+/// longer than the quiet period (and than the fallback quiet period for platforms without
+/// close events), is never applied half-written, although the first piece alone is a valid
+/// config; the whole file is, once its writer closes it.
+#[tokio::test]
+async fn a_file_written_in_place_in_two_pieces_is_applied_only_whole() {
+    use std::io::Write as _;
+    let env = env("strict", "strict").await;
+    let whole = text(&env.fake, "fallback", "passthrough");
+    let cut = whole
+        .find("[[namespaces]]\npattern = \"shop.*\"")
+        .expect("shop entry");
+    let (head, tail) = whole.split_at(cut);
+    let prefix = Config::parse(head, &env.path).expect("the first piece alone is valid");
+    assert!(prefix.policy.lookup("shop", "x").is_none());
+    let metrics = |env: &Env| env.proxy.shared().metrics.render();
+
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&env.path)
+        .expect("open in place");
+    f.write_all(head.as_bytes()).expect("first piece");
+    f.flush().expect("flush");
+    let pause = staleguard::reload::WRITE_QUIET + std::time::Duration::from_millis(500);
+    assert!(pause > staleguard::reload::DEBOUNCE * 4);
+    let started = std::time::Instant::now();
+    while started.elapsed() < pause {
+        assert_eq!(
+            env.mode_of("pay"),
+            Mode::Strict,
+            "the first piece was applied"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let m = metrics(&env);
+    assert!(
+        m.contains("staleguard_reloads_total{result=\"ok\"} 0")
+            && m.contains("staleguard_reloads_total{result=\"error\"} 0"),
+        "nothing reloaded during the pause: {m}"
+    );
+    f.write_all(tail.as_bytes()).expect("second piece");
+    drop(f);
+    let took = time_until_mode(&env.proxy, "shop", Mode::Passthrough).await;
+    assert!(took < WITHIN, "the whole file applied after {took:?}");
+    assert_eq!(env.mode_of("pay"), Mode::Fallback);
+    tokio::time::sleep(staleguard::reload::DEBOUNCE * 2).await;
+    let m = metrics(&env);
+    assert!(
+        m.contains("staleguard_reloads_total{result=\"ok\"} 1")
+            && m.contains("staleguard_reloads_total{result=\"error\"} 0"),
+        "one reload, of the whole file: {m}"
+    );
+    env.proxy.shutdown().await;
+}

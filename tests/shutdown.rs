@@ -203,3 +203,73 @@ async fn a_client_that_never_pauses_cannot_hold_a_stop() {
         .expect("writer");
     assert!(batches > 0);
 }
+
+/// Issue 21, item 3: the binary exits on SIGTERM within `shutdown_timeout` + 2 s whatever
+/// its admin peers do: connections that sent half a request head, one that sent a body's
+/// first bytes, idle keep-alive ones, one that never sent anything; and a proxy client
+/// with a request in flight that mongos never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_on_time_whatever_admin_peers_do() {
+    use support::bin::Binary;
+    use tokio::io::AsyncReadExt;
+    let fake = FakeMongos::start().await;
+    slow_pings(&fake, Duration::from_secs(60));
+    let grace = Duration::from_secs(1);
+    // Long header and request timeouts: the stop alone must end these connections.
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\nshutdown_timeout = \"1s\"\n[admin]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"5m\"\nrequest_timeout = \"5m\"\n",
+        fake.addr()
+    );
+    let mut proxy = Binary::start(&config, &[]);
+    let admin = proxy.admin().await;
+    let listen = proxy.listen().await;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let mut s = tokio::net::TcpStream::connect(admin).await.expect("admin");
+        let half = match i % 4 {
+            0 => "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_string(),
+            1 => "POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab".to_string(),
+            2 => "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
+            _ => String::new(),
+        };
+        s.write_all(half.as_bytes()).await.expect("half a request");
+        if i % 4 == 2 {
+            // A whole request, answered; the connection stays open (keep-alive).
+            let mut buf = [0u8; 512];
+            let n = support::within("healthz", s.read(&mut buf))
+                .await
+                .expect("read");
+            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        }
+        held.push(s);
+    }
+    let mut busy = RawClient::connect(listen).await;
+    busy.send(&raw::msg(
+        5,
+        0,
+        &rawdoc! {"ping": 1, "comment": "slow", "$db": "admin"},
+    ))
+    .await;
+    fake.wait_for("slow ping upstream", |log| {
+        log.commands
+            .iter()
+            .any(|(_, b)| b.get_str("comment").ok() == Some("slow"))
+    })
+    .await;
+    let started = Instant::now();
+    proxy.sigterm();
+    let status = tokio::task::block_in_place(|| proxy.wait_exit(grace + Duration::from_secs(10)));
+    let took = started.elapsed();
+    assert!(
+        status.is_some(),
+        "still running {took:?} after SIGTERM:\n{}",
+        proxy.log()
+    );
+    assert!(
+        took < grace + Duration::from_secs(2),
+        "exited {took:?} after SIGTERM with shutdown_timeout {grace:?}:\n{}",
+        proxy.log()
+    );
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    drop(held);
+}

@@ -14,6 +14,8 @@
 //! - `max_time` below 1ms (it would be sent as `maxTimeMS: 0`, which means "no limit");
 //! - a database name holding a character MongoDB forbids in database names;
 //! - `admin.listen` equal to `listen` (unless both use port 0);
+//! - more than one of `[admin] token`, `token_file`, `token_env` (a token file that cannot be
+//!   read, or a variable that is not set, is an error too);
 //! - `health_timeout` longer than `health_interval`;
 //! - `[upstream_tls] ca` together with `insecure_skip_verify = true`;
 //! - `[stall_watch]` settings that cannot act (see `stall`);
@@ -40,7 +42,10 @@ mod stall;
 mod values;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
-pub use ops::{DEFAULT_ADMIN_LISTEN, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT};
+pub use ops::{
+    DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
+    DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
+};
 pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
 pub use stall::{
@@ -84,9 +89,14 @@ pub struct Config {
     /// file (`[admin] enabled = false` turns it off), none in [`Config::for_upstreams`].
     /// Needs a restart.
     pub admin_listen: Option<String>,
-    /// `[admin] token`: bearer token required for every admin route but `/healthz` and
-    /// `/readyz`. Default none (no authentication). Reloads.
+    /// `[admin] token`, or the content of `token_file`, or the value of the environment
+    /// variable `token_env` (at most one of them): bearer token required for every admin
+    /// route but `/healthz` and `/readyz`. Default none (no authentication). Reloads (the
+    /// file and the variable are read again).
     pub admin_token: Option<String>,
+    /// `[admin] header_read_timeout`, `request_timeout`, `max_connections`: what one admin
+    /// HTTP client may hold. Reloads (new admin connections).
+    pub admin_limits: AdminLimits,
     /// `health_interval`: time between two `hello` checks of each upstream; `"off"` (none)
     /// disables them. Default 5s in a file, off in [`Config::for_upstreams`]. Reloads (from
     /// the next check).
@@ -110,13 +120,39 @@ pub struct Config {
     /// `[ladder_guard]`: how many primary-rung reads each upstream may carry. Reloads (the
     /// next ladder read is judged against the new limits).
     pub ladder_guard: LadderGuardConfig,
-    /// The resource limits (top-level keys `max_connections`, `message_timeout`,
-    /// `idle_timeout`, `max_pending_reads`).
+    /// The resource limits (top-level keys `max_connections`, `max_connections_per_peer`,
+    /// `message_timeout`, `first_message_timeout`, `idle_timeout`, `max_pending_reads`).
     pub limits: Limits,
     /// `breaker_share`: the largest share of the breaker map's wildcard pool (the slots
     /// exact patterns do not reserve) one wildcard pattern may hold. Default 0.5; above 0,
     /// at most 1. Reloads.
     pub breaker_share: f64,
+}
+
+/// The admin endpoint's bounds on its HTTP clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// `header_read_timeout`: time a client has to send a request's whole head, from its
+    /// connection or from the end of the previous response (so it also closes idle
+    /// keep-alive connections). Default 5s; not zero.
+    pub header_read_timeout: Duration,
+    /// `request_timeout`: time from a request's head being read until its response is
+    /// written; past it the connection is closed (an idle keep-alive connection too, once
+    /// its last request is that old). Default 10s; not zero.
+    pub request_timeout: Duration,
+    /// `max_connections`: admin connections open at once; the next one gets a bare
+    /// `503 Service Unavailable` and is closed. Default 64; 1..=65536.
+    pub max_connections: usize,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        AdminLimits {
+            header_read_timeout: DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
+            request_timeout: DEFAULT_ADMIN_REQUEST_TIMEOUT,
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+        }
+    }
 }
 
 /// `[ladder_guard]`: the per-upstream limits on reads sent to the primary rung; past
@@ -160,6 +196,12 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `max_pending_reads`.
 pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
+/// Default `first_message_timeout`: a driver sends its handshake at once.
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `idle_timeout`: longer than any pause a pooled driver connection makes while it
+/// is in use (see README, *Configuration reference*), so only connections left unused are
+/// closed; drivers open a new one when they need it.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// What one client may hold of the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,9 +214,18 @@ pub struct Limits {
     /// arrived; past it the client is closed. Default 30s; not zero. Reloads: applies to
     /// each connection's next message.
     pub message_timeout: Duration,
+    /// `first_message_timeout`: time a new client has, from its accept (after the TLS
+    /// handshake), to send its whole first message; past it the client is closed. Default
+    /// 10s; not zero. Reloads: applies to new connections.
+    pub first_message_timeout: Duration,
     /// `idle_timeout`: a client that sends nothing for this long, with nothing in flight,
-    /// is closed. Default off (`"off"`). Reloads: applies to each connection's next message.
+    /// is closed. Default 30m; `"off"` turns it off. Reloads: applies to each connection's
+    /// next check.
     pub idle_timeout: Option<Duration>,
+    /// `max_connections_per_peer`: client connections one peer address (IP) may have open
+    /// at once; the next one is refused like one past `max_connections`. Default off
+    /// (none); 1..=1000000. Reloads: applies to the next accept.
+    pub max_connections_per_peer: Option<usize>,
     /// `max_pending_reads`: tracked reads one connection may have waiting for replies;
     /// past it reads are forwarded untracked (no retry, no evidence). Default 1000;
     /// 1..=100000. Reloads: applies to each connection's next message.
@@ -186,7 +237,9 @@ impl Default for Limits {
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             message_timeout: DEFAULT_MESSAGE_TIMEOUT,
-            idle_timeout: None,
+            first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
+            idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
+            max_connections_per_peer: None,
             max_pending_reads: DEFAULT_MAX_PENDING_READS,
         }
     }
@@ -243,6 +296,7 @@ impl Config {
             layout: Layout::default(),
             admin_listen: None,
             admin_token: None,
+            admin_limits: AdminLimits::default(),
             health_interval: None,
             health_timeout: DEFAULT_HEALTH_TIMEOUT,
             tls: None,

@@ -19,12 +19,32 @@ pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
 /// Default `health_timeout`.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Default `[admin] header_read_timeout`.
+pub const DEFAULT_ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `[admin] request_timeout`.
+pub const DEFAULT_ADMIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `[admin] max_connections`: the kubelet's probes, a Prometheus or two and a few
+/// browsers need a handful.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAdmin {
     listen: Option<Spanned<String>>,
     token: Option<Spanned<String>>,
+    token_file: Option<Spanned<String>>,
+    token_env: Option<Spanned<String>>,
     enabled: Option<Spanned<bool>>,
+    header_read_timeout: Option<Spanned<String>>,
+    request_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<i64>>,
+}
+
+/// `[admin]` as validated.
+pub(super) struct Admin {
+    pub(super) listen: Option<String>,
+    pub(super) token: Option<String>,
+    pub(super) limits: Option<super::AdminLimits>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -45,25 +65,47 @@ pub(super) struct RawUpstreamTls {
     insecure_skip_verify: Option<Spanned<bool>>,
 }
 
-/// `[admin]`: (listen, token).
+/// `[admin]`: listen, token (from the file, a file or the environment), limits.
 pub(super) fn admin(
     ctx: &mut Ctx,
     raw: Option<&Spanned<RawAdmin>>,
     listen: &str,
-) -> (Option<String>, Option<String>) {
+    config: &Path,
+) -> Admin {
     let Some(raw) = raw else {
-        return (Some(DEFAULT_ADMIN_LISTEN.to_string()), None);
+        return Admin {
+            listen: Some(DEFAULT_ADMIN_LISTEN.to_string()),
+            token: None,
+            limits: Some(super::AdminLimits::default()),
+        };
     };
     let a = raw.get_ref();
     let enabled = a.enabled.as_ref().is_none_or(|e| *e.get_ref());
+    let limits = admin_limits(ctx, a);
     if !enabled {
-        for (name, v) in [("listen", &a.listen), ("token", &a.token)] {
+        let set = [
+            ("listen", &a.listen),
+            ("token", &a.token),
+            ("token_file", &a.token_file),
+            ("token_env", &a.token_env),
+            ("header_read_timeout", &a.header_read_timeout),
+            ("request_timeout", &a.request_timeout),
+        ];
+        for (name, v) in set {
             if let Some(v) = v {
                 let msg = "has no effect: [admin] enabled = false".to_string();
                 ctx.err(v, &format!("admin.{name}"), msg);
             }
         }
-        return (None, None);
+        if let Some(v) = &a.max_connections {
+            let msg = "has no effect: [admin] enabled = false".to_string();
+            ctx.err(v, "admin.max_connections", msg);
+        }
+        return Admin {
+            listen: None,
+            token: None,
+            limits,
+        };
     }
     let addr = match &a.listen {
         Some(v) => {
@@ -77,16 +119,96 @@ pub(super) fn admin(
         }
         None => DEFAULT_ADMIN_LISTEN.to_string(),
     };
-    let token = a.token.as_ref().and_then(|t| {
-        let s = t.get_ref();
-        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic()) {
-            let msg = "must be non-empty printable ASCII without spaces (it is sent as `Authorization: Bearer TOKEN`)".to_string();
-            ctx.err(t, "admin.token", msg);
-            return None;
+    Admin {
+        listen: Some(addr),
+        token: token(ctx, a, config),
+        limits,
+    }
+}
+
+/// The admin token: `token` itself, the content of `token_file` (trailing whitespace
+/// dropped, as a Secret mounted as a file or written with `echo` has a newline), or the
+/// value of the environment variable `token_env`; at most one of the three.
+fn token(ctx: &mut Ctx, a: &RawAdmin, config: &Path) -> Option<String> {
+    let given: Vec<(&str, &Spanned<String>)> = [
+        ("token", &a.token),
+        ("token_file", &a.token_file),
+        ("token_env", &a.token_env),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+    .collect();
+    if let [_, (key, second), ..] = given.as_slice() {
+        let msg = "set one of token, token_file and token_env, not several".to_string();
+        ctx.err(*second, &format!("admin.{key}"), msg);
+        return None;
+    }
+    let (key, v) = given.first()?;
+    let value = match *key {
+        "token_file" => {
+            let path = resolve(config, v.get_ref());
+            match std::fs::read_to_string(&path) {
+                Ok(t) => t.trim_end().to_string(),
+                Err(e) => {
+                    let msg = format!("cannot read {}: {e}", path.display());
+                    ctx.err(*v, "admin.token_file", msg);
+                    return None;
+                }
+            }
         }
-        Some(s.clone())
-    });
-    (Some(addr), token)
+        "token_env" => match std::env::var(v.get_ref()) {
+            Ok(t) => t,
+            Err(e) => {
+                let msg = format!("environment variable `{}`: {e}", v.get_ref());
+                ctx.err(*v, "admin.token_env", msg);
+                return None;
+            }
+        },
+        _ => v.get_ref().clone(),
+    };
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic()) {
+        let msg = "the token must be non-empty printable ASCII without spaces (it is sent as `Authorization: Bearer TOKEN`)".to_string();
+        ctx.err(*v, &format!("admin.{key}"), msg);
+        return None;
+    }
+    Some(value)
+}
+
+/// `[admin] header_read_timeout`, `request_timeout`, `max_connections`.
+fn admin_limits(ctx: &mut Ctx, a: &RawAdmin) -> Option<super::AdminLimits> {
+    let d = super::AdminLimits::default();
+    let nonzero = Duration::from_nanos(1);
+    let header = a
+        .header_read_timeout
+        .as_ref()
+        .map_or(Some(d.header_read_timeout), |v| {
+            duration(ctx, v, "admin.header_read_timeout", nonzero)
+        });
+    let request = a
+        .request_timeout
+        .as_ref()
+        .map_or(Some(d.request_timeout), |v| {
+            duration(ctx, v, "admin.request_timeout", nonzero)
+        });
+    let max = match &a.max_connections {
+        None => Some(d.max_connections),
+        Some(v) => match usize::try_from(*v.get_ref()) {
+            Ok(n) if (1..=65_536).contains(&n) => Some(n),
+            _ => {
+                ctx.err(
+                    v,
+                    "admin.max_connections",
+                    format!("{} is out of range 1..=65536", v.get_ref()),
+                );
+                None
+            }
+        },
+    };
+    Some(super::AdminLimits {
+        header_read_timeout: header?,
+        request_timeout: request?,
+        max_connections: max?,
+    })
 }
 
 /// `health_interval` (`"off"` disables the checks), `health_timeout`: the timeout must fit

@@ -74,7 +74,9 @@ struct RawConfig {
     health_interval: Option<Spanned<String>>,
     health_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
+    max_connections_per_peer: Option<Spanned<i64>>,
     message_timeout: Option<Spanned<String>>,
+    first_message_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     max_pending_reads: Option<Spanned<i64>>,
     breaker_share: Option<Spanned<f64>>,
@@ -135,7 +137,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         }
         layout
     });
-    let (admin_listen, admin_token) = ops::admin(ctx, raw.admin.as_ref(), &listen);
+    let admin = ops::admin(ctx, raw.admin.as_ref(), &listen, path);
     let (health_interval, health_timeout) = ops::health(
         ctx,
         raw.health_interval.as_ref(),
@@ -157,8 +159,9 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         connect_timeout: connect_timeout?,
         shutdown_timeout: shutdown_timeout?,
         layout: layout?,
-        admin_listen,
-        admin_token,
+        admin_listen: admin.listen,
+        admin_token: admin.token,
+        admin_limits: admin.limits?,
         health_interval: health_interval?,
         health_timeout: health_timeout?,
         tls: tls.ok()?,
@@ -244,8 +247,8 @@ fn ladder_guard(
     ok.then_some(out)
 }
 
-/// `max_connections`, `message_timeout`, `idle_timeout` (`"off"` by default),
-/// `max_pending_reads`.
+/// `max_connections`, `max_connections_per_peer` (off by default), `message_timeout`,
+/// `first_message_timeout`, `idle_timeout` (`"off"` turns it off), `max_pending_reads`.
 fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
     let d = Limits::default();
     let nonzero = Duration::from_nanos(1);
@@ -261,8 +264,18 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
         .map_or(Some(d.message_timeout), |v| {
             duration(ctx, v, "message_timeout", nonzero)
         });
-    let idle_timeout = match &raw.idle_timeout {
+    let max_connections_per_peer = match &raw.max_connections_per_peer {
         None => Some(None),
+        Some(v) => count(ctx, v, "max_connections_per_peer", 1_000_000).map(Some),
+    };
+    let first_message_timeout = raw
+        .first_message_timeout
+        .as_ref()
+        .map_or(Some(d.first_message_timeout), |v| {
+            duration(ctx, v, "first_message_timeout", nonzero)
+        });
+    let idle_timeout = match &raw.idle_timeout {
+        None => Some(d.idle_timeout),
         Some(v) if v.get_ref() == "off" => Some(None),
         Some(v) => duration(ctx, v, "idle_timeout", nonzero).map(Some),
     };
@@ -275,7 +288,9 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
     Some(Limits {
         max_connections: max_connections?,
         message_timeout: message_timeout?,
+        first_message_timeout: first_message_timeout?,
         idle_timeout: idle_timeout?,
+        max_connections_per_peer: max_connections_per_peer?,
         max_pending_reads: max_pending_reads?,
     })
 }

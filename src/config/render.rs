@@ -124,10 +124,27 @@ fn settings(out: &mut String, config: &Config) {
         "-"
     };
     let _ = writeln!(out, "admin.token       {token}");
+    let a = &config.admin_limits;
+    let _ = writeln!(
+        out,
+        "admin.limits      max_connections {}, header_read_timeout {}, request_timeout {}",
+        a.max_connections,
+        fmt_duration(a.header_read_timeout),
+        fmt_duration(a.request_timeout)
+    );
     let _ = writeln!(out, "upstreams         {}", config.upstreams.join(", "));
     let l = &config.limits;
     let _ = writeln!(out, "max_connections   {}", l.max_connections);
+    let per_peer = l
+        .max_connections_per_peer
+        .map_or("off".to_string(), |n| n.to_string());
+    let _ = writeln!(out, "max_connections_per_peer {per_peer}");
     let _ = writeln!(out, "message_timeout   {}", fmt_duration(l.message_timeout));
+    let _ = writeln!(
+        out,
+        "first_message_timeout {}",
+        fmt_duration(l.first_message_timeout)
+    );
     let _ = writeln!(
         out,
         "idle_timeout      {}",

@@ -21,12 +21,17 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 5] = [
+pub const LIMITS: [&str; 10] = [
     "max_connections",
+    "max_connections_per_peer",
+    "first_message_timeout",
     "message_timeout",
     "idle_timeout",
     "max_pending_reads",
     "max_breakers",
+    "admin_max_connections",
+    "admin_header_read_timeout",
+    "admin_request_timeout",
 ];
 
 /// The `why` labels of `evidence_ignored_total`.

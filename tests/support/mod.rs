@@ -2,6 +2,7 @@
 //! client, and a recording TCP tap. Each test file uses only part of it.
 #![allow(dead_code)]
 
+pub mod bin;
 pub mod mongos;
 pub mod py;
 pub mod raw;

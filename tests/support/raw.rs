@@ -28,6 +28,11 @@ impl RawClient {
         let stream = within("raw connect", TcpStream::connect(addr))
             .await
             .expect("raw connect");
+        RawClient::from_stream(stream)
+    }
+
+    /// A client over a stream connected by the caller (e.g. from a chosen local address).
+    pub fn from_stream(stream: TcpStream) -> RawClient {
         stream.set_nodelay(true).expect("nodelay");
         let (rd, out) = stream.into_split();
         RawClient {
