@@ -107,9 +107,11 @@ pub struct Report {
     pub transitions_in_incident: Vec<(&'static str, u64)>,
     /// When each namespace's breaker first opened, since the incident started.
     pub opened_after: Vec<(&'static str, Option<Duration>)>,
-    /// Since the heal: until every breaker closed and every later read of both namespaces
-    /// through staleguard answered without a rewrite.
+    /// Since the heal: until every breaker closed (and stayed closed).
     pub recovery: Option<Duration>,
+    /// Reads rewritten to `available` (retries included) from `max_time` after the
+    /// recovery to the end: reads sent after it (stragglers sent before it may still be
+    /// retried within their `maxTimeMS`).
     pub rewrites_after_recovery: u64,
 }
 
@@ -314,25 +316,30 @@ pub async fn run(opts: &Options) -> Report {
     let heal = start.elapsed();
     // Recovery: every breaker closed, and stays so to the end.
     let mut recovered: Option<Duration> = None;
-    let mut rewrites_at_recovery = 0;
+    let mut rewrites_at_recovery: Option<u64> = None;
     while Instant::now() < stop {
         let closed = [PAYMENTS, INVENTORY]
             .iter()
             .all(|ns| proxy.shared().breakers.state(ns) == State::Closed);
         match (closed, recovered) {
-            (true, None) => {
-                recovered = Some(start.elapsed() - heal);
-                rewrites_at_recovery = rewrites(&proxy);
+            (true, None) => recovered = Some(start.elapsed() - heal),
+            (false, Some(_)) => {
+                recovered = None;
+                rewrites_at_recovery = None;
             }
-            (false, Some(_)) => recovered = None,
             _ => {}
+        }
+        // Reads in flight at the recovery have had their maxTimeMS to finish.
+        let settled = recovered.is_some_and(|r| start.elapsed() - heal >= r + opts.max_time);
+        if settled && rewrites_at_recovery.is_none() {
+            rewrites_at_recovery = Some(rewrites(&proxy));
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for t in tasks {
         let _ = t.await;
     }
-    let rewrites_after_recovery = rewrites(&proxy) - rewrites_at_recovery;
+    let rewrites_after_recovery = rewrites_at_recovery.map_or(u64::MAX, |r| rewrites(&proxy) - r);
     let outcomes = std::mem::take(&mut *out.lock().expect("outcomes"));
     proxy.shutdown().await;
     Report {
