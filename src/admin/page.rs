@@ -189,9 +189,14 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
             ),
             _ => "<span class=\"muted\">never</span>".to_string(),
         };
-        let probe = r.next_probe_seconds.map_or(String::new(), |p| {
+        let mut probe = r.next_probe_seconds.map_or(String::new(), |p| {
             format!("<br><span class=\"muted\">next probe in {p}s</span>")
         });
+        if let Some(n) = r.answered_in_a_row {
+            probe.push_str(&format!(
+                "<br><span class=\"muted\">{n} answered in a row</span>"
+            ));
+        }
         let state = match r.breaker {
             Some(b) => format!("<b>{b}</b>{probe}"),
             None => "<span class=\"muted\">per namespace</span>".to_string(),

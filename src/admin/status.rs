@@ -121,8 +121,12 @@ pub struct NsStatus {
     pub last_transition_seconds_ago: Option<u64>,
     /// Why the last transition happened.
     pub reason: Option<String>,
-    /// While open: seconds until the next probe (none while held by the write-stall watch).
+    /// While open: seconds until the next probe (none while held by the write-stall watch,
+    /// or when every read is a sample: strict, `on_open = "bound"`).
     pub next_probe_seconds: Option<u64>,
+    /// While open: samples answered in a row (it closes at `close_after`, from two
+    /// connections, spanning `min_cooldown`).
+    pub answered_in_a_row: Option<u32>,
     /// Held open by the write-stall watch (`on_write_stall = "open_fallback_breakers"`).
     pub held_by_write_stall: bool,
     /// The rungs a failing read climbs (`ladder`): `["primary"]`, `["available"]`, ...
@@ -314,6 +318,7 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             last_transition_seconds_ago: Some(ago.as_secs()),
             reason: Some(snap.last_reason.clone()),
             next_probe_seconds: next_probe.map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
+            answered_in_a_row: (snap.state == State::Open).then_some(snap.streak),
             held_by_write_stall: snap.held,
             ladder: policy.map_or_else(Vec::new, |p| p.ladder().to_vec()),
             ladder_reads: Some(LadderReads::of(&shared.metrics, &snap.ns)),
@@ -340,6 +345,7 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             last_transition_seconds_ago: None,
             reason: None,
             next_probe_seconds: None,
+            answered_in_a_row: None,
             held_by_write_stall: false,
             ladder: p.ladder().to_vec(),
             ladder_reads: exact.then(|| LadderReads::of(&shared.metrics, &p.pattern)),
