@@ -34,6 +34,11 @@ pub const LIMITS: [&str; 10] = [
     "admin_request_timeout",
 ];
 
+/// `limit` labels with no setting: clients closed for breaking a protocol rule the
+/// evidence relies on (`reused_request_id`: a requestID reused while a followed read or
+/// write with that id waits for its reply).
+pub const RULES: [&str; 1] = ["reused_request_id"];
+
 /// The `why` labels of `evidence_ignored_total`.
 pub const IGNORED: [&str; 7] = [
     "short_wait",
@@ -69,7 +74,7 @@ impl LimitMetrics {
         );
         r.register(
             "limit_hits",
-            "Times a resource limit acted (client refused or closed, read not tracked, breaker evicted)",
+            "Times a resource limit acted (client refused or closed, read not tracked, breaker evicted), or a client was closed for reusing the requestID of a request still waiting (reused_request_id)",
             self.hits.clone(),
         );
         r.register("breakers", "Breakers in the map now", self.breakers.clone());
@@ -87,6 +92,9 @@ impl LimitMetrics {
         for limit in LIMITS {
             let _ = self.hits.get_or_create(&LimitLabel { limit });
             let _ = self.setting.get_or_create(&LimitLabel { limit });
+        }
+        for limit in RULES {
+            let _ = self.hits.get_or_create(&LimitLabel { limit });
         }
         for why in IGNORED {
             let _ = self.ignored.get_or_create(&WhyLabel { why });

@@ -88,17 +88,17 @@ impl StallMetrics {
         );
         r.register(
             "writes_in_flight",
-            "Relayed writes waiting for their reply, by upstream (moreToCome writes excluded)",
+            "Relayed writes waiting for their reply, by upstream: from their turn at mongos (earlier requests on the connection answered), while the client reads its replies (moreToCome writes excluded)",
             self.writes_in_flight.clone(),
         );
         r.register(
             "oldest_write_seconds",
-            "Age of the oldest relayed write still waiting, by upstream (0 when none)",
+            "Time the oldest relayed write has waited since its turn at mongos, by upstream (0 when none)",
             self.oldest_write.clone(),
         );
         r.register(
             "write_replies",
-            "Relayed writes by outcome: completed (ok reply), failed (error reply), abandoned (client left first)",
+            "Relayed writes by outcome: completed (ok reply), failed (error reply), abandoned (client left first); a completed or failed write is progress of the server",
             self.write_replies.clone(),
         );
         r.register(

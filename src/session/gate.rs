@@ -1,11 +1,10 @@
-//! The request side's early gates: each request is opened once (`wire::Request`) and sent
-//! through the gates in one match: forwarded untouched, followed as a write (write-stall
-//! watch), refused (legacy OP_QUERY), or handed to `request.rs` to be governed. A large
+//! The request side's early gates: each request is opened once (`wire::Request`), its
+//! requestID checked against the reads and writes still waiting (a reused one closes the
+//! client), and sent through the gates in one match: forwarded untouched, followed as a write
+//! (write-stall watch), refused (legacy OP_QUERY), or handed to `request.rs` to be governed. A large
 //! compressed request is decompressed off the runtime's workers first.
 
 use bytes::Bytes;
-use tokio::time::Instant;
-
 use super::{Session, SessionError};
 use crate::policy;
 use crate::stall;
@@ -50,6 +49,7 @@ impl Session {
         self.refresh_config();
         let max = self.config.max_message_size;
         let mut req = Request::new(msg, max).map_err(SessionError::ClientProtocol)?;
+        self.refuse_reused_id(req.request_id())?;
         match self.gate(&mut req)? {
             Gate::Inflate => return Ok(Some(req)),
             gate => self.dispatch(gate, req)?,
@@ -81,15 +81,25 @@ impl Session {
         }
     }
 
+    /// The first gate: a request that reuses the requestID of a followed read or write
+    /// still waiting for its reply closes the client, since its reply could be taken for
+    /// theirs (a half-open probe's above all). No driver does this: ids are unique among a
+    /// connection's requests in flight. Scans only while something is followed.
+    fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
+        let reused = (!self.pending.is_empty()
+            && self.pending.iter().any(|t| t.request_id == request_id))
+            || (!self.writes.is_empty() && self.writes.contains(request_id));
+        if reused {
+            self.shared.metrics.limits.hit("reused_request_id");
+            return Err(SessionError::ReusedRequestId(request_id));
+        }
+        Ok(())
+    }
+
     fn dispatch(&mut self, gate: Gate, mut req: Request) -> Result<(), SessionError> {
         match gate {
             Gate::Pass { expects_reply } => self.pass(req.into_frame(), expects_reply),
-            Gate::Write => {
-                let (watch, upstream) = (&self.shared.stall, &self.upstream);
-                self.writes
-                    .sent(watch, upstream, req.request_id(), Instant::now());
-                self.pass(req.into_frame(), true);
-            }
+            Gate::Write => self.send_write(req.request_id(), req.into_frame()),
             Gate::Read => self.govern(req)?,
             Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
             // Only from `gate`, handled by the caller; opened here as a last resort.

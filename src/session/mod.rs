@@ -9,6 +9,7 @@
 //! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
 //! confirm   the cheap read that confirms a time limit before it counts
 //! counters  per-session counts, batched into the shared metrics
+//! writes    the write-stall watch's view: each write from its turn at mongos to its reply
 //! ```
 //!
 //! Requests are classified and decided on as they arrive; replies are looked at only when
@@ -23,6 +24,7 @@ mod outbox;
 mod relay;
 mod reply;
 mod request;
+mod writes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -59,6 +61,8 @@ pub enum SessionError {
     UpstreamProtocol(WireError),
     #[error("upstream i/o: {0}")]
     UpstreamIo(std::io::Error),
+    #[error("client reused requestID {0} while a followed request with that id waits for its reply")]
+    ReusedRequestId(i32),
 }
 
 impl SessionError {

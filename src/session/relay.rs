@@ -97,6 +97,7 @@ impl Session {
             // proxy itself, so client reads wait on both).
             let read_client = self.to_upstream.has_room() && self.to_client.has_room();
             let read_upstream = self.to_client.has_room();
+            self.upstream_reads(read_upstream);
             // Biased, in this order: writes; replies before new requests (finishing work
             // before taking more; each side is bounded by its outbox's room, so neither waits
             // long); then the kill, the stop and the timers, which are polled only in turns
@@ -244,7 +245,11 @@ impl Session {
             Err(e) if e.is_client_close(at_message_boundary) => {
                 tracing::debug!(error = %e, "session closed: client went away")
             }
-            Err(e @ (SessionError::ClientProtocol(_) | SessionError::ClientIo(_))) => {
+            Err(
+                e @ (SessionError::ClientProtocol(_)
+                | SessionError::ClientIo(_)
+                | SessionError::ReusedRequestId(_)),
+            ) => {
                 tracing::warn!(error = %e, "closing client")
             }
             Err(e) => tracing::warn!(error = %e, "closing client because its upstream failed"),

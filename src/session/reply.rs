@@ -99,6 +99,11 @@ impl Session {
         if self.pending.is_empty() && self.writes.is_empty() && self.confirm.is_none() {
             return self.send_to_client(reply);
         }
+        // The write-stall watch's turn order and progress (`writes.rs`): every final reply
+        // passes the turn; one answers a write only when its id and place both match.
+        if !self.writes.is_empty() && self.write_replied(&reply) {
+            return self.send_to_client(reply);
+        }
         let response_to = reply.response_to();
         if self
             .confirm
@@ -107,14 +112,6 @@ impl Session {
         {
             // staleguard's own read: judged, never relayed.
             return self.on_confirm_reply(&reply);
-        }
-        if !self.writes.is_empty() {
-            let max = self.config.max_message_size;
-            let ok = || reply.status(max).is_ok_and(|s| s.ok);
-            let (watch, now) = (&self.shared.stall, Instant::now());
-            if self.writes.answered(watch, response_to, ok, now) {
-                return self.send_to_client(reply);
-            }
         }
         // Both the id and the place must match: a reply to another request that reused a
         // tracked read's id never stands for it.

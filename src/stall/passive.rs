@@ -1,7 +1,14 @@
-//! The passive signal: writes relayed through each upstream, the age of the oldest one still
-//! waiting, and when one last completed. Sessions keep their own list of writes in flight
-//! ([`WriteTracker`]) and publish two numbers through atomics; the watch's tick sums them
-//! per upstream. Nothing here runs for a request that is not a write.
+//! The passive signal: writes relayed through each upstream, how long the ones mongos has
+//! started have waited, and when a write last got a reply. Sessions keep their own list of
+//! writes in flight ([`WriteTracker`]) and publish two numbers through atomics; the watch's
+//! tick sums them per upstream. Nothing here runs for a request that is not a write.
+//!
+//! What counts is what the cluster does, never what a client does: a write waits from its
+//! turn (mongos serves a connection's requests in order, so a write queued behind an
+//! awaitable hello or a long getMore has not started), it is done when any reply to it
+//! arrives (an error is progress too), a write whose reply the relay holds back because the
+//! client does not read is not waiting on the server, and a session that ends takes its writes
+//! with it. One connection is one client's word: the rule needs [`MIN_CONNECTIONS`].
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -10,6 +17,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{lock, StallWatch};
+
+/// Client connections that must each have a write waiting `stall_after` or longer: the
+/// writes of one connection may be that client's own doing (a slow multi-update, a write
+/// queued in a way the proxy cannot see), never the cluster's word alone.
+pub const MIN_CONNECTIONS: u32 = 2;
 
 /// Commands whose reply says a write finished (`moreToCome` writes get none and are not
 /// counted). `findandmodify` is the legacy spelling drivers still accept.
@@ -20,7 +32,8 @@ pub fn is_write_command(name: &str) -> bool {
     )
 }
 
-/// What one session publishes: its writes in flight and when the oldest was sent.
+/// What one session publishes: its writes waiting (started by mongos, reply not arrived,
+/// the upstream being read) and when the oldest of them started.
 #[derive(Debug, Default)]
 pub struct SessionWrites {
     in_flight: AtomicU32,
@@ -36,8 +49,8 @@ pub struct UpstreamWrites {
     completed: AtomicU64,
     failed: AtomicU64,
     abandoned: AtomicU64,
-    /// The watch's clock of the last completed write; 0 = never.
-    last_completion: AtomicU64,
+    /// The watch's clock of the last reply to a write (ok or not); 0 = never.
+    last_reply: AtomicU64,
     /// Owned by the watch's tick.
     pub(super) eval: Mutex<PassiveEval>,
 }
@@ -46,8 +59,6 @@ pub struct UpstreamWrites {
 #[derive(Debug, Default)]
 pub(super) struct PassiveEval {
     pub raised: bool,
-    /// `completed` when the signal was raised: any completion after it clears the signal.
-    pub completed_at_raise: u64,
     /// Counter values already exported as metrics.
     pub exported: [u64; 3],
 }
@@ -55,22 +66,27 @@ pub(super) struct PassiveEval {
 /// One upstream's writes right now, as the rule sees them.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PassiveSample {
+    /// Writes waiting: started by mongos, no reply yet, over live sessions.
     pub in_flight: u32,
+    /// Client connections with a write waiting `stall_after` or longer.
+    pub connections: u32,
     pub oldest_age: Option<Duration>,
-    /// Time since the last completed write; none when none ever completed.
-    pub since_completion: Option<Duration>,
+    /// Time since the last reply to a write (an error included); none when none ever came.
+    pub since_reply: Option<Duration>,
     pub completed: u64,
     pub failed: u64,
     pub abandoned: u64,
 }
 
-/// The rule: at least `min_in_flight` writes waiting, the oldest for `stall_after` or more,
-/// and none completed within `stall_after`. No writes waiting is never a stall.
+/// The rule: at least `min_in_flight` writes waiting, on at least [`MIN_CONNECTIONS`]
+/// connections that each have one waiting `stall_after` or longer, and no write answered
+/// (ok or not) within `stall_after`. No writes waiting is never a stall.
 pub fn stalled(s: &PassiveSample, stall_after: Duration, min_in_flight: u32) -> bool {
     s.in_flight > 0
         && s.in_flight >= min_in_flight
+        && s.connections >= MIN_CONNECTIONS
         && s.oldest_age.is_some_and(|a| a >= stall_after)
-        && s.since_completion.is_none_or(|c| c >= stall_after)
+        && s.since_reply.is_none_or(|c| c >= stall_after)
 }
 
 impl UpstreamWrites {
@@ -81,7 +97,7 @@ impl UpstreamWrites {
             completed: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
-            last_completion: AtomicU64::new(0),
+            last_reply: AtomicU64::new(0),
             eval: Mutex::new(PassiveEval::default()),
         }
     }
@@ -94,27 +110,32 @@ impl UpstreamWrites {
         slot
     }
 
-    /// Sums the live sessions (and forgets the ended ones).
-    pub(super) fn sample(&self, now_ms: u64) -> PassiveSample {
-        let mut in_flight = 0u32;
-        let mut oldest = u64::MAX;
+    /// Sums the live sessions (and forgets the ended ones); `stall_after` decides which
+    /// connections count as having a write waiting that long.
+    pub(super) fn sample(&self, now_ms: u64, stall_after: Duration) -> PassiveSample {
+        let long_ago = now_ms.saturating_sub(stall_after.as_millis() as u64);
+        let (mut in_flight, mut connections, mut oldest) = (0u32, 0u32, u64::MAX);
         lock(&self.sessions).retain(|w| match w.upgrade() {
             Some(s) => {
                 in_flight = in_flight.saturating_add(s.in_flight.load(Ordering::Relaxed));
                 match s.oldest.load(Ordering::Relaxed) {
                     0 => {}
-                    o => oldest = oldest.min(o),
+                    o => {
+                        oldest = oldest.min(o);
+                        connections += u32::from(o <= long_ago);
+                    }
                 }
                 true
             }
             None => false,
         });
         let age = |at: u64| Duration::from_millis(now_ms.saturating_sub(at));
-        let last = self.last_completion.load(Ordering::Relaxed);
+        let last = self.last_reply.load(Ordering::Relaxed);
         PassiveSample {
             in_flight,
+            connections,
             oldest_age: (oldest != u64::MAX).then(|| age(oldest)),
-            since_completion: (last != 0).then(|| age(last)),
+            since_reply: (last != 0).then(|| age(last)),
             completed: self.completed.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             abandoned: self.abandoned.load(Ordering::Relaxed),
@@ -122,10 +143,25 @@ impl UpstreamWrites {
     }
 }
 
+/// One write sent and not answered yet.
+#[derive(Debug, Clone, Copy)]
+struct Write {
+    request_id: i32,
+    /// Its place among the requests of this connection that expect a final reply.
+    seq: u64,
+    /// The watch's clock when mongos could start it (every request before it answered);
+    /// 0 while its turn has not come.
+    started: u64,
+}
+
 /// A session's writes waiting for their reply (owned by the session; not shared).
 #[derive(Debug, Default)]
 pub struct WriteTracker {
-    writes: Vec<(i32, u64)>,
+    /// In the order they were sent.
+    writes: Vec<Write>,
+    /// The relay is not reading the upstream (the client's outbox is full): replies that
+    /// may have arrived are held back by the client, so nothing here counts as waiting.
+    paused: bool,
     slot: Option<(Arc<SessionWrites>, Arc<UpstreamWrites>)>,
 }
 
@@ -134,61 +170,141 @@ impl WriteTracker {
         self.writes.is_empty()
     }
 
-    /// A write with `request_id` went to `upstream`.
-    pub fn sent(&mut self, watch: &StallWatch, upstream: &str, request_id: i32, now: Instant) {
-        let at = watch.clock(now);
-        let (slot, _) = self.slot.get_or_insert_with(|| {
-            let up = watch.upstream(upstream);
-            (up.register(), up)
-        });
-        if self.writes.is_empty() {
-            slot.oldest.store(at, Ordering::Relaxed);
-        }
-        self.writes.push((request_id, at));
-        slot.in_flight
-            .store(self.writes.len() as u32, Ordering::Relaxed);
+    /// A write with `request_id` is waiting for its reply.
+    pub fn contains(&self, request_id: i32) -> bool {
+        self.writes.iter().any(|w| w.request_id == request_id)
     }
 
-    /// A reply answering `response_to` arrived. When it answers a tracked write, `ok` is
-    /// asked whether the write completed (an ok reply, write errors included) or failed.
-    /// Returns whether it answered a tracked write.
-    pub fn answered(
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// A write with `request_id` went to `upstream`, the `seq`-th request of this connection
+    /// that expects a final reply, when `finals_in` final replies had come back: mongos
+    /// starts it once the `seq - 1` before it are answered, so it waits from now only if
+    /// they are.
+    pub fn sent(
         &mut self,
         watch: &StallWatch,
-        response_to: i32,
+        upstream: &str,
+        (request_id, seq, finals_in): (i32, u64, u64),
+        now: Instant,
+    ) {
+        if self.slot.is_none() {
+            let up = watch.upstream(upstream);
+            self.slot = Some((up.register(), up));
+        }
+        let started = if finals_in.saturating_add(1) >= seq {
+            watch.clock(now)
+        } else {
+            0
+        };
+        self.writes.push(Write {
+            request_id,
+            seq,
+            started,
+        });
+        self.publish();
+    }
+
+    /// A reply arrived from the upstream, answering `response_to`; `finals_in` counts the
+    /// final replies (no moreToCome) so far, this one included when `is_final`. It answers
+    /// a followed write when it is final and both the write's id and its place match
+    /// (mongos answers in order: the `finals_in`-th final reply answers request number
+    /// `finals_in`; a reply to another request with the same id, staleguard's own included,
+    /// never stands for it). Then `ok` is asked whether the write completed (an ok reply,
+    /// write errors included) or failed; either way it is progress of the server. A final
+    /// reply also passes the turn to the next write in line. Returns whether it answered a
+    /// followed write.
+    pub fn replied(
+        &mut self,
+        watch: &StallWatch,
+        (response_to, is_final, finals_in): (i32, bool, u64),
         ok: impl FnOnce() -> bool,
         now: Instant,
     ) -> bool {
-        let Some(i) = self.writes.iter().position(|w| w.0 == response_to) else {
-            return false;
+        let at = watch.clock(now);
+        let answers = |w: &Write| is_final && w.seq == finals_in && w.request_id == response_to;
+        let answered = match self.writes.iter().position(answers) {
+            Some(i) => {
+                self.writes.remove(i);
+                self.progress(ok(), at);
+                true
+            }
+            None => false,
         };
-        self.writes.swap_remove(i);
-        let Some((slot, up)) = &self.slot else {
-            return true;
-        };
-        if ok() {
-            up.completed.fetch_add(1, Ordering::Relaxed);
-            up.last_completion
-                .store(watch.clock(now), Ordering::Relaxed);
-        } else {
-            up.failed.fetch_add(1, Ordering::Relaxed);
+        if is_final {
+            // In order: a write whose turn for a reply has passed was answered, under
+            // another responseTo (not by mongos); done, counted as failed.
+            while self.writes.first().is_some_and(|w| w.seq <= finals_in) {
+                self.writes.remove(0);
+                self.progress(false, at);
+            }
+            for w in self.writes.iter_mut() {
+                if w.started == 0 && w.seq <= finals_in.saturating_add(1) {
+                    w.started = at;
+                }
+            }
         }
-        let oldest = self.writes.iter().map(|w| w.1).min().unwrap_or(0);
-        slot.oldest.store(oldest, Ordering::Relaxed);
-        slot.in_flight
-            .store(self.writes.len() as u32, Ordering::Relaxed);
-        true
+        self.publish();
+        answered
     }
 
-    /// The client left with writes unanswered: not progress, only noted.
+    /// The relay stopped (`true`) or resumed reading the upstream. While stopped, nothing
+    /// counts as waiting; on resuming, the writes already started wait from then (the
+    /// pause was the client's doing, and their replies may be in the socket).
+    pub fn set_paused(&mut self, paused: bool, watch: &StallWatch, now: Instant) {
+        if self.paused == paused {
+            return;
+        }
+        self.paused = paused;
+        if !paused {
+            let at = watch.clock(now);
+            for w in self.writes.iter_mut().filter(|w| w.started != 0) {
+                w.started = at;
+            }
+        }
+        self.publish();
+    }
+
+    /// The session ended with writes unanswered: they stop counting at once. Not progress,
+    /// only noted.
     pub fn abandon(&mut self) {
-        if let Some((slot, up)) = &self.slot {
+        if let Some((_, up)) = &self.slot {
             up.abandoned
                 .fetch_add(self.writes.len() as u64, Ordering::Relaxed);
-            slot.in_flight.store(0, Ordering::Relaxed);
-            slot.oldest.store(0, Ordering::Relaxed);
         }
         self.writes.clear();
+        self.publish();
+    }
+
+    fn progress(&self, ok: bool, at: u64) {
+        let Some((_, up)) = &self.slot else {
+            return;
+        };
+        let counter = if ok { &up.completed } else { &up.failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+        up.last_reply.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// Stores the writes waiting (started, upstream read) and the oldest start.
+    fn publish(&self) {
+        let Some((slot, _)) = &self.slot else {
+            return;
+        };
+        let (mut n, mut oldest) = (0u32, 0u64);
+        if !self.paused {
+            for w in self.writes.iter().filter(|w| w.started != 0) {
+                n += 1;
+                oldest = if oldest == 0 {
+                    w.started
+                } else {
+                    oldest.min(w.started)
+                };
+            }
+        }
+        slot.in_flight.store(n, Ordering::Relaxed);
+        slot.oldest.store(oldest, Ordering::Relaxed);
     }
 }
 
@@ -196,11 +312,16 @@ impl WriteTracker {
 mod tests {
     use super::*;
 
-    fn sample(in_flight: u32, oldest: u64, since_completion: Option<u64>) -> PassiveSample {
+    const AFTER: Duration = Duration::from_secs(5);
+
+    /// `in_flight` writes waiting on `connections` connections (that long), the oldest for
+    /// `oldest` ms, the last reply `since_reply` ms ago.
+    fn sample(in_flight: u32, connections: u32, oldest: u64, since_reply: Option<u64>) -> PassiveSample {
         PassiveSample {
             in_flight,
+            connections,
             oldest_age: (in_flight > 0).then(|| Duration::from_millis(oldest)),
-            since_completion: since_completion.map(Duration::from_millis),
+            since_reply: since_reply.map(Duration::from_millis),
             completed: 0,
             failed: 0,
             abandoned: 0,
@@ -209,58 +330,139 @@ mod tests {
 
     #[test]
     fn the_rule() {
-        let after = Duration::from_secs(5);
-        // No traffic is never a stall.
-        assert!(!stalled(&sample(0, 0, None), after, 1));
-        assert!(!stalled(&sample(0, 0, Some(60_000)), after, 1));
-        // Waiting long enough, nothing completed for as long.
-        assert!(stalled(&sample(3, 5_000, Some(5_000)), after, 1));
-        assert!(stalled(&sample(1, 9_000, None), after, 1));
-        // A completion within the window: progress.
-        assert!(!stalled(&sample(3, 9_000, Some(4_999)), after, 1));
-        // Not waiting long enough yet.
-        assert!(!stalled(&sample(3, 4_999, Some(9_000)), after, 1));
-        // Fewer waiting than required.
-        assert!(!stalled(&sample(1, 9_000, None), after, 2));
+        // (sample, min_in_flight, stalled)
+        let table = [
+            // No traffic is never a stall.
+            (sample(0, 0, 0, None), 1, false),
+            (sample(0, 0, 0, Some(60_000)), 1, false),
+            // Two connections waiting long enough, no reply for as long.
+            (sample(2, 2, 5_000, Some(5_000)), 1, true),
+            (sample(3, 2, 9_000, None), 1, true),
+            (sample(9, 5, 9_000, Some(9_000)), 1, true),
+            // One connection is one client's word, however many writes it has waiting.
+            (sample(1, 1, 9_000, None), 1, false),
+            (sample(50, 1, 9_000, None), 1, false),
+            // Any reply within the window (an error too): the server is making progress.
+            (sample(3, 2, 9_000, Some(4_999)), 1, false),
+            // Not waiting long enough yet.
+            (sample(3, 2, 4_999, Some(9_000)), 1, false),
+            // Fewer waiting than required.
+            (sample(2, 2, 9_000, None), 3, false),
+            (sample(3, 2, 9_000, None), 3, true),
+        ];
+        for (i, (s, min, want)) in table.into_iter().enumerate() {
+            assert_eq!(stalled(&s, AFTER, min), want, "row {i}: {s:?} min {min}");
+        }
+    }
+
+    fn at(t0: Instant, ms: u64) -> Instant {
+        t0 + Duration::from_millis(ms)
     }
 
     #[test]
-    fn trackers_publish_in_flight_oldest_and_completions() {
+    fn a_write_waits_from_its_turn_and_is_done_at_any_reply() {
         let watch = StallWatch::new();
         let t0 = Instant::now();
+        let up = watch.upstream("m:1");
         let mut a = WriteTracker::default();
         let mut b = WriteTracker::default();
-        a.sent(&watch, "m:1", 1, t0);
-        a.sent(&watch, "m:1", 2, t0 + Duration::from_secs(1));
-        b.sent(&watch, "m:1", 7, t0 + Duration::from_secs(2));
-        let up = watch.upstream("m:1");
-        let now = watch.clock(t0 + Duration::from_secs(3));
-        let s = up.sample(now);
-        assert_eq!(s.in_flight, 3);
-        assert_eq!(s.oldest_age, Some(Duration::from_secs(3)));
-        assert_eq!(s.since_completion, None);
-        // An unrelated reply changes nothing.
-        assert!(!a.answered(&watch, 99, || true, t0));
-        assert!(a.answered(&watch, 1, || true, t0 + Duration::from_secs(3)));
-        let s = up.sample(now);
-        assert_eq!((s.in_flight, s.completed), (2, 1));
+        // a: an awaitable hello (seq 1) then an insert (seq 2): not started until the hello
+        // is answered.
+        a.sent(&watch, "m:1", (7, 2, 0), t0);
+        // b: an insert with nothing before it: started at once.
+        b.sent(&watch, "m:1", (1, 1, 0), at(t0, 1_000));
+        let now = watch.clock(at(t0, 3_000));
+        let s = up.sample(now, Duration::from_secs(2));
+        assert_eq!((s.in_flight, s.connections), (1, 1));
         assert_eq!(s.oldest_age, Some(Duration::from_secs(2)));
-        assert_eq!(s.since_completion, Some(Duration::ZERO));
-        // An error reply is not a completion; a client leaving is not either.
-        assert!(a.answered(&watch, 2, || false, t0 + Duration::from_secs(3)));
-        b.abandon();
-        let s = up.sample(now);
-        assert_eq!(
-            (s.in_flight, s.completed, s.failed, s.abandoned),
-            (0, 1, 1, 1)
-        );
-        assert_eq!(s.oldest_age, None);
+        // The hello's reply (a final one, answering no write) gives the insert its turn.
+        assert!(!a.replied(&watch, (6, true, 1), || true, at(t0, 3_000)));
+        let s = up.sample(watch.clock(at(t0, 5_000)), Duration::from_secs(2));
+        assert_eq!((s.in_flight, s.connections), (2, 2));
+        assert_eq!(s.oldest_age, Some(Duration::from_secs(4)));
+        assert_eq!(s.since_reply, None, "a reply to a read is no write progress");
+        // An error reply is progress too.
+        assert!(b.replied(&watch, (1, true, 1), || false, at(t0, 5_000)));
+        let s = up.sample(watch.clock(at(t0, 5_000)), Duration::from_secs(2));
+        assert_eq!((s.in_flight, s.completed, s.failed), (1, 0, 1));
+        assert_eq!(s.since_reply, Some(Duration::ZERO));
+        assert!(a.replied(&watch, (7, true, 2), || true, at(t0, 6_000)));
+        let s = up.sample(watch.clock(at(t0, 6_000)), Duration::from_secs(2));
+        assert_eq!((s.in_flight, s.completed, s.oldest_age), (0, 1, None));
+    }
+
+    #[test]
+    fn pipelined_writes_start_one_after_another() {
+        let watch = StallWatch::new();
+        let t0 = Instant::now();
+        let up = watch.upstream("m:1");
+        let mut a = WriteTracker::default();
+        for seq in 1..=3 {
+            a.sent(&watch, "m:1", (seq as i32, seq, 0), t0);
+        }
+        let s = up.sample(watch.clock(at(t0, 100)), AFTER);
+        assert_eq!(s.in_flight, 1, "only the first has its turn");
+        // The second's reply arrives under a wrong responseTo: in order, it was answered.
+        assert!(a.replied(&watch, (1, true, 1), || true, at(t0, 100)));
+        assert!(!a.replied(&watch, (99, true, 2), || true, at(t0, 200)));
+        assert!(a.contains(3) && !a.contains(2));
+        let s = up.sample(watch.clock(at(t0, 300)), AFTER);
+        assert_eq!((s.in_flight, s.completed, s.failed), (1, 1, 1));
+        assert_eq!(s.oldest_age, Some(Duration::from_millis(100)));
+        // A reply with a waiting write's id, in another place (answering another request
+        // that reused the id), does not answer it; as a final reply it passes the turn.
+        let mut c = WriteTracker::default();
+        c.sent(&watch, "m:1", (3, 2, 0), t0);
+        assert!(!c.replied(&watch, (3, true, 1), || true, at(t0, 100)));
+        assert!(c.contains(3));
+        assert!(c.replied(&watch, (3, true, 2), || true, at(t0, 200)));
+        // A moreToCome reply passes no turn.
+        let mut b = WriteTracker::default();
+        b.sent(&watch, "m:1", (10, 2, 0), t0);
+        assert!(!b.replied(&watch, (5, false, 0), || true, t0));
+        assert_eq!(up.sample(watch.clock(t0), AFTER).in_flight, 1);
+    }
+
+    #[test]
+    fn backpressure_and_leaving_stop_the_count() {
+        let watch = StallWatch::new();
+        let t0 = Instant::now();
+        let up = watch.upstream("m:1");
+        let mut a = WriteTracker::default();
+        a.sent(&watch, "m:1", (1, 1, 0), t0);
+        a.set_paused(true, &watch, at(t0, 1_000));
+        let s = up.sample(watch.clock(at(t0, 9_000)), AFTER);
+        assert_eq!((s.in_flight, s.connections, s.oldest_age), (0, 0, None));
+        // Reading again: the write waits from now, not from its start.
+        a.set_paused(false, &watch, at(t0, 9_000));
+        let s = up.sample(watch.clock(at(t0, 10_000)), AFTER);
+        assert_eq!((s.in_flight, s.oldest_age), (1, Some(Duration::from_secs(1))));
+        a.abandon();
+        let s = up.sample(watch.clock(at(t0, 10_000)), AFTER);
+        assert_eq!((s.in_flight, s.abandoned, s.oldest_age), (0, 1, None));
+        assert_eq!(s.since_reply, None, "a client leaving is no progress");
         drop(a);
-        drop(b);
-        let _ = up.sample(now);
+        let _ = up.sample(0, AFTER);
         assert!(
             lock(&up.sessions).is_empty(),
             "ended sessions are forgotten"
         );
+    }
+
+    #[test]
+    fn connections_count_only_with_a_write_waiting_that_long() {
+        let watch = StallWatch::new();
+        let t0 = Instant::now();
+        let up = watch.upstream("m:1");
+        let mut a = WriteTracker::default();
+        let mut b = WriteTracker::default();
+        a.sent(&watch, "m:1", (1, 1, 0), t0);
+        b.sent(&watch, "m:1", (1, 1, 0), at(t0, 4_000));
+        let s = up.sample(watch.clock(at(t0, 6_000)), AFTER);
+        assert_eq!((s.in_flight, s.connections), (2, 1));
+        assert!(!stalled(&s, AFTER, 1));
+        let s = up.sample(watch.clock(at(t0, 9_000)), AFTER);
+        assert_eq!((s.in_flight, s.connections), (2, 2));
+        assert!(stalled(&s, AFTER, 1));
     }
 }

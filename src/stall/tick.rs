@@ -52,21 +52,12 @@ fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
     });
     for addr in &config.upstreams {
         let up = watch.upstream(addr);
-        let s = up.sample(watch.clock(now));
+        let s = up.sample(watch.clock(now), config.stall.stall_after);
         export_passive(shared, addr, &up, &s);
-        let mut eval = lock(&up.eval);
-        let stalled = passive_stalled(&s, config.stall.stall_after, config.stall.min_in_flight);
-        let raised = if eval.raised {
-            // Only a completed write clears it: clients giving up is not progress.
-            s.completed == eval.completed_at_raise
-        } else {
-            stalled
-        };
-        if raised && !eval.raised {
-            eval.completed_at_raise = s.completed;
-        }
-        eval.raised = raised;
-        drop(eval);
+        // Judged afresh every tick: a reply to any write clears it, and so do the clients
+        // leaving (their writes stop counting), since neither leaves the rule holding.
+        let raised = passive_stalled(&s, config.stall.stall_after, config.stall.min_in_flight);
+        lock(&up.eval).raised = raised;
         let since = passive_since(watch, &s, now);
         watch.update(
             &shared.metrics,
@@ -79,8 +70,9 @@ fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
                 summary: passive_summary(&s, config.stall.stall_after),
                 evidence: Evidence {
                     writes_in_flight: Some(s.in_flight),
+                    connections_waiting: Some(s.connections),
                     oldest_write_seconds: s.oldest_age.map(|d| d.as_secs_f64()),
-                    last_completion_seconds_ago: s.since_completion.map(|d| d.as_secs_f64()),
+                    last_completion_seconds_ago: s.since_reply.map(|d| d.as_secs_f64()),
                     writes_completed: Some(s.completed),
                     writes_abandoned: Some(s.abandoned),
                     ..Evidence::default()
@@ -90,10 +82,10 @@ fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
     }
 }
 
-/// When writes stopped completing: the last completion, or the oldest waiting write if it
-/// came later.
+/// When writes stopped completing: the last reply to a write, or the oldest waiting write's
+/// start if it came later.
 fn passive_since(watch: &StallWatch, s: &PassiveSample, now: Instant) -> Instant {
-    let last = s.since_completion.map(|d| now - d.min(now - watch.epoch));
+    let last = s.since_reply.map(|d| now - d.min(now - watch.epoch));
     let oldest = s.oldest_age.map(|d| now - d.min(now - watch.epoch));
     match (last, oldest) {
         (Some(a), Some(b)) => a.max(b),
@@ -102,22 +94,26 @@ fn passive_since(watch: &StallWatch, s: &PassiveSample, now: Instant) -> Instant
 }
 
 fn passive_summary(s: &PassiveSample, stall_after: Duration) -> String {
+    let plural = |n: u32| if n == 1 { "" } else { "s" };
     let waiting = match (s.in_flight, s.oldest_age) {
         (0, _) => "no write waiting".to_string(),
         (n, Some(a)) => format!(
-            "{n} write{} waiting, the oldest for {:.1} s",
-            if n == 1 { "" } else { "s" },
-            a.as_secs_f64()
+            "{n} write{} waiting, the oldest for {:.1} s; {} connection{} with one waiting {:.1} s or more",
+            plural(n),
+            a.as_secs_f64(),
+            s.connections,
+            plural(s.connections),
+            stall_after.as_secs_f64()
         ),
-        (n, None) => format!("{n} writes waiting"),
+        (n, None) => format!("{n} write{} waiting", plural(n)),
     };
-    let done = match s.since_completion {
-        None => "none completed yet".to_string(),
-        Some(d) if d >= stall_after => format!("none completed for {:.1} s", d.as_secs_f64()),
-        Some(d) => format!("last completed {:.1} s ago", d.as_secs_f64()),
+    let done = match s.since_reply {
+        None => "none answered yet".to_string(),
+        Some(d) if d >= stall_after => format!("none answered for {:.1} s", d.as_secs_f64()),
+        Some(d) => format!("last answered {:.1} s ago", d.as_secs_f64()),
     };
     let left = if s.abandoned > 0 {
-        format!("; {} abandoned by clients that gave up", s.abandoned)
+        format!("; {} left unanswered by clients that went away", s.abandoned)
     } else {
         String::new()
     };

@@ -36,6 +36,9 @@ impl SignalKind {
 pub struct Evidence {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub writes_in_flight: Option<u32>,
+    /// Client connections with a write waiting `stall_after` or longer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections_waiting: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_write_seconds: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
