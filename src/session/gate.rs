@@ -91,6 +91,15 @@ impl Session {
             || (!self.writes.is_empty() && self.writes.contains(request_id));
         if reused {
             self.shared.metrics.limits.hit("reused_request_id");
+            // The followed reads end unjudged: a sample among them says nothing (a probe
+            // gives its slot back).
+            let now = tokio::time::Instant::now();
+            for t in self.pending.iter().filter(|t| t.sample) {
+                let unknown = crate::breaker::Sample::Unknown;
+                self.shared
+                    .breakers
+                    .sampled(&t.ns, &t.policy, unknown, self.id, now);
+            }
             return Err(SessionError::ReusedRequestId(request_id));
         }
         Ok(())
