@@ -1,0 +1,281 @@
+//! Issue 20 item 5: the passive write-stall signal believes the cluster, not the clients.
+//! A write waits from its turn at mongos (a connection is served in order), is done at any
+//! reply, does not wait while the client holds its replies back, stops counting when its
+//! client leaves, and the signal needs writes waiting on two connections. Raw sockets
+//! against the simulated cluster (a stalled primary) and the fake mongos (a healthy one that
+//! serves each connection in order, with an awaitable hello held as mongos holds it);
+//! `stall_after` is 1 s.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{rawdoc, RawDocumentBuf};
+use bytes::Bytes;
+use staleguard::config::{Config, StallConfig};
+use staleguard::server::Running;
+use staleguard::sim::{self, SimConfig, SimHandle};
+use staleguard::stall::{Signal, SignalKind, TICK};
+use support::mongos::{FakeMongos, Hooked};
+use support::raw::{self, RawClient};
+
+const STALL_AFTER: Duration = Duration::from_secs(1);
+
+fn insert(id: i32, db: &str, coll: &str) -> Bytes {
+    let docs: Vec<RawDocumentBuf> = vec![rawdoc! {"item": "widget", "qty": 1}];
+    raw::msg_with_sequence(
+        id,
+        0,
+        &rawdoc! {"insert": coll, "$db": db},
+        "documents",
+        &docs,
+    )
+}
+
+fn passive(proxy: &Running) -> Option<Signal> {
+    proxy
+        .shared()
+        .stall
+        .signals()
+        .into_iter()
+        .find(|s| s.kind == SignalKind::Passive)
+}
+
+fn raised(proxy: &Running) -> bool {
+    passive(proxy).is_some_and(|s| s.raised)
+}
+
+/// Watches the passive signal for `d`: never raised, and (when given) the writes counted as
+/// waiting never above `max_waiting`.
+async fn never_raised(proxy: &Running, d: Duration, max_waiting: u32, what: &str) {
+    let start = Instant::now();
+    let mut polls = 0;
+    while start.elapsed() < d {
+        if let Some(s) = passive(proxy) {
+            assert!(!s.raised, "{what}: raised {s:#?}");
+            let waiting = s.evidence.writes_in_flight.unwrap_or(0);
+            assert!(waiting <= max_waiting, "{what}: {s:#?}");
+            polls += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(polls > 10, "{what}: the passive signal was judged");
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `limit`. Returns the time taken.
+async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    start.elapsed()
+}
+
+// ---- against the simulated cluster (a stalled primary) ----------------------------------
+
+struct Rig {
+    sim: SimHandle,
+    proxy: Running,
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let sim = sim::start(SimConfig {
+            listen: "127.0.0.1:0".into(),
+            write_tickets: 8,
+            ..SimConfig::default()
+        })
+        .await
+        .expect("sim starts");
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[stall_watch]\nstall_after = \"1s\"\n",
+            sim.addr(),
+        );
+        let config = Config::parse(&text, Path::new("<stall evidence test>"))
+            .unwrap_or_else(|e| panic!("{e:#?}\n{text}"));
+        let proxy = staleguard::server::start(Arc::new(config))
+            .await
+            .expect("proxy starts");
+        Rig { sim, proxy }
+    }
+
+    async fn stop(self) {
+        let _ = self.sim.cluster().resume_primary("shardA");
+        self.proxy.shutdown().await;
+        self.sim.shutdown().await;
+    }
+}
+
+/// (a) One client on a stalled primary, pipelining inserts and reading nothing: its first
+/// insert really waits, but one connection is one client's word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_on_a_stalled_primary_raises_nothing() {
+    let rig = Rig::start().await;
+    rig.sim.cluster().stall_primary("shardA").expect("stall");
+    let mut c = RawClient::connect(rig.proxy.local_addr()).await;
+    for id in 1..=5 {
+        c.send(&insert(id, "demo", "orders")).await;
+    }
+    never_raised(&rig.proxy, 3 * STALL_AFTER, 1, "one connection").await;
+    let s = passive(&rig.proxy).expect("passive signal");
+    let e = &s.evidence;
+    // Only the first has its turn at mongos; it has waited long enough, on one connection.
+    assert_eq!(e.writes_in_flight, Some(1), "{s:#?}");
+    assert_eq!(e.connections_waiting, Some(1), "{s:#?}");
+    assert!(e.oldest_write_seconds.unwrap_or(0.0) >= 2.0, "{s:#?}");
+    drop(c);
+    rig.stop().await;
+}
+
+/// (c) A real stall with writers on two connections raises the signal within `stall_after`
+/// and a tick; (d) it clears as soon as they leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_on_two_connections_raise_it_in_time_and_it_clears_when_they_leave() {
+    let rig = Rig::start().await;
+    // The cluster answers writes first.
+    let mut warm = RawClient::connect(rig.proxy.local_addr()).await;
+    let reply = warm.roundtrip(&insert(1, "demo", "orders")).await;
+    assert_eq!(raw::body(&reply).get_i32("n").ok(), Some(1));
+    drop(warm);
+
+    rig.sim.cluster().stall_primary("shardA").expect("stall");
+    let mut a = RawClient::connect(rig.proxy.local_addr()).await;
+    let mut b = RawClient::connect(rig.proxy.local_addr()).await;
+    let sent = Instant::now();
+    a.send(&insert(1, "demo", "orders")).await;
+    b.send(&insert(1, "demo", "orders")).await;
+    until("raised", 3 * STALL_AFTER, || raised(&rig.proxy)).await;
+    let took = sent.elapsed();
+    // A tick late at most, plus scheduling slack on a shared machine.
+    assert!(
+        took <= STALL_AFTER + TICK + Duration::from_millis(200),
+        "raised after {took:?}"
+    );
+    assert!(took >= STALL_AFTER, "not before stall_after: {took:?}");
+    let s = passive(&rig.proxy).expect("passive signal");
+    assert_eq!(s.evidence.connections_waiting, Some(2), "{s:#?}");
+    assert_eq!(s.evidence.writes_in_flight, Some(2), "{s:#?}");
+    assert!(s.summary.contains("2 connections"), "{}", s.summary);
+
+    // (d) The writers leave: their writes stop counting, and the signal clears at the next
+    // tick, though nothing completed.
+    let left = Instant::now();
+    drop(a);
+    drop(b);
+    until("cleared", 2 * STALL_AFTER, || !raised(&rig.proxy)).await;
+    assert!(
+        left.elapsed() <= TICK + Duration::from_millis(300),
+        "cleared after {:?}",
+        left.elapsed()
+    );
+    let s = passive(&rig.proxy).expect("passive signal");
+    assert_eq!(s.evidence.writes_in_flight, Some(0), "{s:#?}");
+    assert_eq!(s.evidence.writes_abandoned, Some(2), "{s:#?}");
+    rig.stop().await;
+}
+
+// ---- against a healthy fake mongos --------------------------------------------------------
+
+async fn fake_and_proxy() -> (FakeMongos, Running) {
+    let fake = FakeMongos::start().await;
+    let mut config = Config::for_upstreams("127.0.0.1:0", vec![fake.addr().to_string()]);
+    config.stall = StallConfig {
+        stall_after: STALL_AFTER,
+        ..StallConfig::default()
+    };
+    let proxy = staleguard::server::start(Arc::new(config))
+        .await
+        .expect("proxy starts");
+    (fake, proxy)
+}
+
+/// How long the fake mongos holds an awaitable hello: as mongos does, it reads nothing else
+/// on that connection meanwhile.
+const HELLO_WAIT: Duration = Duration::from_secs(3);
+
+/// (b) An insert pipelined behind an awaitable hello, on three connections of a healthy
+/// cluster: it waits for its turn, not on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_behind_an_awaitable_hello_is_not_waiting() {
+    let (fake, proxy) = fake_and_proxy().await;
+    fake.set_hook(|body| {
+        body.get("maxAwaitTimeMS").ok().flatten().map(|_| {
+            Hooked::reply(rawdoc! {"isWritablePrimary": true, "msg": "isdbgrid", "ok": 1.0})
+                .after(HELLO_WAIT)
+        })
+    });
+    let hello = raw::msg(
+        1,
+        0,
+        &rawdoc! {
+            "hello": 1,
+            "topologyVersion": {"processId": bson::oid::ObjectId::new(), "counter": 0_i64},
+            "maxAwaitTimeMS": 10_000_i64,
+            "$db": "admin",
+        },
+    );
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut c = RawClient::connect(proxy.local_addr()).await;
+        let mut both = hello.to_vec();
+        both.extend_from_slice(&insert(2, "shop", "orders"));
+        c.send(&both).await;
+        clients.push(c);
+    }
+    let sent = Instant::now();
+    never_raised(
+        &proxy,
+        HELLO_WAIT - Duration::from_millis(500),
+        0,
+        "inserts behind awaitable hellos",
+    )
+    .await;
+    for c in &mut clients {
+        let hello_reply = c.recv().await;
+        assert_eq!(raw::header(&hello_reply).response_to, 1);
+        let reply = c.recv().await;
+        assert_eq!(raw::header(&reply).response_to, 2);
+        assert_eq!(raw::body(&reply).get_i32("n").ok(), Some(1));
+    }
+    assert!(sent.elapsed() >= HELLO_WAIT - Duration::from_millis(100));
+    // Answered at once when their turn came: nothing ever waited.
+    never_raised(&proxy, Duration::from_millis(600), 0, "after the hellos").await;
+    assert_eq!(fake.documents("shop.orders").len(), 3);
+}
+
+/// (a) Clients that stop reading while their replies pile up: a write whose reply the relay
+/// does not read (the client's outbox is full) is not waiting on the server. Each of three
+/// connections pipelines large replies and inserts, alternately, and reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_held_back_by_a_client_that_does_not_read_are_not_waiting() {
+    let (fake, proxy) = fake_and_proxy().await;
+    let big = rawdoc! {"pad": "x".repeat(512 * 1024), "ok": 1.0};
+    fake.set_hook(move |body| {
+        body.get("bigReply")
+            .ok()
+            .flatten()
+            .map(|_| Hooked::reply(big.clone()))
+    });
+    const PAIRS: i32 = 16;
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut c = RawClient::connect(proxy.local_addr()).await;
+        let mut all = Vec::new();
+        for i in 0..PAIRS {
+            all.extend_from_slice(&raw::msg(
+                2 * i + 1,
+                0,
+                &rawdoc! {"bigReply": 1, "$db": "admin"},
+            ));
+            all.extend_from_slice(&insert(2 * i + 2, "shop", "orders"));
+        }
+        c.send(&all).await;
+        clients.push(c);
+    }
+    never_raised(&proxy, 3 * STALL_AFTER, 0, "clients that do not read").await;
+    drop(clients);
+    never_raised(&proxy, Duration::from_millis(600), 0, "after they left").await;
+}
