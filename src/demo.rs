@@ -290,7 +290,7 @@ pub async fn run(opts: DemoOptions, echo: bool) -> Result<Report, Box<dyn std::e
         );
         println!("An order service inserts into demo.orders (on shard A) through staleguard, which watches whether writes complete");
         println!(
-            "  (writes waiting over {} with none completing, and each shard primary's serverStatus) and holds the",
+            "  (writes waiting over {} on two connections with none answered, and each shard primary's serverStatus) and holds the",
             humantime::format_duration(stall_after(opts.phase))
         );
         println!("  inventory breaker open while they do not (on_write_stall = \"open_fallback_breakers\").");

@@ -83,7 +83,8 @@ fn slow_finds_and_inserts(env: &Env) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ping_reusing_a_governed_reads_request_id_closes_that_client_only() {
     let env = Env::start(BASE_NAMESPACES).await;
-    env.fake.seed("pay.transactions", [rawdoc! {"_id": 1, "amount": 5}]);
+    env.fake
+        .seed("pay.transactions", [rawdoc! {"_id": 1, "amount": 5}]);
     slow_finds_and_inserts(&env);
     // A victim uses the same id on its own connection: ids are per connection.
     let mut victim = RawClient::connect(env.proxy_addr()).await;

@@ -204,7 +204,8 @@ async fn passive_signal_rises_within_stall_after_plus_one_second_and_clears_on_r
     assert_eq!(s.kind, SignalKind::Passive);
     assert_eq!(s.target, rig.upstream());
     let e = &s.evidence;
-    assert!(e.writes_in_flight.unwrap_or(0) >= 1, "{e:?}");
+    assert!(e.writes_in_flight.unwrap_or(0) >= 2, "{e:?}");
+    assert!(e.connections_waiting.unwrap_or(0) >= 2, "{e:?}");
     assert!(e.oldest_write_seconds.unwrap_or(0.0) >= 1.0, "{e:?}");
     let headline = s.headline().expect("headline while raised");
     assert!(
@@ -265,9 +266,11 @@ async fn passive_signal_rises_within_stall_after_plus_one_second_and_clears_on_r
     rig.stop().await;
 }
 
-/// Clients that give up are not progress: the signal stays raised until a write completes.
+/// Clients that give up are not progress, but their writes stop counting when they leave:
+/// once every waiting write is abandoned the signal clears, with nothing completed, and
+/// rises again when new writers wait on two connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_giving_up_do_not_clear_the_passive_signal() {
+async fn clients_giving_up_clear_the_passive_signal_without_progress() {
     let rig = Rig::start("[stall_watch]\nstall_after = \"1s\"\n").await;
     let client = rig.client("&retryWrites=false").await;
     let writer = Writer::with_timeout(
@@ -281,33 +284,39 @@ async fn clients_giving_up_do_not_clear_the_passive_signal() {
         !rig.raised().is_empty()
     })
     .await;
+    let completed = of_kind(&rig, SignalKind::Passive)[0]
+        .evidence
+        .writes_completed;
     writer.stop();
     // Every write gives up at its socket timeout; the connections close.
     until(
-        "every waiting write abandoned",
+        "every waiting write abandoned, the signal clear",
         Duration::from_secs(6),
         || {
             of_kind(&rig, SignalKind::Passive)
                 .first()
-                .is_some_and(|s| s.evidence.writes_in_flight == Some(0))
+                .is_some_and(|s| s.evidence.writes_in_flight == Some(0) && !s.raised)
         },
     )
     .await;
     let s = of_kind(&rig, SignalKind::Passive).remove(0);
-    assert!(s.raised, "still raised: {s:#?}");
     assert!(s.evidence.writes_abandoned.unwrap_or(0) > 0, "{s:#?}");
+    assert_eq!(s.evidence.writes_completed, completed, "nothing completed");
+    // New writers, still stalled: raised again.
+    let writer = Writer::start(&client, Duration::from_millis(100));
+    until("raised again", Duration::from_secs(5), || {
+        !rig.raised().is_empty()
+    })
+    .await;
     // One write completing clears it.
     rig.sim.cluster().resume_primary("shardA").expect("resume");
-    let coll = client.database("demo").collection::<Document>("orders");
-    coll.insert_one(doc! { "after": true })
-        .await
-        .expect("insert");
     until(
         "cleared by a completed write",
         Duration::from_secs(2),
         || rig.raised().is_empty(),
     )
     .await;
+    writer.stop();
     rig.stop().await;
 }
 

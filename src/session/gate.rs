@@ -4,11 +4,11 @@
 //! (write-stall watch), refused (legacy OP_QUERY), or handed to `request.rs` to be governed. A large
 //! compressed request is decompressed off the runtime's workers first.
 
-use bytes::Bytes;
 use super::{Session, SessionError};
 use crate::policy;
 use crate::stall;
 use crate::wire::{Request, WireError};
+use bytes::Bytes;
 
 /// Where the early gates send a request.
 enum Gate {

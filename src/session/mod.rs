@@ -61,7 +61,9 @@ pub enum SessionError {
     UpstreamProtocol(WireError),
     #[error("upstream i/o: {0}")]
     UpstreamIo(std::io::Error),
-    #[error("client reused requestID {0} while a followed request with that id waits for its reply")]
+    #[error(
+        "client reused requestID {0} while a followed request with that id waits for its reply"
+    )]
     ReusedRequestId(i32),
 }
 

@@ -4,7 +4,8 @@
 //! ```text
 //! signals (each per target, raised or clear, with its evidence)
 //!   passive    writes relayed per upstream (session → WriteTracker → atomics), judged
-//!              every TICK: writes waiting > stall_after, none completing
+//!              every TICK: writes waiting > stall_after (from their turn at mongos) on
+//!              two or more connections, none answered
 //!   probe      [stall_watch.probe]: an upsert per upstream (and probe id) every interval
 //!   composite  [stall_watch.shards]: serverStatus of each shard primary, the article's rule
 //! tick         every TICK: judge the passive signal, then act (on_write_stall)

@@ -316,7 +316,12 @@ mod tests {
 
     /// `in_flight` writes waiting on `connections` connections (that long), the oldest for
     /// `oldest` ms, the last reply `since_reply` ms ago.
-    fn sample(in_flight: u32, connections: u32, oldest: u64, since_reply: Option<u64>) -> PassiveSample {
+    fn sample(
+        in_flight: u32,
+        connections: u32,
+        oldest: u64,
+        since_reply: Option<u64>,
+    ) -> PassiveSample {
         PassiveSample {
             in_flight,
             connections,
@@ -380,7 +385,10 @@ mod tests {
         let s = up.sample(watch.clock(at(t0, 5_000)), Duration::from_secs(2));
         assert_eq!((s.in_flight, s.connections), (2, 2));
         assert_eq!(s.oldest_age, Some(Duration::from_secs(4)));
-        assert_eq!(s.since_reply, None, "a reply to a read is no write progress");
+        assert_eq!(
+            s.since_reply, None,
+            "a reply to a read is no write progress"
+        );
         // An error reply is progress too.
         assert!(b.replied(&watch, (1, true, 1), || false, at(t0, 5_000)));
         let s = up.sample(watch.clock(at(t0, 5_000)), Duration::from_secs(2));
@@ -436,7 +444,10 @@ mod tests {
         // Reading again: the write waits from now, not from its start.
         a.set_paused(false, &watch, at(t0, 9_000));
         let s = up.sample(watch.clock(at(t0, 10_000)), AFTER);
-        assert_eq!((s.in_flight, s.oldest_age), (1, Some(Duration::from_secs(1))));
+        assert_eq!(
+            (s.in_flight, s.oldest_age),
+            (1, Some(Duration::from_secs(1)))
+        );
         a.abandon();
         let s = up.sample(watch.clock(at(t0, 10_000)), AFTER);
         assert_eq!((s.in_flight, s.abandoned, s.oldest_age), (0, 1, None));

@@ -113,7 +113,10 @@ fn passive_summary(s: &PassiveSample, stall_after: Duration) -> String {
         Some(d) => format!("last answered {:.1} s ago", d.as_secs_f64()),
     };
     let left = if s.abandoned > 0 {
-        format!("; {} left unanswered by clients that went away", s.abandoned)
+        format!(
+            "; {} left unanswered by clients that went away",
+            s.abandoned
+        )
     } else {
         String::new()
     };

@@ -301,9 +301,9 @@ pub fn describe(c: &StallConfig) -> String {
     let mut parts = Vec::new();
     if c.passive {
         parts.push(format!(
-            "passive (at least {} write(s) waiting over {}, none completing)",
-            c.min_in_flight,
-            d(c.stall_after)
+            "passive (writes waiting over {} on 2+ connections, at least {} in all, none answered)",
+            d(c.stall_after),
+            c.min_in_flight
         ));
     }
     if let Some(p) = &c.probe {
