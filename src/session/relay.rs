@@ -185,6 +185,10 @@ impl Session {
     /// session's task.
     async fn inflated(&mut self, req: crate::wire::Request) -> Result<(), SessionError> {
         let kill = self.kill.clone();
+        // The upstream is not read while this session waits (for a slot, too): a write's
+        // reply arriving meanwhile is not waiting on the server. The loop's next turn
+        // reads it again.
+        self.upstream_reads(false);
         let opened = tokio::select! {
             r = self.inflate_aside(req) => r?,
             _ = kill.cancelled() => return Ok(()),

@@ -30,8 +30,9 @@ impl Session {
     }
 
     /// Whether the relay reads the upstream in this turn: when it does not (the client's
-    /// outbox is full), a reply that did arrive may wait in the socket for the client, so
-    /// the writes stop counting as waiting. A compare per turn; the clock only on a change.
+    /// outbox is full, or the session waits on a decompression of the client's), a reply
+    /// that did arrive may wait in the socket, so the writes stop counting as waiting. A
+    /// compare per turn; the clock only on a change.
     pub(super) fn upstream_reads(&mut self, reading: bool) {
         if self.writes.is_paused() == reading {
             self.writes
