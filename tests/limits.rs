@@ -293,7 +293,11 @@ async fn decompression_bombs_do_not_slow_a_well_behaved_client() {
         senders.push(tokio::spawn(async move {
             let mut s = TcpStream::connect(addr).await.unwrap();
             let mut sent = 0u64;
+            let mut bomb = bomb.to_vec();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // A requestID of its own each time: one reused while the last insert still
+                // waits for its reply would close the sender (`reused_request_id`).
+                bomb[4..8].copy_from_slice(&(sent as i32 + 1).to_le_bytes());
                 if s.write_all(&bomb).await.is_err() {
                     break;
                 }
