@@ -159,8 +159,9 @@ struct Write {
 pub struct WriteTracker {
     /// In the order they were sent.
     writes: Vec<Write>,
-    /// The relay is not reading the upstream (the client's outbox is full): replies that
-    /// may have arrived are held back by the client, so nothing here counts as waiting.
+    /// The relay is not reading the upstream (the client's outbox is full, or the session
+    /// waits on a decompression of the client's): replies that may have arrived are held
+    /// back by the client, so nothing here counts as waiting.
     paused: bool,
     slot: Option<(Arc<SessionWrites>, Arc<UpstreamWrites>)>,
 }
@@ -234,8 +235,9 @@ impl WriteTracker {
             None => false,
         };
         if is_final {
-            // In order: a write whose turn for a reply has passed was answered, under
-            // another responseTo (not by mongos); done, counted as failed.
+            // A write whose turn for a reply has passed was answered under another
+            // responseTo (mongos answers in order; only a misbehaving upstream does this):
+            // done, counted as failed.
             while self.writes.first().is_some_and(|w| w.seq <= finals_in) {
                 self.writes.remove(0);
                 self.progress(false, at);
