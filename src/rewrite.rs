@@ -133,8 +133,17 @@ fn rewrite_parts(
     let layout = Layout::new(body, &parts.body_range, parts.sections_end, crc, spec)?;
     let Some(compressor) = parts.compressor else {
         let total = fits(HEADER_LEN + layout.payload_len, max_message_size)?;
-        buf.clear();
-        buf.reserve(total);
+        // A large message gets an allocation of its own, which goes when it has been sent:
+        // the session's reused buffer never keeps more than a small message's room.
+        let mut own = BytesMut::new();
+        let buf = if total > crate::wire::codec::SHRINK_AFTER {
+            own.reserve(total);
+            &mut own
+        } else {
+            buf.clear();
+            buf.reserve(total);
+            buf
+        };
         Header {
             length: total as i32,
             ..*header

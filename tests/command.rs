@@ -44,6 +44,7 @@ fn find_with_secondary_preferred_and_tags() {
             db: Some("demo"),
             collection: Some("store_inventory"),
             read_pref: Some(ReadPrefMode::SecondaryPreferred),
+            unique_ids: true,
             ..CommandInfo::default()
         }
     );

@@ -12,6 +12,7 @@ use bson::RawDocument;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
+mod ids;
 mod walk;
 
 use self::walk::Walk;
@@ -171,6 +172,10 @@ pub struct CommandInfo<'a> {
     /// Servers differ on which occurrence they read (first, or an error), so such a command
     /// cannot be classified the way the server will read it.
     pub duplicate: Option<&'a str>,
+    /// In a result without orphans, no `_id` can appear twice: a `find` whose projection
+    /// keeps `_id` as stored, or an `aggregate` whose every stage is on the allow-list of
+    /// stages that keep `_id` (see `ids.rs`). Only such reads count orphans.
+    pub unique_ids: bool,
 }
 
 impl<'a> CommandInfo<'a> {
@@ -243,6 +248,8 @@ fn classify_from<'a>(
         info.collection = string_value(&first)?;
     }
     let is_aggregate = info.name == "aggregate";
+    let is_find = info.name == "find";
+    let mut projection_keeps_id = true;
     // The command key is met already: it is the first.
     let mut seen = Seen(K_COMMAND);
     let mut dup = None;
@@ -280,6 +287,7 @@ fn classify_from<'a>(
                 seen.mark(K_PIPELINE, "pipeline", &mut dup);
                 pipeline = Some(e);
             }
+            b"projection" if is_find => projection_keeps_id &= ids::projection_keeps_id(&e)?,
             k if k == first.key => seen.mark(K_COMMAND, info.name, &mut dup),
             _ => {}
         }
@@ -290,6 +298,7 @@ fn classify_from<'a>(
     if dup.is_some() {
         info.duplicate = dup;
     }
+    info.unique_ids = (is_find && projection_keeps_id) || (is_aggregate && pipeline.is_some());
     if let Some(p) = pipeline {
         // Walked after the top level because `$db` (needed for `$lookup: {from: "c"}`)
         // usually comes last.
@@ -300,6 +309,9 @@ fn classify_from<'a>(
             info: &mut info,
         };
         walk.pipeline_elem(&p, 0)?;
+        if info.opaque_stage {
+            info.unique_ids = false;
+        }
     }
     Ok(info)
 }

@@ -111,7 +111,7 @@ pub struct Config {
     /// next ladder read is judged against the new limits).
     pub ladder_guard: LadderGuardConfig,
     /// The resource limits (top-level keys `max_connections`, `message_timeout`,
-    /// `idle_timeout`, `max_pending_reads`).
+    /// `idle_timeout`, `write_timeout`, `max_pending_reads`).
     pub limits: Limits,
 }
 
@@ -144,6 +144,8 @@ impl Default for LadderGuardConfig {
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `message_timeout`.
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `write_timeout`.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `max_pending_reads`.
 pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
 
@@ -161,6 +163,10 @@ pub struct Limits {
     /// `idle_timeout`: a client that sends nothing for this long, with nothing in flight,
     /// is closed. Default off (`"off"`). Reloads: applies to each connection's next message.
     pub idle_timeout: Option<Duration>,
+    /// `write_timeout`: a client that takes none of the bytes waiting for it (replies it
+    /// does not read) for this long is closed. Default 30s; not zero. Reloads: applies to
+    /// each connection's next message.
+    pub write_timeout: Duration,
     /// `max_pending_reads`: tracked reads one connection may have waiting for replies;
     /// past it reads are forwarded untracked (no retry, no evidence). Default 1000;
     /// 1..=100000. Reloads: applies to each connection's next message.
@@ -173,6 +179,7 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             message_timeout: DEFAULT_MESSAGE_TIMEOUT,
             idle_timeout: None,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_pending_reads: DEFAULT_MAX_PENDING_READS,
         }
     }

@@ -76,6 +76,7 @@ struct RawConfig {
     max_connections: Option<Spanned<i64>>,
     message_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
+    write_timeout: Option<Spanned<String>>,
     max_pending_reads: Option<Spanned<i64>>,
     admin: Option<Spanned<ops::RawAdmin>>,
     tls: Option<Spanned<ops::RawTls>>,
@@ -209,7 +210,7 @@ fn ladder_guard(
 }
 
 /// `max_connections`, `message_timeout`, `idle_timeout` (`"off"` by default),
-/// `max_pending_reads`.
+/// `write_timeout`, `max_pending_reads`.
 fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
     let d = Limits::default();
     let nonzero = Duration::from_nanos(1);
@@ -230,6 +231,12 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
         Some(v) if v.get_ref() == "off" => Some(None),
         Some(v) => duration(ctx, v, "idle_timeout", nonzero).map(Some),
     };
+    let write_timeout = raw
+        .write_timeout
+        .as_ref()
+        .map_or(Some(d.write_timeout), |v| {
+            duration(ctx, v, "write_timeout", nonzero)
+        });
     let max_pending_reads = raw
         .max_pending_reads
         .as_ref()
@@ -240,6 +247,7 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
         max_connections: max_connections?,
         message_timeout: message_timeout?,
         idle_timeout: idle_timeout?,
+        write_timeout: write_timeout?,
         max_pending_reads: max_pending_reads?,
     })
 }

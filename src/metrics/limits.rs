@@ -21,10 +21,11 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 5] = [
+pub const LIMITS: [&str; 6] = [
     "max_connections",
     "message_timeout",
     "idle_timeout",
+    "write_timeout",
     "max_pending_reads",
     "max_breakers",
 ];

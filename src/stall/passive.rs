@@ -134,6 +134,11 @@ impl WriteTracker {
         self.writes.is_empty()
     }
 
+    /// A reply answering `response_to` would answer a tracked write.
+    pub fn waits_for(&self, response_to: i32) -> bool {
+        self.writes.iter().any(|w| w.0 == response_to)
+    }
+
     /// A write with `request_id` went to `upstream`.
     pub fn sent(&mut self, watch: &StallWatch, upstream: &str, request_id: i32, now: Instant) {
         let at = watch.clock(now);
