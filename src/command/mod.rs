@@ -13,6 +13,7 @@ use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
 mod ids;
+mod max_time;
 mod walk;
 
 use self::walk::Walk;
@@ -146,8 +147,13 @@ pub struct CommandInfo<'a> {
     pub in_transaction: bool,
     /// `txnNumber` present.
     pub txn_number: bool,
-    /// `maxTimeMS` as an integer (int32, int64 or a whole double).
+    /// `maxTimeMS` as the server reads it (see `max_time.rs`; 0 means no limit); `None`
+    /// when absent or invalid.
     pub max_time_ms: Option<i64>,
+    /// `maxTimeMS` is present with a value the server refuses (negative, fractional, past
+    /// 2147483647, NaN, not a number): the read is never eligible, so it goes out
+    /// untouched and the server answers it with its own error.
+    pub max_time_invalid: bool,
     /// The command is `explain` wrapping another.
     pub explain: bool,
     /// The command (or its inner command under explain) is `aggregate` and some stage, at
@@ -281,7 +287,8 @@ fn classify_from<'a>(
             b"txnNumber" => info.txn_number = true,
             b"maxTimeMS" => {
                 seen.mark(K_MAX_TIME, "maxTimeMS", &mut dup);
-                info.max_time_ms = scan::int_value(&e);
+                info.max_time_ms = max_time::parse(&e);
+                info.max_time_invalid = info.max_time_ms.is_none();
             }
             b"pipeline" if is_aggregate => {
                 seen.mark(K_PIPELINE, "pipeline", &mut dup);
@@ -339,7 +346,8 @@ fn classify_explained<'a>(
             }
             b"maxTimeMS" => {
                 seen.mark(K_MAX_TIME, "explain.maxTimeMS", dup);
-                info.max_time_ms = scan::int_value(&e);
+                info.max_time_ms = max_time::parse(&e);
+                info.max_time_invalid = info.max_time_ms.is_none();
             }
             b"pipeline" if is_aggregate => {
                 seen.mark(K_PIPELINE, "explain.pipeline", dup);
@@ -422,8 +430,8 @@ fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
 
 /// A read the policy may act on, before looking at namespaces and read preference: one of
 /// find/aggregate/count/distinct (not under `explain`), outside a transaction, with a
-/// readConcern level of none/local/majority/available and no `atClusterTime`, and no
-/// `$out`/`$merge`/`$changeStream` stage.
+/// readConcern level of none/local/majority/available and no `atClusterTime`, no
+/// `$out`/`$merge`/`$changeStream` stage, and no `maxTimeMS` the server would refuse.
 pub fn is_eligible_shape(info: &CommandInfo<'_>) -> bool {
     let rc = &info.read_concern;
     let level_ok = matches!(
@@ -439,4 +447,5 @@ pub fn is_eligible_shape(info: &CommandInfo<'_>) -> bool {
         && !info.has_out
         && !info.has_merge
         && !info.has_change_stream
+        && !info.max_time_invalid
 }
