@@ -133,17 +133,8 @@ fn rewrite_parts(
     let layout = Layout::new(body, &parts.body_range, parts.sections_end, crc, spec)?;
     let Some(compressor) = parts.compressor else {
         let total = fits(HEADER_LEN + layout.payload_len, max_message_size)?;
-        // A large message gets an allocation of its own, which goes when it has been sent:
-        // the session's reused buffer never keeps more than a small message's room.
-        let mut own = BytesMut::new();
-        let buf = if total > crate::wire::codec::SHRINK_AFTER {
-            own.reserve(total);
-            &mut own
-        } else {
-            buf.clear();
-            buf.reserve(total);
-            buf
-        };
+        buf.clear();
+        buf.reserve(total);
         Header {
             length: total as i32,
             ..*header
@@ -158,7 +149,12 @@ fn rewrite_parts(
             buf.extend_from_slice(&sum.to_le_bytes());
         }
         debug_assert_eq!(buf.len(), total);
-        return Ok(buf.split().freeze());
+        let out = buf.split().freeze();
+        if total > crate::wire::codec::SHRINK_AFTER {
+            // A large message's allocation goes with it once sent, not kept for the next.
+            *buf = BytesMut::new();
+        }
+        return Ok(out);
     };
     let inner_len = layout.payload_len;
     fits(HEADER_LEN + inner_len, max_message_size)?;

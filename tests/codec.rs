@@ -310,7 +310,10 @@ fn a_large_message_does_not_stay_in_the_read_buffer() {
         drop(got);
         assert_eq!(c.decode(&mut buf).unwrap(), None);
         assert!(buf.capacity() <= SHRINK_AFTER, "kept {}", buf.capacity());
-        assert_eq!(read_through(&mut c, &mut buf, &next[10..]), vec![next.clone()]);
+        assert_eq!(
+            read_through(&mut c, &mut buf, &next[10..]),
+            vec![next.clone()]
+        );
     }
 }
 

@@ -74,7 +74,11 @@ async fn sends_untouched(env: &Env, conn: &mut RawClient, id: i32, what: &str, v
     let msg = find(id, Some(v));
     let reply = conn.roundtrip(&msg).await;
     let body = raw::body(&reply);
-    assert_eq!(body.get_i32("code").ok(), Some(13388), "{what}: mongos's answer");
+    assert_eq!(
+        body.get_i32("code").ok(),
+        Some(13388),
+        "{what}: mongos's answer"
+    );
     // Anything more sent (a retry) would have come before the reply.
     let after = finds(env);
     assert_eq!(after.len(), before + 1, "{what}: sent once, not retried");
@@ -102,7 +106,9 @@ async fn invalid_max_time_ms_goes_out_untouched_and_uncounted() {
     // StaleConfig is counted (the breaker opens: threshold 1) and the read is resent with
     // `available`, whose answer the client gets.
     let before = finds(&env).len();
-    let reply = conn.roundtrip(&find(id, Some(RawBson::Int32(10_000)))).await;
+    let reply = conn
+        .roundtrip(&find(id, Some(RawBson::Int32(10_000))))
+        .await;
     id += 1;
     assert_eq!(raw::body(&reply).get_f64("ok").ok(), Some(1.0));
     let sent: Vec<RawDocumentBuf> = finds(&env)[before..].iter().map(|m| body(m)).collect();

@@ -74,7 +74,10 @@ impl Proxy {
     async fn start(upstream: SocketAddr, extra: &str, malloc_default: bool) -> Proxy {
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let (a, b) = (free(), free());
-        let (port, admin_port) = (a.local_addr().unwrap().port(), b.local_addr().unwrap().port());
+        let (port, admin_port) = (
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+        );
         drop((a, b));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memory.toml");
@@ -111,8 +114,7 @@ impl Proxy {
     }
 
     fn rss_kib(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -212,7 +214,9 @@ async fn a_client_that_does_not_read_costs_little_and_is_closed() {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(64 * 1024).unwrap();
         let mut s = socket.connect(proxy.addr.parse().unwrap()).await.unwrap();
-        s.write_all(&request(i as i32, 10, 16_000_000)).await.unwrap();
+        s.write_all(&request(i as i32, 10, 16_000_000))
+            .await
+            .unwrap();
         conns.push(s);
     }
     let started = Instant::now();

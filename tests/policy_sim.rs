@@ -1189,7 +1189,10 @@ async fn unwind_replies_never_count_as_orphans_and_real_orphans_still_do() {
             docs.iter().map(|d| format!("{:?}", d.get("_id"))).collect();
         assert_eq!((docs.len(), distinct.len()), (250, 5), "unwind reply {i}");
         let sent = env.upstream("aggregate", INVENTORY);
-        assert_eq!(level(sent.last().expect("sent")).as_deref(), Some("available"));
+        assert_eq!(
+            level(sent.last().expect("sent")).as_deref(),
+            Some("available")
+        );
     }
     assert_eq!(orphans(), 2, "no orphan counted for $unwind");
 

@@ -351,7 +351,11 @@ async fn large_exhaust_replies_stream_through_byte_for_byte() {
         .collect();
     env.fake.seed("app.bigex", docs);
     let mut conn = env.raw().await;
-    let find = raw::msg(1, 0, &rawdoc! { "find": "bigex", "batchSize": 0, "$db": "app" });
+    let find = raw::msg(
+        1,
+        0,
+        &rawdoc! { "find": "bigex", "batchSize": 0, "$db": "app" },
+    );
     let first = raw::body(&conn.roundtrip(&find).await);
     let id = first
         .get_document("cursor")

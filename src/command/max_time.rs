@@ -160,12 +160,32 @@ mod tests {
     #[test]
     fn a_classified_read_carries_the_verdict() {
         for (body, ms, invalid) in [
-            (rawdoc! {"find": "c", "maxTimeMS": 300, "$db": "d"}, Some(300), false),
+            (
+                rawdoc! {"find": "c", "maxTimeMS": 300, "$db": "d"},
+                Some(300),
+                false,
+            ),
             (rawdoc! {"find": "c", "$db": "d"}, None, false),
-            (rawdoc! {"find": "c", "maxTimeMS": -1, "$db": "d"}, None, true),
-            (rawdoc! {"find": "c", "maxTimeMS": 1.5, "$db": "d"}, None, true),
-            (rawdoc! {"find": "c", "maxTimeMS": "1", "$db": "d"}, None, true),
-            (rawdoc! {"find": "c", "maxTimeMS": 3_000_000_000_i64, "$db": "d"}, None, true),
+            (
+                rawdoc! {"find": "c", "maxTimeMS": -1, "$db": "d"},
+                None,
+                true,
+            ),
+            (
+                rawdoc! {"find": "c", "maxTimeMS": 1.5, "$db": "d"},
+                None,
+                true,
+            ),
+            (
+                rawdoc! {"find": "c", "maxTimeMS": "1", "$db": "d"},
+                None,
+                true,
+            ),
+            (
+                rawdoc! {"find": "c", "maxTimeMS": 3_000_000_000_i64, "$db": "d"},
+                None,
+                true,
+            ),
         ] {
             let info = super::super::classify(&body).unwrap();
             assert_eq!(

@@ -1,8 +1,8 @@
 //! The walk of an aggregation pipeline and its sub-pipelines (`$lookup`, `$graphLookup`,
 //! `$unionWith`, `$facet`): every namespace it names, repeated stage keys, opaque stages.
 
-use super::*;
 use super::ids;
+use super::*;
 
 /// A recursive walk of one aggregation pipeline and its sub-pipelines.
 pub(super) struct Walk<'a, 'i> {

@@ -355,7 +355,10 @@ mod tests {
             doc! {"_id": 3},
             doc! {"_id": 4, "sizes": 42},
         ];
-        for spec in [Bson::String("$sizes".into()), Bson::Document(doc! {"path": "$sizes"})] {
+        for spec in [
+            Bson::String("$sizes".into()),
+            Bson::Document(doc! {"path": "$sizes"}),
+        ] {
             let p = parse(&[Bson::Document(doc! {"$unwind": spec})]).expect("parses");
             assert_eq!(
                 run(&p, input.clone()),

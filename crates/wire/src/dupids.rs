@@ -49,9 +49,9 @@ const HASH_TAIL: usize = 16;
 const KEEP_IDS: usize = 256;
 
 fn fnv(seed: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(seed, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+    bytes
+        .iter()
+        .fold(seed, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// The hash of one `_id` element: its length, its first [`HASH_HEAD`] and its last
@@ -238,9 +238,16 @@ mod tests {
             e.push(0);
             e
         };
-        assert_eq!(id_hash(&elem(b'x')), id_hash(&elem(b'y')), "a collision by design");
+        assert_eq!(
+            id_hash(&elem(b'x')),
+            id_hash(&elem(b'y')),
+            "a collision by design"
+        );
         let mut docs: Vec<_> = (b'b'..b'z').map(|m| rawdoc! {"_id": big(m)}).collect();
-        assert_eq!(count(&reply("firstBatch", docs.clone()), 1000).duplicates, 0);
+        assert_eq!(
+            count(&reply("firstBatch", docs.clone()), 1000).duplicates,
+            0
+        );
         // Real repeats among them still count, however large.
         docs.push(rawdoc! {"_id": big(b'c')});
         docs.push(rawdoc! {"_id": big(b'q'), "other": 1});
@@ -248,7 +255,10 @@ mod tests {
         // Same head and tail, another length: another hash.
         let short = rawdoc! {"_id": "a".repeat(99 * 1024)};
         let long = rawdoc! {"_id": "a".repeat(100 * 1024)};
-        assert_eq!(count(&reply("firstBatch", vec![short, long]), 10).duplicates, 0);
+        assert_eq!(
+            count(&reply("firstBatch", vec![short, long]), 10).duplicates,
+            0
+        );
     }
 
     #[test]

@@ -26,8 +26,8 @@ pub mod status;
 
 pub use body::{request_body, RequestBody};
 pub use codec::MessageCodec;
-pub use replies::{Head, Incoming, ReplyCodec};
 pub use header::{Header, OpCode, HEADER_LEN};
+pub use replies::{Head, Incoming, ReplyCodec};
 pub use request::{MsgParts, Request};
 pub use status::{inspect_reply, Reply, ReplyStatus};
 

@@ -103,7 +103,10 @@ impl ReplyCodec {
     fn large_head(&self, src: &[u8]) -> Option<Head> {
         let declared = i32::from_le_bytes(src.get(..4)?.try_into().ok()?);
         // Out of bounds lengths are the framing decoder's to refuse.
-        if declared < 0 || declared as usize <= self.stream_above || declared as usize > self.inner.max() {
+        if declared < 0
+            || declared as usize <= self.stream_above
+            || declared as usize > self.inner.max()
+        {
             return None;
         }
         // Read here without `Header::parse`: a message is opened once, by whoever gets it.
