@@ -91,7 +91,8 @@ impl Session {
         let mut flush_armed = true;
         let (mut msgs, mut seen_msgs, mut quiet_since) = (0u64, 0u64, Instant::now());
         let end: Result<&str, SessionError> = loop {
-            if draining && self.drained() {
+            // Never in the middle of a reply being passed on in pieces.
+            if draining && self.drained() && !ur.decoder().is_streaming() {
                 break Ok("proxy stopping");
             }
             // The kill, seen by a busy session (an idle one is woken by `killed` below).
