@@ -8,6 +8,7 @@
 //! proxy holds rather than what the allocator keeps cached after a burst (that cache is
 //! shared by all connections and bounded by the peak, not kept per connection; the figures
 //! with glibc's default are printed by `cargo test --test memory -- --nocapture` too).
+//! `MEMORY_TEST_BIN=path` runs the same measurements on another build of the proxy.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -88,7 +89,10 @@ impl Proxy {
             ),
         )
         .unwrap();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_staleguard"));
+        // `MEMORY_TEST_BIN` measures another build (an older one, a release build).
+        let bin = std::env::var("MEMORY_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_staleguard").to_string());
+        let mut cmd = std::process::Command::new(bin);
         cmd.args(["run", "--config"])
             .arg(&path)
             .stdout(std::process::Stdio::null())
