@@ -7,6 +7,7 @@
 //! gate      the early gates: open once, pass, follow a write, refuse, or govern
 //! request   the governed side: classify, decide, apply
 //! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
+//! stream    large replies nothing inspects, passed on to the client in pieces
 //! counters  per-session counts, batched into the shared metrics
 //! ```
 //!
