@@ -175,6 +175,7 @@ impl Session {
                         self.limit_hit("write_timeout");
                         break Ok("write_timeout");
                     }
+                    self.shrink_idle();
                     limits_timer.as_mut().reset(now + self.limits_tick());
                 }
             }
@@ -234,6 +235,15 @@ impl Session {
             _ = close => {}
             _ = kill.cancelled() => {}
         }
+    }
+
+    /// Lets go of the room a burst of pipelined reads or writes left in the session's lists
+    /// once they are empty (looked at on the limits tick, not per message).
+    fn shrink_idle(&mut self) {
+        if self.pending.is_empty() && self.pending.capacity() > 16 {
+            self.pending = Vec::new();
+        }
+        self.writes.shrink_idle();
     }
 
     /// Everything in flight is answered and written (or an exhaust stream runs, which a

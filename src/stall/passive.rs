@@ -134,6 +134,13 @@ impl WriteTracker {
         self.writes.is_empty()
     }
 
+    /// Lets go of the room a burst of writes left, once none waits.
+    pub fn shrink_idle(&mut self) {
+        if self.writes.is_empty() && self.writes.capacity() > 16 {
+            self.writes = Vec::new();
+        }
+    }
+
     /// A reply answering `response_to` would answer a tracked write.
     pub fn waits_for(&self, response_to: i32) -> bool {
         self.writes.iter().any(|w| w.0 == response_to)
@@ -227,6 +234,24 @@ mod tests {
         assert!(!stalled(&sample(3, 4_999, Some(9_000)), after, 1));
         // Fewer waiting than required.
         assert!(!stalled(&sample(1, 9_000, None), after, 2));
+    }
+
+    #[test]
+    fn a_burst_of_writes_leaves_no_room_behind() {
+        let watch = StallWatch::new();
+        let t0 = Instant::now();
+        let mut t = WriteTracker::default();
+        for id in 0..100 {
+            t.sent(&watch, "m:1", id, t0);
+        }
+        assert!(t.waits_for(42) && !t.waits_for(100));
+        t.shrink_idle();
+        assert!(t.writes.capacity() >= 100, "kept while writes wait");
+        for id in 0..100 {
+            assert!(t.answered(&watch, id, || true, t0));
+        }
+        t.shrink_idle();
+        assert_eq!(t.writes.capacity(), 0);
     }
 
     #[test]
