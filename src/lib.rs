@@ -6,7 +6,8 @@
 //! ```text
 //! server   accept loop, one session task per client connection, graceful stop
 //!   └─ session   pairs the client with its own upstream connection (upstream) and relays
-//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied);
+//!        │       frames both ways (wire::codec: whole messages as Bytes, never copied;
+//!        │       large replies nothing inspects passed on in pieces, wire::replies);
 //!        │       each request opened once (wire::Request), each reply's header read once
 //!        │       (wire::Reply); writes queued per peer, never awaited in the way of the
 //!        │       other direction or a stop

@@ -149,7 +149,12 @@ fn rewrite_parts(
             buf.extend_from_slice(&sum.to_le_bytes());
         }
         debug_assert_eq!(buf.len(), total);
-        return Ok(buf.split().freeze());
+        let out = buf.split().freeze();
+        if total > crate::wire::codec::SHRINK_AFTER {
+            // A large message's allocation goes with it once sent, not kept for the next.
+            *buf = BytesMut::new();
+        }
+        return Ok(out);
     };
     let inner_len = layout.payload_len;
     fits(HEADER_LEN + inner_len, max_message_size)?;

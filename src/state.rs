@@ -277,6 +277,7 @@ pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
         "idle_timeout",
         l.idle_timeout.map_or(0.0, |d| d.as_secs_f64()),
     );
+    m.set("write_timeout", l.write_timeout.as_secs_f64());
     m.set("max_pending_reads", l.max_pending_reads as f64);
     m.set("max_breakers", max_breakers as f64);
     let a = &config.admin_limits;

@@ -246,6 +246,188 @@ fn growing_partial_frame_reserves_at_most_the_frame() {
     );
 }
 
+/// What `FramedRead` does with a decoder: decode what is buffered, then read into the room
+/// the buffer has (at least one byte), until `input` is used up. Returns the items and
+/// drops none of them before the end (as a relay holding them in an outbox would).
+fn read_through<D: Decoder>(codec: &mut D, buf: &mut BytesMut, input: &[u8]) -> Vec<D::Item>
+where
+    D::Error: std::fmt::Debug,
+{
+    let mut items = Vec::new();
+    let mut at = 0;
+    loop {
+        while let Some(item) = codec.decode(buf).unwrap() {
+            items.push(item);
+        }
+        if at == input.len() {
+            return items;
+        }
+        buf.reserve(1);
+        let n = (buf.capacity() - buf.len()).min(input.len() - at);
+        buf.put_slice(&input[at..at + n]);
+        at += n;
+    }
+}
+
+/// [`read_through`] as the relay uses a decoder: each item is passed on and gone (written
+/// out) before the decoder is asked for the next; returns the items' lengths.
+fn relay_through(codec: &mut MessageCodec, buf: &mut BytesMut, input: &[u8]) -> Vec<usize> {
+    let mut lens = Vec::new();
+    let mut at = 0;
+    loop {
+        while let Some(item) = codec.decode(buf).unwrap() {
+            lens.push(item.len());
+        }
+        if at == input.len() {
+            return lens;
+        }
+        buf.reserve(1);
+        let n = (buf.capacity() - buf.len()).min(input.len() - at);
+        buf.put_slice(&input[at..at + n]);
+        at += n;
+    }
+}
+
+/// After a message larger than `SHRINK_AFTER`, the read buffer goes back to a small one,
+/// both when nothing of the next message has arrived and when part of it came in the same
+/// read (issue 21: a 40 MB ping kept 34.4 MiB for the connection's life).
+#[test]
+fn a_large_message_does_not_stay_in_the_read_buffer() {
+    // What README promises an idle connection keeps per direction (`SHRINK_AFTER`).
+    const SHRINK_AFTER: usize = 16 * 1024;
+    const BIG: usize = 48_000_000;
+    let large = with_length(4_000_000, OpCode::MSG, &vec![1; 4_000_000 - HEADER_LEN]);
+    let next = ping(2);
+    for trusting in [false, true] {
+        let codec = || {
+            if trusting {
+                MessageCodec::trusting(BIG)
+            } else {
+                MessageCodec::new(BIG)
+            }
+        };
+        // Alone: the large frame is relayed and gone, then the buffer waits for the next.
+        let mut c = codec();
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        assert_eq!(relay_through(&mut c, &mut buf, &large), vec![large.len()]);
+        assert!(
+            buf.capacity() <= SHRINK_AFTER,
+            "trusting {trusting}: kept {} bytes",
+            buf.capacity()
+        );
+        assert!(buf.capacity() >= next.len(), "room for a small message");
+        assert_eq!(relay_through(&mut c, &mut buf, &next), vec![next.len()]);
+        assert!(buf.capacity() <= SHRINK_AFTER, "kept {}", buf.capacity());
+        // With the first bytes of the next message in the same read.
+        let mut c = codec();
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        let mut both = large.clone();
+        both.extend_from_slice(&next[..10]);
+        assert_eq!(relay_through(&mut c, &mut buf, &both), vec![large.len()]);
+        assert!(buf.capacity() <= SHRINK_AFTER, "kept {}", buf.capacity());
+        assert_eq!(
+            relay_through(&mut c, &mut buf, &next[10..]),
+            vec![next.len()]
+        );
+        assert!(buf.capacity() <= SHRINK_AFTER, "kept {}", buf.capacity());
+        // And when the relay still holds the frame while the decoder goes on.
+        let mut c = codec();
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        let held = read_through(&mut c, &mut buf, &large);
+        drop(held);
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        assert!(buf.capacity() <= SHRINK_AFTER, "kept {}", buf.capacity());
+    }
+}
+
+/// Messages up to `SHRINK_AFTER` keep their buffer (no allocation per message).
+#[test]
+fn small_messages_reuse_the_read_buffer() {
+    let mut c = MessageCodec::new(48_000_000);
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let msg = with_length(12_000, OpCode::MSG, &vec![1; 12_000 - HEADER_LEN]);
+    drop(read_through(&mut c, &mut buf, &msg));
+    assert_eq!(c.decode(&mut buf).unwrap(), None);
+    let at = buf.as_ptr();
+    drop(read_through(&mut c, &mut buf, &msg));
+    assert_eq!(c.decode(&mut buf).unwrap(), None);
+    assert_eq!(buf.as_ptr(), at, "the same allocation, taken back");
+}
+
+/// The upstream side's decoder: a large message is offered first; streamed, it comes in
+/// pieces no larger than the read room; read whole, it is one message; small ones are
+/// messages as before. The buffer goes back to small after either.
+#[test]
+fn reply_codec_streams_large_messages_on_request() {
+    const SHRINK_AFTER: usize = 16 * 1024;
+    use staleguard::wire::replies::PIECE_ROOM;
+    use staleguard::wire::{Incoming, ReplyCodec};
+    let mut large = with_length(1_000_000, OpCode::MSG, &vec![5; 1_000_000 - HEADER_LEN]);
+    // moreToCome
+    large[16] = 2;
+    let small = ping(3);
+    for stream in [true, false] {
+        let mut c = ReplyCodec::new(48_000_000, 64 * 1024);
+        let mut buf = BytesMut::with_capacity(8 * 1024);
+        assert_eq!(
+            read_through(&mut c, &mut buf, &small),
+            vec![Incoming::Message(small.clone())]
+        );
+        // The head needs the flags: 19 bytes are not enough.
+        let mut head_only = BytesMut::new();
+        head_only.put_slice(&large[..19]);
+        assert_eq!(
+            ReplyCodec::new(48_000_000, 64 * 1024)
+                .decode(&mut head_only)
+                .unwrap(),
+            None
+        );
+        assert!(head_only.capacity() < 64 * 1024, "no room made yet");
+        buf.put_slice(&large[..20]);
+        let Some(Incoming::Large(head)) = c.decode(&mut buf).unwrap() else {
+            panic!("a large message is offered");
+        };
+        assert_eq!(head.header.length, 1_000_000);
+        assert!(head.more_to_come());
+        c.stream(stream);
+        let mut got = read_through(&mut c, &mut buf, &large[20..]);
+        got.extend(read_through(&mut c, &mut buf, &small));
+        let mut joined = Vec::new();
+        let mut last = None;
+        for (i, item) in got.iter().enumerate() {
+            match item {
+                Incoming::Piece(b) => {
+                    assert!(stream && b.len() <= PIECE_ROOM.max(8 * 1024));
+                    joined.extend_from_slice(b);
+                }
+                Incoming::Last {
+                    bytes,
+                    more_to_come,
+                } => {
+                    assert!(stream && *more_to_come);
+                    joined.extend_from_slice(bytes);
+                    last = Some(i);
+                }
+                Incoming::Message(m) if m.len() == large.len() => {
+                    assert!(!stream);
+                    joined.extend_from_slice(m);
+                    last = Some(i);
+                }
+                Incoming::Message(m) => {
+                    assert_eq!(*m, small);
+                    assert_eq!(Some(i), last.map(|l| l + 1), "after the large one");
+                }
+                Incoming::Large(_) => panic!("offered twice"),
+            }
+        }
+        assert_eq!(joined, large, "stream {stream}");
+        assert!(!c.is_streaming());
+        drop(got);
+        assert_eq!(c.decode(&mut buf).unwrap(), None);
+        assert!(buf.capacity() <= SHRINK_AFTER, "kept {}", buf.capacity());
+    }
+}
+
 // ---- OP_MSG --------------------------------------------------------------------------
 
 #[test]

@@ -45,6 +45,7 @@ fn find_with_secondary_preferred_and_tags() {
             collection: Some("store_inventory"),
             read_pref: Some(ReadPrefMode::SecondaryPreferred),
             read_pref_tags: true,
+            unique_ids: true,
             ..CommandInfo::default()
         }
     );

@@ -1311,3 +1311,14 @@ fn per_connection_per_second_default_value_and_errors() {
         "{shown}"
     );
 }
+
+#[test]
+fn write_timeout_defaults_to_30s_and_is_never_zero() {
+    let c = ok("");
+    assert_eq!(c.limits.write_timeout, Duration::from_secs(30));
+    let c = ok("write_timeout = \"5s\"\n");
+    assert_eq!(c.limits.write_timeout, Duration::from_secs(5));
+    assert_eq!(errs("write_timeout = \"0s\"\n"), [k(1, "write_timeout")]);
+    assert_eq!(errs("write_timeout = \"off\"\n"), [k(1, "write_timeout")]);
+    assert_eq!(errs("write_timeout = \"soon\"\n"), [k(1, "write_timeout")]);
+}

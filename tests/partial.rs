@@ -54,5 +54,8 @@ async fn the_partial_incident_is_no_worse_through_staleguard() {
     // Recovery without writes through staleguard or a write probe.
     let rec = r.recovery.expect("recovered");
     assert!(rec <= Duration::from_secs(6), "recovered after {rec:?}");
-    assert_eq!(r.rewrites_after_recovery, 0, "reads sent after recovery are unmodified");
+    assert_eq!(
+        r.rewrites_after_recovery, 0,
+        "reads sent after recovery are unmodified"
+    );
 }

@@ -1164,3 +1164,105 @@ async fn with_the_ladder_strict_reads_answer_from_the_primary_with_no_orphans() 
     assert_eq!(ladder.orphans_of(INVENTORY), served_orphans as u64);
     env.shutdown().await;
 }
+
+/// Issue 21, item 5: `$unwind` repeats each document's `_id` once per array element, so its
+/// replies hold the same `_id` many times without any orphan; they are never counted. A
+/// `find`, and an aggregation of stages that keep `_id` (`$match`, `$sort`, ...), still count
+/// the orphans a migration left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unwind_replies_never_count_as_orphans_and_real_orphans_still_do() {
+    let env = SimEnv::start(&namespaces(2, "30s")).await;
+    let (guarded, direct) = (env.guarded().await, env.direct().await);
+    let cluster = env.cluster();
+    let moved = move_away(
+        &cluster,
+        INVENTORY,
+        Bson::Document(doc! { "productId": 7, "storeId": 3 }),
+    );
+    assert!(moved.moved_docs > 0);
+    // Five documents with 50 sizes each, inserted after the
+    // migration (so none of them has an orphan) while shard A's primary still writes.
+    let sizes: Vec<i32> = (0..50).collect();
+    let docs: Vec<Document> = (0..5)
+        .map(|i| doc! { "_id": { "productId": 5000 + i, "storeId": 1 }, "sizes": sizes.clone() })
+        .collect();
+    within(
+        "insert",
+        direct
+            .database("demo")
+            .collection::<Document>("store_inventory")
+            .insert_many(docs),
+    )
+    .await
+    .expect("insert the documents to unwind");
+    env.incident(&["a1"]);
+    let orphans = || env.proxy.shared().metrics.ladder.orphans_of(INVENTORY);
+
+    // Reads of the moved document on a1 climb to `available` (then, breaker open, are
+    // rewritten): each gets it twice, and the estimate counts the copy.
+    let moved_doc = || doc! { "_id.productId": 7, "_id.storeId": 3 };
+    for i in 1..=2 {
+        let docs = find_on(&guarded, INVENTORY, moved_doc(), "a1", doc! {})
+            .await
+            .unwrap_or_else(|e| panic!("fallback read {i}: {e}"));
+        assert_eq!(docs.len(), 2, "read {i}: the document and its orphan");
+    }
+    assert_eq!(env.state(INVENTORY), State::Open);
+    assert_eq!(orphans(), 2);
+
+    let aggregate = |pipeline: Vec<Document>| {
+        let cmd = doc! {
+            "aggregate": "store_inventory",
+            "pipeline": pipeline,
+            "cursor": { "batchSize": 5000 },
+            "$readPreference": pinned("a1", "b1"),
+        };
+        let db = guarded.database("demo");
+        async move {
+            let reply = within("aggregate", db.run_command(cmd))
+                .await
+                .expect("aggregate answers");
+            let batch = reply
+                .get_document("cursor")
+                .and_then(|c| c.get_array("firstBatch"))
+                .expect("firstBatch")
+                .clone();
+            batch
+                .into_iter()
+                .map(|d| d.as_document().expect("a document").clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    // Five `$unwind` replies, served `available`: 250 documents each, 5 distinct `_id`s.
+    for i in 1..=5 {
+        let docs = aggregate(vec![
+            doc! { "$match": { "_id.productId": { "$gte": 5000 } } },
+            doc! { "$unwind": "$sizes" },
+        ])
+        .await;
+        let distinct: std::collections::HashSet<String> =
+            docs.iter().map(|d| format!("{:?}", d.get("_id"))).collect();
+        assert_eq!((docs.len(), distinct.len()), (250, 5), "unwind reply {i}");
+        let sent = env.upstream("aggregate", INVENTORY);
+        assert_eq!(
+            level(sent.last().expect("sent")).as_deref(),
+            Some("available")
+        );
+    }
+    assert_eq!(orphans(), 2, "no orphan counted for $unwind");
+
+    // An aggregation of stages that keep `_id` still counts; so does a find.
+    let docs = aggregate(vec![
+        doc! { "$match": moved_doc() },
+        doc! { "$sort": { "qty": 1 } },
+        doc! { "$limit": 10 },
+    ])
+    .await;
+    assert_eq!(docs.len(), 2);
+    assert_eq!(orphans(), 3);
+    find_on(&guarded, INVENTORY, moved_doc(), "a1", doc! {})
+        .await
+        .expect("rewritten find");
+    assert_eq!(orphans(), 4);
+    env.shutdown().await;
+}

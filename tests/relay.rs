@@ -340,6 +340,45 @@ async fn exhaust_get_more_raw() {
     );
 }
 
+/// Exhaust replies larger than the streaming threshold go to the client in pieces as they
+/// arrive (nothing inspects them): still byte for byte, each with its moreToCome, and a
+/// request pipelined behind them is answered after them.
+#[tokio::test]
+async fn large_exhaust_replies_stream_through_byte_for_byte() {
+    let env = Env::start().await;
+    let docs: Vec<RawDocumentBuf> = (0..9)
+        .map(|i| rawdoc! { "_id": i, "pad": "p".repeat(200_000) })
+        .collect();
+    env.fake.seed("app.bigex", docs);
+    let mut conn = env.raw().await;
+    let find = raw::msg(
+        1,
+        0,
+        &rawdoc! { "find": "bigex", "batchSize": 0, "$db": "app" },
+    );
+    let first = raw::body(&conn.roundtrip(&find).await);
+    let id = first
+        .get_document("cursor")
+        .and_then(|c| c.get_i64("id"))
+        .expect("cursor id");
+    let get_more = raw::msg(
+        2,
+        EXHAUST_ALLOWED,
+        &rawdoc! { "getMore": id, "collection": "bigex", "batchSize": 3, "$db": "app" },
+    );
+    conn.send(&get_more).await;
+    let mut replies = vec![conn.recv().await];
+    while raw::flags(replies.last().expect("a reply")) & MORE_TO_COME != 0 {
+        replies.push(conn.recv().await);
+    }
+    assert_eq!(replies.len(), 3, "9 documents in batches of 3");
+    assert!(replies.iter().all(|r| r.len() > 600_000), "large replies");
+    assert_eq!(&env.fake.sent()[1..], &replies[..], "byte for byte");
+    let ping = raw::msg(3, 0, &rawdoc! { "ping": 1, "$db": "admin" });
+    let pong = conn.roundtrip(&ping).await;
+    assert_eq!(raw::header(&pong).response_to, 3);
+}
+
 #[tokio::test]
 async fn checksum_message_roundtrip() {
     let env = Env::start().await;

@@ -877,3 +877,50 @@ fn rewrites_into_one_buffer_reuse_its_allocation() {
         "the dropped message's allocation is taken back"
     );
 }
+
+/// The session's reused rewrite buffer keeps a small message's room at most: a large rewritten
+/// request takes its allocation with it (issue 21: nothing a connection carried once stays).
+#[test]
+fn a_large_rewrite_does_not_stay_in_the_reused_buffer() {
+    use staleguard::rewrite::rewrite_into;
+    use staleguard::wire::Request;
+    let pad = Binary {
+        subtype: BinarySubtype::Generic,
+        bytes: vec![3; 1_000_000],
+    };
+    let small = op_msg(1, 0, 0, &find_body());
+    let body = rawdoc! {"find": "c", "filter": {"pad": pad}, "$db": "d"};
+    let large = op_msg(2, 0, 0, &body);
+    let mut buf = bytes::BytesMut::new();
+    let open = |m: &[u8]| {
+        Request::new(bytes::Bytes::copy_from_slice(m), DEFAULT_MAX_MESSAGE_SIZE).unwrap()
+    };
+    let out = rewrite_into(
+        &open(&large),
+        &AVAILABLE,
+        DEFAULT_MAX_MESSAGE_SIZE,
+        &mut buf,
+    )
+    .unwrap();
+    assert!(out.len() > 1_000_000);
+    drop(out);
+    assert!(buf.capacity() < 16 * 1024, "kept {}", buf.capacity());
+    // A small one is written in the reused buffer, whose room comes back once it is sent.
+    let out = rewrite_into(
+        &open(&small),
+        &AVAILABLE,
+        DEFAULT_MAX_MESSAGE_SIZE,
+        &mut buf,
+    )
+    .unwrap();
+    drop(out);
+    let out = rewrite_into(
+        &open(&small),
+        &AVAILABLE,
+        DEFAULT_MAX_MESSAGE_SIZE,
+        &mut buf,
+    )
+    .unwrap();
+    assert!(buf.capacity() < 16 * 1024);
+    assert!(!out.is_empty());
+}

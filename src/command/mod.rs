@@ -12,6 +12,8 @@ use bson::RawDocument;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
+mod ids;
+mod max_time;
 mod walk;
 
 use self::walk::Walk;
@@ -149,8 +151,13 @@ pub struct CommandInfo<'a> {
     pub in_transaction: bool,
     /// `txnNumber` present.
     pub txn_number: bool,
-    /// `maxTimeMS` as an integer (int32, int64 or a whole double).
+    /// `maxTimeMS` as the server reads it (see `max_time.rs`; 0 means no limit); `None`
+    /// when absent or invalid.
     pub max_time_ms: Option<i64>,
+    /// `maxTimeMS` is present with a value the server refuses (negative, fractional, past
+    /// 2147483647, NaN, not a number): the read is never eligible, so it goes out
+    /// untouched and the server answers it with its own error.
+    pub max_time_invalid: bool,
     /// The command is `explain` wrapping another.
     pub explain: bool,
     /// The command (or its inner command under explain) is `aggregate` and some stage, at
@@ -175,6 +182,10 @@ pub struct CommandInfo<'a> {
     /// Servers differ on which occurrence they read (first, or an error), so such a command
     /// cannot be classified the way the server will read it.
     pub duplicate: Option<&'a str>,
+    /// In a result without orphans, no `_id` can appear twice: a `find` whose projection
+    /// keeps `_id` as stored, or an `aggregate` whose every stage is on the allow-list of
+    /// stages that keep `_id` (see `ids.rs`). Only such reads count orphans.
+    pub unique_ids: bool,
 }
 
 impl<'a> CommandInfo<'a> {
@@ -247,6 +258,8 @@ fn classify_from<'a>(
         info.collection = string_value(&first)?;
     }
     let is_aggregate = info.name == "aggregate";
+    let is_find = info.name == "find";
+    let mut projection_keeps_id = true;
     // The command key is met already: it is the first.
     let mut seen = Seen(K_COMMAND);
     let mut dup = None;
@@ -278,12 +291,14 @@ fn classify_from<'a>(
             b"txnNumber" => info.txn_number = true,
             b"maxTimeMS" => {
                 seen.mark(K_MAX_TIME, "maxTimeMS", &mut dup);
-                info.max_time_ms = scan::int_value(&e);
+                info.max_time_ms = max_time::parse(&e);
+                info.max_time_invalid = info.max_time_ms.is_none();
             }
             b"pipeline" if is_aggregate => {
                 seen.mark(K_PIPELINE, "pipeline", &mut dup);
                 pipeline = Some(e);
             }
+            b"projection" if is_find => projection_keeps_id &= ids::projection_keeps_id(&e)?,
             k if k == first.key => seen.mark(K_COMMAND, info.name, &mut dup),
             _ => {}
         }
@@ -294,6 +309,7 @@ fn classify_from<'a>(
     if dup.is_some() {
         info.duplicate = dup;
     }
+    info.unique_ids = (is_find && projection_keeps_id) || (is_aggregate && pipeline.is_some());
     if let Some(p) = pipeline {
         // Walked after the top level because `$db` (needed for `$lookup: {from: "c"}`)
         // usually comes last.
@@ -304,6 +320,9 @@ fn classify_from<'a>(
             info: &mut info,
         };
         walk.pipeline_elem(&p, 0)?;
+        if info.opaque_stage {
+            info.unique_ids = false;
+        }
     }
     Ok(info)
 }
@@ -331,7 +350,8 @@ fn classify_explained<'a>(
             }
             b"maxTimeMS" => {
                 seen.mark(K_MAX_TIME, "explain.maxTimeMS", dup);
-                info.max_time_ms = scan::int_value(&e);
+                info.max_time_ms = max_time::parse(&e);
+                info.max_time_invalid = info.max_time_ms.is_none();
             }
             b"pipeline" if is_aggregate => {
                 seen.mark(K_PIPELINE, "explain.pipeline", dup);
@@ -432,8 +452,8 @@ fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
 
 /// A read the policy may act on, before looking at namespaces and read preference: one of
 /// find/aggregate/count/distinct (not under `explain`), outside a transaction, with a
-/// readConcern level of none/local/majority/available and no `atClusterTime`, and no
-/// `$out`/`$merge`/`$changeStream` stage.
+/// readConcern level of none/local/majority/available and no `atClusterTime`, no
+/// `$out`/`$merge`/`$changeStream` stage, and no `maxTimeMS` the server would refuse.
 pub fn is_eligible_shape(info: &CommandInfo<'_>) -> bool {
     let rc = &info.read_concern;
     let level_ok = matches!(
@@ -449,4 +469,5 @@ pub fn is_eligible_shape(info: &CommandInfo<'_>) -> bool {
         && !info.has_out
         && !info.has_merge
         && !info.has_change_stream
+        && !info.max_time_invalid
 }

@@ -1,6 +1,7 @@
 //! The walk of an aggregation pipeline and its sub-pipelines (`$lookup`, `$graphLookup`,
 //! `$unionWith`, `$facet`): every namespace it names, repeated stage keys, opaque stages.
 
+use super::ids;
 use super::*;
 
 /// A recursive walk of one aggregation pipeline and its sub-pipelines.
@@ -45,6 +46,9 @@ impl<'a> Walk<'a, '_> {
             // told by the offsets alone: the first field ends at the document's final NUL.
             if spec.end + 1 < stage.value.len() {
                 self.extra_stage_field(&spec, &mut fields)?;
+            }
+            if depth == 0 && self.info.unique_ids && !ids::stage_keeps_ids(&spec)? {
+                self.info.unique_ids = false;
             }
             self.stage(&spec, depth)?;
         }

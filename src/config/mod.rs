@@ -121,7 +121,8 @@ pub struct Config {
     /// next ladder read is judged against the new limits).
     pub ladder_guard: LadderGuardConfig,
     /// The resource limits (top-level keys `max_connections`, `max_connections_per_peer`,
-    /// `message_timeout`, `first_message_timeout`, `idle_timeout`, `max_pending_reads`).
+    /// `message_timeout`, `first_message_timeout`, `idle_timeout`, `write_timeout`,
+    /// `max_pending_reads`).
     pub limits: Limits,
     /// `breaker_share`: the largest share of the breaker map's wildcard pool (the slots
     /// exact patterns do not reserve) one wildcard pattern may hold. Default 0.5; above 0,
@@ -194,6 +195,8 @@ pub const DEFAULT_BREAKER_SHARE: f64 = 0.5;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `message_timeout`.
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `write_timeout`.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `max_pending_reads`.
 pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
 /// Default `first_message_timeout`: a driver sends its handshake at once.
@@ -226,6 +229,10 @@ pub struct Limits {
     /// at once; the next one is refused like one past `max_connections`. Default off
     /// (none); 1..=1000000. Reloads: applies to the next accept.
     pub max_connections_per_peer: Option<usize>,
+    /// `write_timeout`: a client that takes none of the bytes waiting for it (replies it
+    /// does not read) for this long is closed. Default 30s; not zero. Reloads: applies to
+    /// each connection's next message.
+    pub write_timeout: Duration,
     /// `max_pending_reads`: tracked reads one connection may have waiting for replies;
     /// past it reads are forwarded untracked (no retry, no evidence). Default 1000;
     /// 1..=100000. Reloads: applies to each connection's next message.
@@ -240,6 +247,7 @@ impl Default for Limits {
             first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
             idle_timeout: Some(DEFAULT_IDLE_TIMEOUT),
             max_connections_per_peer: None,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_pending_reads: DEFAULT_MAX_PENDING_READS,
         }
     }

@@ -78,6 +78,7 @@ struct RawConfig {
     message_timeout: Option<Spanned<String>>,
     first_message_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
+    write_timeout: Option<Spanned<String>>,
     max_pending_reads: Option<Spanned<i64>>,
     breaker_share: Option<Spanned<f64>>,
     admin: Option<Spanned<ops::RawAdmin>>,
@@ -248,7 +249,8 @@ fn ladder_guard(
 }
 
 /// `max_connections`, `max_connections_per_peer` (off by default), `message_timeout`,
-/// `first_message_timeout`, `idle_timeout` (`"off"` turns it off), `max_pending_reads`.
+/// `first_message_timeout`, `idle_timeout` (`"off"` turns it off), `write_timeout`,
+/// `max_pending_reads`.
 fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
     let d = Limits::default();
     let nonzero = Duration::from_nanos(1);
@@ -279,6 +281,12 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
         Some(v) if v.get_ref() == "off" => Some(None),
         Some(v) => duration(ctx, v, "idle_timeout", nonzero).map(Some),
     };
+    let write_timeout = raw
+        .write_timeout
+        .as_ref()
+        .map_or(Some(d.write_timeout), |v| {
+            duration(ctx, v, "write_timeout", nonzero)
+        });
     let max_pending_reads = raw
         .max_pending_reads
         .as_ref()
@@ -291,6 +299,7 @@ fn limits(ctx: &mut Ctx, raw: &RawConfig) -> Option<Limits> {
         first_message_timeout: first_message_timeout?,
         idle_timeout: idle_timeout?,
         max_connections_per_peer: max_connections_per_peer?,
+        write_timeout: write_timeout?,
         max_pending_reads: max_pending_reads?,
     })
 }

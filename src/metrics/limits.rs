@@ -21,12 +21,13 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 10] = [
+pub const LIMITS: [&str; 11] = [
     "max_connections",
     "max_connections_per_peer",
     "first_message_timeout",
     "message_timeout",
     "idle_timeout",
+    "write_timeout",
     "max_pending_reads",
     "max_breakers",
     "admin_max_connections",

@@ -8,6 +8,7 @@
 //! request   the governed side: classify, decide, apply
 //! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
 //! confirm   the cheap read that confirms a time limit before it counts
+//! stream    large replies nothing inspects, passed on to the client in pieces
 //! counters  per-session counts, batched into the shared metrics
 //! writes    the write-stall watch's view: each write from its turn at mongos to its reply
 //! ```
@@ -24,6 +25,7 @@ mod outbox;
 mod relay;
 mod reply;
 mod request;
+mod stream;
 mod writes;
 
 use std::net::SocketAddr;
@@ -245,14 +247,12 @@ impl Session {
         match upstream {
             Stream::Plain(u) => {
                 let (ur, uw) = u.into_split();
-                let ur =
-                    FramedRead::with_capacity(ur, MessageCodec::trusting(max), relay::READ_BUFFER);
+                let ur = FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
                 this.relay_framed(cr, cw, ur, uw, Some(first)).await;
             }
             u => {
                 let (ur, uw) = tokio::io::split(u);
-                let ur =
-                    FramedRead::with_capacity(ur, MessageCodec::trusting(max), relay::READ_BUFFER);
+                let ur = FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
                 this.relay_framed(cr, cw, ur, uw, Some(first)).await;
             }
         }
@@ -297,13 +297,14 @@ impl Session {
         }
     }
 
-    /// How often the message deadline and idle timeout are looked at: a quarter of the
-    /// shorter, so either acts within 1.25 times its setting.
+    /// How often the message deadline, idle and write timeouts are looked at: a quarter of
+    /// the shortest, so each acts within 1.25 times its setting.
     fn limits_tick(&self) -> Duration {
         let l = &self.config.limits;
         let shortest = l
             .idle_timeout
-            .map_or(l.message_timeout, |i| i.min(l.message_timeout));
+            .map_or(l.message_timeout, |i| i.min(l.message_timeout))
+            .min(l.write_timeout);
         quarter(shortest)
     }
 

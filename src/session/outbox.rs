@@ -5,16 +5,21 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use futures::FutureExt;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
 
 /// Past this many bytes waiting, the relay reads nothing more that could add to them (the
 /// socket buffers give the slack; this bounds what one session holds on top).
 const ROOM: usize = 64 * 1024;
 /// At most this many queued messages go out in one `writev`.
 const GATHER: usize = 16;
+/// An emptied queue keeps room for this many messages; a larger one (after a burst of
+/// small messages) is let go.
+const KEEP_SLOTS: usize = 64;
 
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
@@ -23,6 +28,10 @@ pub(super) struct Outbox {
     bytes: usize,
     /// Written but not flushed (TLS may hold records until flushed).
     unflushed: bool,
+    /// Writes and flushes done so far: what tells a peer that takes nothing from a slow one.
+    progress: u64,
+    /// `progress` as the first check that found bytes waiting saw it, and when.
+    stuck: Option<(u64, Instant)>,
 }
 
 impl Outbox {
@@ -48,6 +57,7 @@ impl Outbox {
             0 => {
                 w.flush().await?;
                 self.unflushed = false;
+                self.progress += 1;
                 return Ok(());
             }
             // One message (the common case): a plain `send`, which costs the kernel less
@@ -70,8 +80,31 @@ impl Outbox {
         }
         self.bytes -= n;
         self.unflushed = true;
+        self.progress += 1;
         self.consume(n);
         Ok(())
+    }
+
+    /// How long bytes have waited here with none taken by the peer, as seen by successive
+    /// calls (the session's limits tick): zero when idle or when a write went out since the
+    /// previous call.
+    pub(super) fn stuck_for(&mut self, now: Instant) -> Duration {
+        if self.is_idle() {
+            self.stuck = None;
+            return Duration::ZERO;
+        }
+        match self.stuck {
+            Some((seen, since)) if seen == self.progress => now.saturating_duration_since(since),
+            _ => {
+                self.stuck = Some((self.progress, now));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Drops what waits (the peer is being closed without it).
+    pub(super) fn discard(&mut self) {
+        *self = Outbox::default();
     }
 
     /// Drops `n` written bytes from the front of the queue.
@@ -86,6 +119,9 @@ impl Outbox {
             if !front.has_remaining() {
                 self.queue.pop_front();
             }
+        }
+        if self.queue.is_empty() && self.queue.capacity() > KEEP_SLOTS {
+            self.queue = VecDeque::new();
         }
     }
 

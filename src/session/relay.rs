@@ -12,13 +12,22 @@ use tokio_util::codec::FramedRead;
 
 use super::counters::FLUSH_AFTER;
 use super::{client_err, upstream_err, Session, SessionError};
-use crate::wire::MessageCodec;
+use crate::wire::{MessageCodec, ReplyCodec};
 
 /// A session that never goes idle adds its batched metrics at least this often (messages).
 const FLUSH_MSGS: u64 = 1024;
 
-/// Initial read-buffer size per direction; grows to the message size when needed.
+/// Initial read-buffer size per direction; grows to the message size when needed, and
+/// goes back after a message larger than `wire::codec::SHRINK_AFTER`.
 pub(super) const READ_BUFFER: usize = 8 * 1024;
+
+/// Replies larger than this that nothing inspects go to the client in pieces (`stream`).
+const STREAM_ABOVE: usize = 64 * 1024;
+
+/// The upstream side's decoder.
+pub(super) fn reply_codec(max_message_size: usize) -> ReplyCodec {
+    ReplyCodec::new(max_message_size, STREAM_ABOVE)
+}
 
 impl Session {
     /// Relays until either side ends, the client misbehaves, or the proxy stops.
@@ -40,7 +49,7 @@ impl Session {
     {
         let max = self.config.max_message_size;
         let cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
-        let ur = FramedRead::with_capacity(ur, MessageCodec::trusting(max), READ_BUFFER);
+        let ur = FramedRead::with_capacity(ur, reply_codec(max), READ_BUFFER);
         Box::new(self).relay_framed(cr, cw, ur, uw, None)
     }
 
@@ -50,7 +59,7 @@ impl Session {
         mut self: Box<Self>,
         mut cr: FramedRead<CR, MessageCodec>,
         mut cw: CW,
-        mut ur: FramedRead<UR, MessageCodec>,
+        mut ur: FramedRead<UR, ReplyCodec>,
         mut uw: UW,
         first: Option<bytes::Bytes>,
     ) where
@@ -82,7 +91,8 @@ impl Session {
         let mut flush_armed = true;
         let (mut msgs, mut seen_msgs, mut quiet_since) = (0u64, 0u64, Instant::now());
         let end: Result<&str, SessionError> = loop {
-            if draining && self.drained() {
+            // Never in the middle of a reply being passed on in pieces.
+            if draining && self.drained() && !ur.decoder().is_streaming() {
                 break Ok("proxy stopping");
             }
             // The kill, seen by a busy session (an idle one is woken by `killed` below).
@@ -94,8 +104,11 @@ impl Session {
                 flush_armed = true;
             }
             // A full outbox stops the reads that feed it (a request may be answered by the
-            // proxy itself, so client reads wait on both).
-            let read_client = self.to_upstream.has_room() && self.to_client.has_room();
+            // proxy itself, so client reads wait on both, and on the end of a reply being
+            // streamed to the client, whose pieces nothing may come between).
+            let read_client = self.to_upstream.has_room()
+                && self.to_client.has_room()
+                && !ur.decoder().is_streaming();
             let read_upstream = self.to_client.has_room();
             self.upstream_reads(read_upstream);
             // Biased, in this order: writes; replies before new requests (finishing work
@@ -117,7 +130,7 @@ impl Session {
                     }
                 }
                 rep = ur.next(), if read_upstream => match rep {
-                    Some(Ok(msg)) => self.on_reply(msg),
+                    Some(Ok(item)) => self.on_incoming(item, ur.decoder_mut()),
                     Some(Err(e)) => break Err(upstream_err(e)),
                     None => {
                         self.upstream_gone();
@@ -159,6 +172,11 @@ impl Session {
                         self.limit_hit(limit);
                         break Ok(limit);
                     }
+                    if self.to_client.stuck_for(now) >= self.config.limits.write_timeout {
+                        self.limit_hit("write_timeout");
+                        break Ok("write_timeout");
+                    }
+                    self.shrink_idle();
                     limits_timer.as_mut().reset(now + self.limits_tick());
                 }
             }
@@ -166,7 +184,14 @@ impl Session {
                 break Err(e);
             }
         };
+        // A client closed for not reading gets nothing more: a close that waited to write
+        // to it would hold the session until the stop's deadline.
+        let not_reading = matches!(end, Ok("write_timeout"));
         self.finish(end, cr.read_buffer().is_empty());
+        if not_reading {
+            self.to_client.discard();
+            return;
+        }
         // Boxed, like the decompression below: a session's task is as large as the largest
         // state it may ever wait in, and every idle connection pays for that size.
         Box::pin(self.close(&mut cw, &mut uw)).await;
@@ -215,6 +240,15 @@ impl Session {
             _ = close => {}
             _ = kill.cancelled() => {}
         }
+    }
+
+    /// Lets go of the room a burst of pipelined reads or writes left in the session's lists
+    /// once they are empty (looked at on the limits tick, not per message).
+    fn shrink_idle(&mut self) {
+        if self.pending.is_empty() && self.pending.capacity() > 16 {
+            self.pending = Vec::new();
+        }
+        self.writes.shrink_idle();
     }
 
     /// Everything in flight is answered and written (or an exhaust stream runs, which a

@@ -62,6 +62,8 @@ pub(super) struct Tracked {
     /// Its place among the requests sent upstream that expect a final reply (see
     /// `Session::sent_finals`).
     pub(super) seq: u64,
+    /// A repeated `_id` in its result can only be an orphan (`CommandInfo::unique_ids`).
+    pub(super) unique_ids: bool,
 }
 
 impl Tracked {
@@ -141,7 +143,7 @@ impl Session {
 
     /// The request after the last one answered may start now at mongos: a tracked read (or
     /// the confirming read) waiting for its turn begins.
-    fn began_next(&mut self) {
+    pub(super) fn began_next(&mut self) {
         let next = self.finals_in + 1;
         let now = Instant::now();
         for t in self.pending.iter_mut().filter(|t| t.began.is_none()) {
@@ -158,7 +160,7 @@ impl Session {
     /// Tracked reads whose turn for a reply has passed (mongos answered them with a
     /// `responseTo` that names another request): nothing can be judged of them, so they
     /// leave the pending list instead of waiting forever (a probe gives its slot back).
-    fn give_up_answered(&mut self) {
+    pub(super) fn give_up_answered(&mut self) {
         let finals_in = self.finals_in;
         if self.pending.iter().all(|t| t.seq > finals_in) {
             return;
@@ -181,7 +183,7 @@ impl Session {
     fn inspect(&mut self, t: Tracked, reply: &Reply) -> bool {
         let now = Instant::now();
         let max = self.config.max_message_size;
-        let status = if t.rung == Rung::Available {
+        let status = if t.rung == Rung::Available && t.unique_ids {
             let scanned = reply.status_and_duplicates(max, &mut self.ids, ORPHAN_SCAN_CAP);
             if self.ids.capacity() > ORPHAN_SCAN_CAP {
                 self.ids = IdSet::default();

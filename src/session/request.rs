@@ -283,6 +283,7 @@ impl Session {
             permit: attempt.permit,
             // `forward` below counts it.
             seq: self.sent_finals + 1,
+            unique_ids: info.unique_ids,
         });
         self.forward(out, true);
         true

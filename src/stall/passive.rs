@@ -176,6 +176,13 @@ impl WriteTracker {
         self.writes.iter().any(|w| w.request_id == request_id)
     }
 
+    /// Lets go of the room a burst of writes left, once none waits.
+    pub fn shrink_idle(&mut self) {
+        if self.writes.is_empty() && self.writes.capacity() > 16 {
+            self.writes = Vec::new();
+        }
+    }
+
     pub fn is_paused(&self) -> bool {
         self.paused
     }

@@ -295,6 +295,7 @@ struct Expected {
     at_cluster_time: bool,
     rc_other: bool,
     max_time_ms: Option<i64>,
+    max_time_invalid: bool,
     in_transaction: bool,
     explain: bool,
     has_out: bool,
@@ -447,21 +448,32 @@ fn gen_command(src: &mut Src<'_>) -> (RawDocumentBuf, Expected) {
         }
         fields.push(("readConcern", RawBson::Document(rc)));
     }
-    match src.below(4) {
+    // What the server accepts (0..=2147483647, integral) is read; anything else marks
+    // the read invalid (it is then forwarded untouched).
+    let max_time = |exp: &mut Expected, n: Option<i64>| match n {
+        Some(n) if (0..=i32::MAX as i64).contains(&n) => exp.max_time_ms = Some(n),
+        _ => exp.max_time_invalid = true,
+    };
+    match src.below(5) {
         0 => {}
         1 => {
             let n = src.u32() as i32;
-            exp.max_time_ms = Some(n as i64);
+            max_time(&mut exp, Some(n as i64));
             fields.push(("maxTimeMS", RawBson::Int32(n)));
         }
         2 => {
             let n = src.u32() as i64 * 3;
-            exp.max_time_ms = Some(n);
+            max_time(&mut exp, Some(n));
             fields.push(("maxTimeMS", RawBson::Int64(n)));
+        }
+        3 => {
+            let n = src.below(100_000) as f64 + 0.5;
+            max_time(&mut exp, None);
+            fields.push(("maxTimeMS", RawBson::Double(n)));
         }
         _ => {
             let n = src.below(100_000) as f64;
-            exp.max_time_ms = Some(n as i64);
+            max_time(&mut exp, Some(n as i64));
             fields.push(("maxTimeMS", RawBson::Double(n)));
         }
     }
@@ -514,6 +526,7 @@ pub fn classify_structured(data: &[u8]) {
     assert_eq!(rc.other_fields, exp.rc_other);
     assert!(!rc.malformed);
     assert_eq!(info.max_time_ms, exp.max_time_ms);
+    assert_eq!(info.max_time_invalid, exp.max_time_invalid);
     assert_eq!(info.in_transaction, exp.in_transaction);
     assert_eq!(info.explain, exp.explain);
     assert_eq!(info.has_out, exp.has_out);
@@ -544,6 +557,7 @@ pub fn classify_structured(data: &[u8]) {
         command::is_read_command(exp.name)
             && !exp.explain
             && !exp.in_transaction
+            && !exp.max_time_invalid
             && level_ok
             && !exp.at_cluster_time
             && !exp.has_out

@@ -1,5 +1,6 @@
 //! The aggregation subset: `$match`, `$group` (`$sum`, `$avg`, `$min`, `$max`, `$first`,
-//! `$last`, `$count`), `$count`, `$limit`, `$skip`, `$sort`, `$project`.
+//! `$last`, `$count`), `$count`, `$limit`, `$skip`, `$sort`, `$project`, `$unwind` (of a
+//! top-level field; `"$f"` or `{path: "$f"}`, without options).
 //!
 //! mongos targets shards with the first `$match` (see `commands`); the whole pipeline then
 //! runs over the documents the shards returned. Results are the same as a split pipeline.
@@ -24,6 +25,9 @@ pub enum Stage {
     Skip(usize),
     Sort(Document),
     Project(Document),
+    /// The top-level field whose array is unwound: one document per element, each with
+    /// the same `_id`; a missing, null or empty field drops the document.
+    Unwind(String),
 }
 
 #[derive(Debug, Clone)]
@@ -72,14 +76,50 @@ fn parse_stage(d: &Document) -> Result<Stage, SimError> {
         ("$skip", v) => Stage::Skip(count(v)?),
         ("$sort", Bson::Document(s)) => Stage::Sort(s.clone()),
         ("$project", Bson::Document(p)) => Stage::Project(p.clone()),
+        ("$unwind", spec) => parse_unwind(spec)?,
         (name, _) => {
             return Err(SimError::new(
                 40324,
                 "Location40324",
-                format!("Unrecognized pipeline stage name: '{name}' (or a malformed argument; the simulator supports $match, $group, $count, $limit, $skip, $sort, $project)"),
+                format!("Unrecognized pipeline stage name: '{name}' (or a malformed argument; the simulator supports $match, $group, $count, $limit, $skip, $sort, $project, $unwind)"),
             ))
         }
     })
+}
+
+fn parse_unwind(spec: &Bson) -> Result<Stage, SimError> {
+    let path = match spec {
+        Bson::String(p) => Some(p.as_str()),
+        Bson::Document(d) if d.len() == 1 => d.get_str("path").ok(),
+        _ => None,
+    };
+    match path.and_then(|p| p.strip_prefix('$')) {
+        Some(field) if !field.is_empty() && !field.contains('.') => {
+            Ok(Stage::Unwind(field.to_string()))
+        }
+        _ => Err(SimError::bad_value(
+            "$unwind: the simulator supports \"$field\" or {path: \"$field\"} of a top-level field",
+        )),
+    }
+}
+
+/// `$unwind` of `field` over `docs`.
+fn unwind(docs: Vec<Document>, field: &str) -> Vec<Document> {
+    let mut out = Vec::with_capacity(docs.len());
+    for d in docs {
+        match d.get(field) {
+            Some(Bson::Array(items)) => {
+                for item in items {
+                    let mut one = d.clone();
+                    one.insert(field, item.clone());
+                    out.push(one);
+                }
+            }
+            None | Some(Bson::Null) => {}
+            Some(_) => out.push(d),
+        }
+    }
+    out
 }
 
 fn parse_group(g: &Document) -> Result<Stage, SimError> {
@@ -147,6 +187,7 @@ pub fn run(stages: &[Stage], mut docs: Vec<Document>) -> Vec<Document> {
                 docs
             }
             Stage::Project(p) => docs.iter().map(|d| project_stage(d, p)).collect(),
+            Stage::Unwind(field) => unwind(docs, field),
         };
     }
     docs
@@ -304,6 +345,33 @@ mod tests {
             doc! {"$group": {"_id": null, "x": {"$push": 1}}}
         )])
         .is_err());
+    }
+
+    #[test]
+    fn unwind_repeats_the_id() {
+        let input = vec![
+            doc! {"_id": 1, "sizes": [36, 38, 40]},
+            doc! {"_id": 2, "sizes": []},
+            doc! {"_id": 3},
+            doc! {"_id": 4, "sizes": 42},
+        ];
+        for spec in [
+            Bson::String("$sizes".into()),
+            Bson::Document(doc! {"path": "$sizes"}),
+        ] {
+            let p = parse(&[Bson::Document(doc! {"$unwind": spec})]).expect("parses");
+            assert_eq!(
+                run(&p, input.clone()),
+                vec![
+                    doc! {"_id": 1, "sizes": 36},
+                    doc! {"_id": 1, "sizes": 38},
+                    doc! {"_id": 1, "sizes": 40},
+                    doc! {"_id": 4, "sizes": 42},
+                ]
+            );
+        }
+        assert!(parse(&[Bson::Document(doc! {"$unwind": "sizes"})]).is_err());
+        assert!(parse(&[Bson::Document(doc! {"$unwind": "$a.b"})]).is_err());
     }
 
     #[test]

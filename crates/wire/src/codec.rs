@@ -1,5 +1,7 @@
 //! Length-prefixed framing: one item is one whole message, header included, as `Bytes`
-//! split off the read buffer (no copy).
+//! split off the read buffer (no copy). After a message larger than [`SHRINK_AFTER`] the
+//! read buffer goes back to its small default, so a connection does not keep the largest
+//! message it ever carried.
 
 use std::time::Instant;
 
@@ -12,6 +14,13 @@ use super::{WireError, HEADER_LEN};
 /// smaller; bigger frames get exactly their size).
 const MIN_ROOM: usize = 8 * 1024;
 
+/// A message larger than this leaves the read buffer on a large allocation; the next time
+/// the decoder waits for bytes, it moves what has arrived of the next message to a buffer of
+/// the usual room and lets the large one go. So an idle connection keeps at most this much
+/// per direction (drivers' requests are far smaller; the fresh buffer after a larger
+/// message costs one small allocation, next to a message of more than 16 KiB).
+pub const SHRINK_AFTER: usize = 16 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct MessageCodec {
     max: usize,
@@ -22,6 +31,8 @@ pub struct MessageCodec {
     /// Make room for a whole declared frame at once (for a peer we trust: the upstream
     /// mongos), instead of growing with the bytes received (for clients).
     trust_declared: bool,
+    /// The read buffer's allocation is one a message larger than [`SHRINK_AFTER`] needed.
+    shrink_due: bool,
 }
 
 impl MessageCodec {
@@ -31,6 +42,7 @@ impl MessageCodec {
             max: max_message_size.max(HEADER_LEN),
             partial_since: None,
             trust_declared: false,
+            shrink_due: false,
         }
     }
 
@@ -53,6 +65,39 @@ impl MessageCodec {
     fn partial(&mut self) {
         if self.partial_since.is_none() {
             self.partial_since = Some(Instant::now());
+        }
+    }
+
+    /// The largest message accepted.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Between two reads with nothing of a message in `src`: room for `room` bytes, on a
+    /// fresh allocation when the present one is a large message's.
+    pub(crate) fn ready_for(&mut self, src: &mut BytesMut, room: usize) {
+        if self.shrink_due {
+            self.make_room(src, room);
+        } else if src.capacity() < room / 2 {
+            src.reserve(room);
+        }
+    }
+
+    /// The buffer now holds a large allocation (a streamed message's pieces): the next wait
+    /// between messages lets it go.
+    pub(crate) fn shrink_next(&mut self) {
+        self.shrink_due = true;
+    }
+
+    /// Leaves `src` with at least `room` bytes of capacity for the message it holds the
+    /// start of, on a fresh allocation of exactly `room` when it must grow or when its
+    /// allocation is a large message's.
+    fn make_room(&mut self, src: &mut BytesMut, room: usize) {
+        if self.shrink_due || src.capacity() < room {
+            let mut fresh = BytesMut::with_capacity(room);
+            fresh.extend_from_slice(src);
+            *src = fresh;
+            self.shrink_due = false;
         }
     }
 }
@@ -81,10 +126,9 @@ impl Decoder for MessageCodec {
             // when no frame from it is alive; otherwise it allocates MIN_ROOM (or the maximum
             // message size when smaller), or the size class of the buffer's first allocation
             // when larger (bytes caps that at 64 KiB).
-            let room = MIN_ROOM.min(self.max);
-            if src.capacity() < room / 2 {
-                src.reserve(room);
-            }
+            // After a large message, never `reserve`: it would take the large allocation
+            // back once the message is dropped, and keep it for the connection's life.
+            self.ready_for(src, MIN_ROOM.min(self.max));
             return Ok(None);
         }
         if src.len() < 4 {
@@ -113,16 +157,15 @@ impl Decoder for MessageCodec {
             } else {
                 len.min(MIN_ROOM.max(src.len().saturating_mul(2)))
             };
-            if src.capacity() < room {
-                let mut grown = BytesMut::with_capacity(room);
-                grown.extend_from_slice(src);
-                *src = grown;
-            }
+            self.make_room(src, room);
             self.partial();
             return Ok(None);
         }
         // The next message's clock starts when the decoder next finds it partial.
         self.partial_since = None;
+        if len > SHRINK_AFTER {
+            self.shrink_due = true;
+        }
         Ok(Some(src.split_to(len).freeze()))
     }
 }

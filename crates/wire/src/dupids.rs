@@ -7,7 +7,9 @@
 //! exactly, so `1` and `1.0` differ as they do to the server's `_id` index) and counts the
 //! documents whose `_id` was seen earlier in the same reply. Bounded: at most `cap`
 //! documents are looked at (the rest are reported as not examined); the only memory is an
-//! [`IdSet`] the caller keeps and reuses, three integers per document. A whole reply message
+//! [`IdSet`] the caller keeps and reuses, three integers per document (let go after a reply
+//! of more than 256 documents). A large `_id` is hashed by its length and its first and last
+//! bytes, and confirmed equal byte for byte. A whole reply message
 //! is counted by [`crate::Reply::status_and_duplicates`], in the pass that reads its status.
 
 use crate::scan::{self, Elements, Malformed};
@@ -36,10 +38,31 @@ pub struct DupCount {
     pub skipped: u32,
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
+/// Bytes of an `_id` element hashed from its start, and from its end: a large `_id` costs
+/// no more to hash than a small one. Two `_id`s with the same hash are compared byte for
+/// byte, so a collision never counts as a repeat.
+const HASH_HEAD: usize = 48;
+const HASH_TAIL: usize = 16;
+
+/// An emptied set keeps room for this many `_id`s (4 KiB); a larger one is let go, so an
+/// idle connection does not keep the scratch space of its largest reply.
+const KEEP_IDS: usize = 256;
+
+fn fnv(seed: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(seed, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The hash of one `_id` element: its length, its first [`HASH_HEAD`] and its last
+/// [`HASH_TAIL`] bytes.
+fn id_hash(elem: &[u8]) -> u64 {
+    let seed = 0xcbf2_9ce4_8422_2325 ^ (elem.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    if elem.len() <= HASH_HEAD + HASH_TAIL {
+        return fnv(seed, elem);
+    }
+    let head = fnv(seed, &elem[..HASH_HEAD]);
+    fnv(head, &elem[elem.len() - HASH_TAIL..])
 }
 
 /// The batch array's bytes of a cursor reply body, if it has one.
@@ -87,7 +110,7 @@ pub fn duplicate_ids(body: &[u8], set: &mut IdSet, cap: usize) -> Result<DupCoun
                 // The whole element: type byte, the key `_id\0` (the same for all), value.
                 let end = f.value.as_ptr() as usize - base + f.value.len();
                 let start = end - f.value.len() - b"\x00_id\0".len();
-                let hash = fnv(&array[start..end]);
+                let hash = id_hash(&array[start..end]);
                 set.ids.push((hash, start as u32, end as u32));
                 break;
             }
@@ -102,6 +125,9 @@ pub fn duplicate_ids(body: &[u8], set: &mut IdSet, cap: usize) -> Result<DupCoun
         .windows(2)
         .filter(|w| w[0].0 == w[1].0 && value(&w[0]) == value(&w[1]))
         .count() as u32;
+    if set.ids.capacity() > KEEP_IDS {
+        set.ids = Vec::new();
+    }
     Ok(count)
 }
 
@@ -193,6 +219,55 @@ mod tests {
         let capacity = set.ids.capacity();
         duplicate_ids(body.as_bytes(), &mut set, 100).unwrap();
         assert_eq!(set.ids.capacity(), capacity, "no new allocation once warm");
+    }
+
+    #[test]
+    fn large_ids_hash_by_their_ends_and_compare_whole() {
+        // 100 KiB string _ids that share their first and last bytes and differ in the middle:
+        // all the same hash, none a repeat.
+        let big = |mid: u8| {
+            let mut s = vec![b'a'; 100 * 1024];
+            s[50 * 1024] = mid;
+            String::from_utf8(s).unwrap()
+        };
+        let elem = |mid: u8| {
+            let mut e = vec![crate::scan::STRING];
+            e.extend_from_slice(b"_id\0");
+            e.extend_from_slice(&(big(mid).len() as i32 + 1).to_le_bytes());
+            e.extend_from_slice(big(mid).as_bytes());
+            e.push(0);
+            e
+        };
+        assert_eq!(
+            id_hash(&elem(b'x')),
+            id_hash(&elem(b'y')),
+            "a collision by design"
+        );
+        let mut docs: Vec<_> = (b'b'..b'z').map(|m| rawdoc! {"_id": big(m)}).collect();
+        assert_eq!(
+            count(&reply("firstBatch", docs.clone()), 1000).duplicates,
+            0
+        );
+        // Real repeats among them still count, however large.
+        docs.push(rawdoc! {"_id": big(b'c')});
+        docs.push(rawdoc! {"_id": big(b'q'), "other": 1});
+        assert_eq!(count(&reply("firstBatch", docs), 1000).duplicates, 2);
+        // Same head and tail, another length: another hash.
+        let short = rawdoc! {"_id": "a".repeat(99 * 1024)};
+        let long = rawdoc! {"_id": "a".repeat(100 * 1024)};
+        assert_eq!(
+            count(&reply("firstBatch", vec![short, long]), 10).duplicates,
+            0
+        );
+    }
+
+    #[test]
+    fn a_large_set_is_let_go() {
+        let docs: Vec<_> = (0..1000).map(|i| rawdoc! {"_id": i}).collect();
+        let mut set = IdSet::default();
+        let c = duplicate_ids(reply("firstBatch", docs).as_bytes(), &mut set, 4096).unwrap();
+        assert_eq!(c.examined, 1000);
+        assert!(set.capacity() <= KEEP_IDS, "kept {}", set.capacity());
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod dupids;
 pub mod header;
 pub mod legacy;
 pub mod opmsg;
+pub mod replies;
 pub mod reply;
 pub mod request;
 pub mod scan;
@@ -26,6 +27,7 @@ pub mod status;
 pub use body::{request_body, RequestBody};
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};
+pub use replies::{Head, Incoming, ReplyCodec};
 pub use request::{MsgParts, Request};
 pub use status::{inspect_reply, Reply, ReplyStatus};
 
