@@ -541,31 +541,31 @@ mod tests {
         let answer = ok();
         let rows: Vec<(&str, Read<'_>, Ending<'_>, Duration, &str)> = vec![
             // The cluster's word about routing: counted whatever the read's limit.
-            ("stale", own(1), Ending::Reply(&stale), ms(2), "count"),
-            ("stale 63", plain, Ending::Reply(&e63), ms(2), "count"),
+            ("stale", own(1), Ending::Reply(stale), ms(2), "count"),
+            ("stale 63", plain, Ending::Reply(e63), ms(2), "count"),
             // 133: counted, but never on a read pinned by tag sets.
-            ("133", plain, Ending::Reply(&e133), ms(2), "count"),
-            ("133 tagged", tagged, Ending::Reply(&e133), ms(2), "tagged"),
+            ("133", plain, Ending::Reply(e133), ms(2), "count"),
+            ("133 tagged", tagged, Ending::Reply(e133), ms(2), "tagged"),
             // The read's own limit below the floor: its own error (the ExceededTimeLimit
             // class: 50, 202, 262).
             (
                 "50 own 1ms",
                 own(1),
-                Ending::Reply(&max_time),
+                Ending::Reply(max_time),
                 ms(2),
                 "short_time_limit",
             ),
             (
                 "202 own 1ms",
                 own(1),
-                Ending::Reply(&e202),
+                Ending::Reply(e202),
                 ms(2),
                 "short_time_limit",
             ),
             (
                 "262 own 999ms",
                 own(999),
-                Ending::Reply(&e262),
+                Ending::Reply(e262),
                 ms(999),
                 "short_time_limit",
             ),
@@ -573,30 +573,30 @@ mod tests {
             (
                 "50 own 1s",
                 own(1000),
-                Ending::Reply(&max_time),
+                Ending::Reply(max_time),
                 ms(1000),
                 "confirm",
             ),
             (
                 "50 no limit",
                 plain,
-                Ending::Reply(&max_time),
+                Ending::Reply(max_time),
                 ms(2),
                 "confirm",
             ),
-            ("89", plain, Ending::Reply(&e89), ms(2), "confirm"),
+            ("89", plain, Ending::Reply(e89), ms(2), "confirm"),
             // Under a limit staleguard set: never counted by itself, confirmed.
             (
                 "50 ours 500ms",
                 ours(500),
-                Ending::Reply(&max_time),
+                Ending::Reply(max_time),
                 ms(500),
                 "confirm",
             ),
             (
                 "50 ours 1ms",
                 ours(1),
-                Ending::Reply(&max_time),
+                Ending::Reply(max_time),
                 ms(1),
                 "confirm",
             ),
@@ -610,24 +610,24 @@ mod tests {
                 "queued",
             ),
             // Slow: timed from when mongos could start the read.
-            ("slow", plain, Ending::Reply(&answer), ms(1_500), "confirm"),
+            ("slow", plain, Ending::Reply(answer), ms(1_500), "confirm"),
             (
                 "slow in floor",
                 plain,
-                Ending::Reply(&answer),
+                Ending::Reply(answer),
                 ms(500),
                 "short_wait",
             ),
             (
                 "slow queued",
                 late,
-                Ending::Reply(&answer),
+                Ending::Reply(answer),
                 ms(5_100),
                 "nothing",
             ),
-            ("fast", plain, Ending::Reply(&answer), ms(5), "nothing"),
+            ("fast", plain, Ending::Reply(answer), ms(5), "nothing"),
             // Not a trigger code: nothing.
-            ("other error", plain, Ending::Reply(&e2), ms(5), "nothing"),
+            ("other error", plain, Ending::Reply(e2), ms(5), "nothing"),
             (
                 "upstream gone",
                 plain,
@@ -656,10 +656,10 @@ mod tests {
         };
         let (answer, stale, max_time, e133) = (ok(), err(STALE), err(MAX_TIME), err(133));
         let cases: Vec<(Read<'_>, Ending<'_>, &str)> = vec![
-            (sample, Ending::Reply(&answer), "sample_answered"),
-            (sample, Ending::Reply(&stale), "sample_failed"),
-            (sample, Ending::Reply(&max_time), "sample_failed"),
-            (tagged, Ending::Reply(&e133), "sample_unknown"),
+            (sample, Ending::Reply(answer), "sample_answered"),
+            (sample, Ending::Reply(stale), "sample_failed"),
+            (sample, Ending::Reply(max_time), "sample_failed"),
+            (tagged, Ending::Reply(e133), "sample_unknown"),
             (sample, Ending::ClientGone, "sample_unknown"),
             (sample, Ending::UpstreamGone, "sample_unknown"),
             (sample, Ending::Unreadable, "sample_unknown"),
