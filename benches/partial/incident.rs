@@ -190,17 +190,27 @@ fn short_error(e: &mongodb::error::Error) -> String {
     }
 }
 
-/// Reads `ns` at `rate` per second until `stop`, recording each outcome.
-async fn reader(
-    c: Client,
+/// One paced reader: what it reads, through which path, how fast, and when.
+#[derive(Debug, Clone, Copy)]
+struct Reader {
     ns: &'static str,
     via: Via,
     rate: u32,
     max_time: Duration,
     start: Instant,
     stop: Instant,
-    out: Arc<Mutex<Vec<Outcome>>>,
-) {
+}
+
+/// Reads `ns` at `rate` per second until `stop`, recording each outcome.
+async fn reader(c: Client, r: Reader, out: Arc<Mutex<Vec<Outcome>>>) {
+    let Reader {
+        ns,
+        via,
+        rate,
+        max_time,
+        start,
+        stop,
+    } = r;
     let (db, coll) = ns.split_once('.').expect("db.coll");
     let coll = c.database(db).collection::<Document>(coll);
     let every = Duration::from_secs(1) / rate.max(1);
@@ -278,11 +288,15 @@ pub async fn run(opts: &Options) -> Report {
         for (via, addr) in [(Via::Direct, &mongos), (Via::Staleguard, &guarded)] {
             for _ in 0..opts.readers {
                 let c = client(addr).await;
-                let out = out.clone();
-                let (rate, max_time) = (opts.rate, opts.max_time);
-                tasks.push(tokio::spawn(reader(
-                    c, ns, via, rate, max_time, start, stop, out,
-                )));
+                let r = Reader {
+                    ns,
+                    via,
+                    rate: opts.rate,
+                    max_time: opts.max_time,
+                    start,
+                    stop,
+                };
+                tasks.push(tokio::spawn(reader(c, r, out.clone())));
             }
         }
     }
