@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use crate::tls::{ServerTls, UpstreamTls};
 
+mod entry;
 mod namespaces;
 mod ops;
 mod parse;

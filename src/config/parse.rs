@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::namespaces::{self, RawEntry};
+use super::entry::RawEntry;
+use super::namespaces;
 use super::spans::{key_at, Ctx};
 use super::{ops, stall, Config, ConfigError, LadderGuardConfig, Layout, Limits};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
