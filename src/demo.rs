@@ -92,6 +92,8 @@ pub struct Tally {
     pub partial_requests: u64,
     pub partial_ok: u64,
     pub partial_error_ms: Vec<f64>,
+    /// Requests and answers by the phase they were sent in (1 to 5).
+    pub by_phase: [(u64, u64); 5],
 }
 
 impl Tally {
@@ -497,6 +499,9 @@ fn record(tallies: &Tallies, run: &Run, sent_at: Duration, ms: f64, outcome: Res
     if restart > 0 && sent_ms >= restart && t.first_after_restart.is_none() {
         t.first_after_restart = Some((ms, outcome.is_ok()));
     }
+    let phase = (sent_ms / run.phase_ms.max(1)).min(4) as usize;
+    t.by_phase[phase].0 += 1;
+    t.by_phase[phase].1 += u64::from(outcome.is_ok());
     let partial = restart > 0 && sent_ms >= restart && sent_ms < restart + run.phase_ms;
     if partial {
         t.partial_requests += 1;
@@ -755,6 +760,29 @@ fn row_name(w: Workload, p: Path) -> (&'static str, &'static str) {
 /// common form of the incident, where an all-or-nothing breaker would fail reads a healthy
 /// secondary answers.
 fn partial_table(out: &mut String, report: &Report) {
+    let _ = writeln!(out, "\nPayments answered by phase (1 healthy, 2 stalled, 3 a1 stale, 4 a1 and a2 stale, 5 resumed):");
+    for p in [Path::Direct, Path::Staleguard, Path::Ladder] {
+        let Some(t) = report.tallies.get(&(Workload::Payments, p)) else {
+            continue;
+        };
+        let shares: Vec<String> = t
+            .by_phase
+            .iter()
+            .map(|&(n, ok)| {
+                if n == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.0}%", ok as f64 * 100.0 / n as f64)
+                }
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{:<10} {}",
+            row_name(Workload::Payments, p).1,
+            shares.join("  ")
+        );
+    }
     let _ = writeln!(
         out,
         "\nPartial incident (phase 3: a1 stale, a2 healthy), payments:\n{:<10} {:>8} {:>7} {:>10} {:>12}",
