@@ -247,7 +247,7 @@ mode = "fallback"
     assert_eq!(p.cooldown, Duration::from_secs(3));
     assert_eq!(p.close_after, 3);
     assert_eq!(p.open_time_limit, Duration::from_millis(250));
-    assert_eq!(p.confirm_time, Duration::from_millis(500));
+    assert_eq!(p.confirm_time, Duration::from_millis(250));
     assert_eq!(
         p.trigger_codes,
         [13388, 63, 150, 249, 50, 262, 89, 133, 202]
@@ -799,7 +799,7 @@ mode = "passthrough"
             "-",
             "-",
             "3",
-            "500ms",
+            "250ms",
         ]
     );
     assert_eq!(

@@ -151,7 +151,7 @@ async fn slow_queries_under_their_own_limit_are_confirmed_and_not_counted() {
         })
         .collect();
     assert_eq!(confirms.len(), 3, "one per attacker connection");
-    assert_eq!(policy_support::max_time_ms(&confirms[0]), Some(500));
+    assert_eq!(policy_support::max_time_ms(&confirms[0]), Some(250));
     victim_reads(&env, "pay", "transactions").await;
 }
 

@@ -43,7 +43,7 @@ pub const DEFAULT_CLOSE_AFTER: u32 = 3;
 /// secondary that can refresh answers in milliseconds; one that cannot waits until the limit.
 pub const DEFAULT_OPEN_TIME_LIMIT: Duration = Duration::from_millis(250);
 /// Default `confirm_time`: the time limit of the cheap read that confirms a time-limit error.
-pub const DEFAULT_CONFIRM_TIME: Duration = Duration::from_millis(500);
+pub const DEFAULT_CONFIRM_TIME: Duration = Duration::from_millis(250);
 /// Default `cooldown`: the longest wait between two probes of an open breaker.
 pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(3);
 
@@ -182,7 +182,7 @@ pub struct NsPolicy {
     pub open_time_limit: Duration,
     /// Answered samples in a row that close an open breaker. Default 3, 1..=1000.
     pub close_after: u32,
-    /// `maxTimeMS` of the confirming read sent after a time-limit error. Default 500ms;
+    /// `maxTimeMS` of the confirming read sent after a time-limit error. Default 250ms;
     /// 1ms..=1 minute.
     pub confirm_time: Duration,
 }
