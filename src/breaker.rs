@@ -16,7 +16,7 @@
 //!
 //! The write-stall watch may also *hold* a breaker open (`hold`): it stays open, without a
 //! probe, while the signal lasts; releasing it then lets its next read probe, so the breaker
-//! returns through its usual half-open probe as soon as writes complete.
+//! returns through its usual probes (and their streak) as soon as writes complete.
 //!
 //! Every transition is logged and counted here, by the method that makes it; callers get
 //! the transition back only to look at it.

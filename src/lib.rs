@@ -17,7 +17,7 @@
 //!        │             read ended → Verdict (judge, pure): success, fail, or the next
 //!        │             rung of the ladder (primary, then available)
 //!        ├─ rewrite    readConcern/maxTimeMS/$readPreference splice, lengths and checksum fixed
-//!        └─ breaker    per-namespace sliding window, closed/open/half-open
+//!        └─ breaker    per-namespace sliding window, closed/open; samples while open, closes on a streak
 //! ```
 //!
 //! The layers, top to bottom. A module imports only modules of the layers below its own

@@ -382,7 +382,7 @@ impl Metrics {
         self.hot_orphans_estimated(&self.ns_hot(ns), n);
     }
 
-    /// Sets a namespace's breaker gauge: 0 closed, 1 half-open, 2 open (the breaker module
+    /// Sets a namespace's breaker gauge: 0 closed, 2 open (the breaker module
     /// maps its states, and reports every transition through here).
     pub fn breaker_state(&self, ns: &str, gauge: i64) {
         self.breaker_state

@@ -8,7 +8,7 @@
 //!   Each is guaranteed `pool / wildcard patterns` slots and may hold up to
 //!   `max(guarantee, pool * share)` (`breaker_share`) while the pool has room;
 //! - when the pool is full, a new namespace takes the slot of the idlest *evictable* breaker
-//!   (a closed one, or an open, half-open or held one that has *expired*: no eligible read
+//!   (a closed one, or an open or held one that has *expired*: no eligible read
 //!   met it, and it made no transition, for `max(2 x cooldown, 60 s)` of its pattern); a
 //!   pattern at its cap evicts only its own. A pattern below its guarantee that finds no
 //!   evictable breaker takes back a slot from a pattern above its own guarantee, whatever
@@ -131,7 +131,7 @@ impl Bound {
         share.max(self.guarantee(c)).clamp(1, pool)
     }
 
-    /// How long an open, half-open or held breaker of class `c` lives without a read or a
+    /// How long an open or held breaker of class `c` lives without a read or a
     /// transition: twice the pattern's longest cooldown (a breaker read at least once per
     /// cooldown makes a transition or is read), and at least [`MIN_EXPIRY`].
     pub(super) fn expiry(&self, c: usize) -> Duration {

@@ -83,7 +83,7 @@ impl Session {
 
     /// The first gate: a request that reuses the requestID of a followed read or write
     /// still waiting for its reply closes the client, since its reply could be taken for
-    /// theirs (a half-open probe's above all). No driver does this: ids are unique among a
+    /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
     /// connection's requests in flight. Scans only while something is followed.
     fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
         let reused = (!self.pending.is_empty()
