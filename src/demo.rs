@@ -462,7 +462,9 @@ async fn client(addr: &str) -> Result<Client, mongodb::error::Error> {
             options: Default::default(),
         },
     ));
-    o.max_pool_size = Some(16);
+    // pymongo's and the Node.js driver's default: a pool smaller than the reads a workload
+    // has in flight makes reads wait in the driver, which is not what the incident is about.
+    o.max_pool_size = Some(100);
     Client::with_options(o)
 }
 
