@@ -29,12 +29,6 @@ pattern = "pay.*"
 mode = "strict"
 "#;
 
-/// Like [`NAMESPACES`], but with the default first-attempt budget (no pass-through budget):
-/// a fallback read without `maxTimeMS` goes out with staleguard's own 500 ms limit.
-fn env_config() -> &'static str {
-    NAMESPACES
-}
-
 fn find(id: i32, db: &str, coll: &str, extra: &RawDocument) -> Bytes {
     let mut b = rawdoc! {
         "find": coll,
@@ -114,7 +108,7 @@ async fn victim_reads(env: &Env, db: &str, coll: &str) {
 /// confirming read (limit 1, empty filter) is answered, so nothing counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_queries_under_their_own_limit_are_confirmed_and_not_counted() {
-    let env = Env::start(env_config()).await;
+    let env = Env::start(NAMESPACES).await;
     env.fake.set_hook(|b| {
         filter_is(b, "slow").then(|| {
             Hooked::error(50, "MaxTimeMSExpired", "operation exceeded time limit")
@@ -159,7 +153,7 @@ async fn slow_queries_under_their_own_limit_are_confirmed_and_not_counted() {
 /// counted by itself; the other clients' reads are not rewritten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staleguards_own_limit_on_a_slow_query_does_not_open_fallback() {
-    let env = Env::start_budgeted(env_config()).await;
+    let env = Env::start_budgeted(NAMESPACES).await;
     env.fake.set_hook(|b| {
         filter_is(b, "slow").then(|| {
             let ms = b.get_i64("maxTimeMS").ok().unwrap_or(2_000) as u64;
@@ -193,7 +187,7 @@ async fn staleguards_own_limit_on_a_slow_query_does_not_open_fallback() {
 /// 133 from a tag set no member matches is the client's choice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unmatched_tag_set_is_not_evidence() {
-    let env = Env::start(env_config()).await;
+    let env = Env::start(NAMESPACES).await;
     env.fake.set_hook(|b| {
         b.get_document("$readPreference")
             .ok()
@@ -219,7 +213,7 @@ async fn an_unmatched_tag_set_is_not_evidence() {
 /// 202 answering the client's own `maxTimeMS: 1`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_interface_time_limit_under_a_tiny_limit_is_not_evidence() {
-    let env = Env::start(env_config()).await;
+    let env = Env::start(NAMESPACES).await;
     env.fake.set_hook(|b| {
         (b.get_i32("maxTimeMS").ok() == Some(1)).then(|| {
             Hooked::error(
@@ -247,7 +241,7 @@ async fn network_interface_time_limit_under_a_tiny_limit_is_not_evidence() {
 /// the find waits for the hello), closed after 1.2 s: not a read that mongos started.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_queued_behind_an_awaitable_hello_is_not_evidence() {
-    let env = Env::start(env_config()).await;
+    let env = Env::start(NAMESPACES).await;
     // mongos blocks the connection while the awaitable hello waits (the fake's own hello
     // would answer early when another request arrives).
     env.fake.set_hook(|b| {
@@ -299,7 +293,7 @@ async fn a_read_queued_behind_an_awaitable_hello_is_not_evidence() {
 /// open the breaker, as fast as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_secondary_is_confirmed_and_opens_the_breaker() {
-    let env = Env::start(env_config()).await;
+    let env = Env::start(NAMESPACES).await;
     env.fake.set_hook(|b| {
         (b.get_str("find").ok() == Some("transactions")).then(|| {
             let ms = b
@@ -364,10 +358,10 @@ async fn a_hung_secondary_is_confirmed_and_opens_the_breaker() {
     assert_eq!(body(&reply).get_f64("ok").ok(), Some(1.0));
 }
 
-/// StaleConfig is the cluster's word: counted at once from three connections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_config_from_several_connections_opens_at_once() {
-    let env = Env::start(env_config()).await;
+/// A proxy whose `pay.transactions` breaker three connections opened with StaleConfig (every
+/// find on it answers 13388 until the hook is cleared).
+async fn opened_by_stale_config() -> Env {
+    let env = Env::start(NAMESPACES).await;
     env.fake.set_hook(|b| {
         (b.get_str("find").ok() == Some("transactions"))
             .then(|| Hooked::error(13388, "StaleConfig", "stale"))
@@ -377,6 +371,13 @@ async fn stale_config_from_several_connections_opens_at_once() {
     })
     .await;
     assert_eq!(env.state("pay.transactions"), State::Open);
+    env
+}
+
+/// StaleConfig is the cluster's word: counted at once from three connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_config_from_several_connections_opens_at_once() {
+    let env = opened_by_stale_config().await;
     assert_eq!(
         metric(&env, "staleguard_confirm_reads_total{result=\"confirmed\"}"),
         0,
@@ -387,16 +388,7 @@ async fn stale_config_from_several_connections_opens_at_once() {
 /// An open breaker closes on a streak of answers from two connections, not on one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_breaker_closes_on_sustained_success_only() {
-    let env = Env::start(env_config()).await;
-    env.fake.set_hook(|b| {
-        (b.get_str("find").ok() == Some("transactions"))
-            .then(|| Hooked::error(13388, "StaleConfig", "stale"))
-    });
-    three(&env, |i| {
-        find(i, "pay", "transactions", &rawdoc! {"filter": {}})
-    })
-    .await;
-    assert_eq!(env.state("pay.transactions"), State::Open);
+    let env = opened_by_stale_config().await;
     env.fake.clear_hook();
     let mut a = RawClient::connect(env.proxy_addr()).await;
     let mut b = RawClient::connect(env.proxy_addr()).await;
