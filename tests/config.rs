@@ -246,7 +246,7 @@ mode = "fallback"
     assert_eq!(p.window, Duration::from_secs(10));
     assert_eq!(p.cooldown, Duration::from_secs(3));
     assert_eq!(p.close_after, 3);
-    assert_eq!(p.open_time_limit, Duration::from_millis(250));
+    assert_eq!(p.open_time_limit, Duration::from_millis(200));
     assert_eq!(p.confirm_time, Duration::from_millis(250));
     assert_eq!(
         p.trigger_codes,

@@ -7,6 +7,8 @@
 mod policy_support;
 mod support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{rawdoc, RawDocument};
@@ -320,9 +322,11 @@ async fn a_hung_secondary_is_confirmed_and_opens_the_breaker() {
         metric(&env, "staleguard_confirm_reads_total{result=\"confirmed\"}"),
         3
     );
-    // Open, bound mode: a read goes out with maxTimeMS 250 and fails fast with
-    // staleguard's error when the secondary does not answer within it.
+    // Open, bound mode: a read goes out with maxTimeMS 200, once more under the same bound
+    // when that fails, and fails fast with staleguard's error when neither attempt is
+    // answered within it.
     let mut c = RawClient::connect(env.proxy_addr()).await;
+    let before = env.upstream_bodies("find", "transactions").len();
     let t = Instant::now();
     let reply = c
         .roundtrip(&find(
@@ -344,7 +348,35 @@ async fn a_hung_secondary_is_confirmed_and_opens_the_breaker() {
         t.elapsed()
     );
     let sent = env.upstream_bodies("find", "transactions");
-    assert_eq!(policy_support::max_time_ms(sent.last().unwrap()), Some(250));
+    let attempts = &sent[before..];
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    for a in attempts {
+        assert_eq!(policy_support::max_time_ms(a), Some(200));
+    }
+    // One stale secondary beside a healthy one: the first attempt meets the stale one, the
+    // second (mongos's choice again) the healthy one, and the client gets its answer.
+    let turn = Arc::new(AtomicU64::new(0));
+    let t2 = turn.clone();
+    env.fake.set_hook(move |b| {
+        let stale = b.get_str("find").ok() == Some("transactions")
+            && t2.fetch_add(1, Ordering::SeqCst) % 2 == 0;
+        stale.then(|| Hooked::error(13388, "StaleConfig", "stale"))
+    });
+    let reply = c
+        .roundtrip(&find(
+            52,
+            "pay",
+            "transactions",
+            &rawdoc! {"filter": {}, "maxTimeMS": 1000},
+        ))
+        .await;
+    assert_eq!(
+        body(&reply).get_f64("ok").ok(),
+        Some(1.0),
+        "{:?}",
+        body(&reply)
+    );
+    assert_eq!(turn.load(Ordering::SeqCst), 2);
     // A healthy secondary answers within the bound: the read is answered.
     env.fake.clear_hook();
     let reply = c

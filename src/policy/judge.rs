@@ -76,6 +76,10 @@ pub enum Rung {
     Primary,
     /// Sent with `readConcern: {level: "available"}`.
     Available,
+    /// A strict read sent under an open breaker's bound, sent once more under the same bound
+    /// after its first attempt failed (mongos may pick another member: in a partial incident
+    /// the healthy secondary answers it).
+    Again,
 }
 
 impl Rung {
@@ -85,6 +89,7 @@ impl Rung {
             Rung::First => "first",
             Rung::Primary => "primary",
             Rung::Available => "available",
+            Rung::Again => "again",
         }
     }
 }
@@ -268,13 +273,14 @@ fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, now: Instant) -> Ve
         evidence(read, code, failure.clone())
     };
     if let Some(b) = read.bounded {
-        // The bound's own time limit, or the cluster's word: the fail-fast error either
-        // way, unless the read's own, shorter limit ran out (its error is its own).
+        // The bound's own time limit, or the cluster's word: sent once more under the same
+        // bound when the read's own budget has room for it, then the fail-fast error,
+        // unless the read's own, shorter limit ran out (its error is its own).
         let own_limit = !b.ours && OWN_TIME_LIMIT.contains(&code);
         let then = if own_limit {
             Then::Reply
         } else {
-            Then::FailFast(b)
+            again(read, b, elapsed)
         };
         return Verdict::new(heard, then);
     }
@@ -345,12 +351,49 @@ fn judge_answer<'s>(read: &Read<'_>, now: Instant) -> Verdict<'s> {
 /// read's answer says nothing about the secondaries); the primary rung's trigger error
 /// climbs on to `available` when that rung is ahead.
 fn judge_rung<'s>(read: &Read<'_>, trigger: Option<i32>, elapsed: Duration) -> Verdict<'s> {
+    if read.rung == Rung::Again {
+        // The second attempt under the bound: its failure is the fail-fast error.
+        return match (trigger, read.bounded) {
+            (Some(_), Some(b)) => Verdict::nothing(Then::FailFast(b)),
+            _ => Verdict::nothing(Then::Reply),
+        };
+    }
     if read.rung != Rung::Primary || !read.retry || trigger.is_none() {
         return Verdict::nothing(Then::Reply);
     }
     match next_rung_ms(read.max_time_ms, elapsed) {
         Remaining::Spent => Verdict::nothing(Then::NoTime(Rung::Available)),
         left => Verdict::nothing(climb(read, Rung::Available, left.ms())),
+    }
+}
+
+/// A bounded first attempt failed: send it once more under the same bound when the read's
+/// own budget has room for a whole bound after what the first attempt spent (or it has no
+/// budget), otherwise the fail-fast error. Each attempt's secondary is mongos's choice, so
+/// with one stale secondary beside a healthy one most reads that met the stale one are
+/// answered by the second attempt; a read that meets only stale ones still fails within two
+/// bounds.
+fn again(read: &Read<'_>, b: Bounded, elapsed: Duration) -> Then {
+    let bound = read
+        .policy
+        .open_time_limit
+        .as_millis()
+        .clamp(1, i32::MAX as u128) as i64;
+    let room = match next_rung_ms(read.max_time_ms, elapsed) {
+        Remaining::Unbounded => true,
+        Remaining::Ms(left) => left >= bound,
+        Remaining::Spent => false,
+    };
+    if !b.ours || !room {
+        return Then::FailFast(b);
+    }
+    Then::Climb {
+        to: Rung::Again,
+        spec: RewriteSpec {
+            max_time_ms: Some(bound),
+            ..RewriteSpec::default()
+        },
+        or_else: None,
     }
 }
 
@@ -670,38 +713,126 @@ mod tests {
     }
 
     #[test]
-    fn a_bounded_read_that_fails_gets_the_fail_fast_error() {
+    fn a_bounded_read_that_fails_is_sent_once_more_then_fails_fast() {
         let p = NsPolicy::with_defaults("pay.transactions", Mode::Strict);
+        let bound = p.open_time_limit.as_millis() as u64;
         let t0 = Instant::now();
         let b = Bounded {
             reason: Reason::TimeLimit,
             errors: 3,
             ours: true,
         };
-        let bounded = Read {
+        let bounded = |budget: Option<i64>| Read {
             sample: true,
             bounded: Some(b),
             limit_ours: true,
-            ..read(&p, t0, Some(1000))
+            ..read(&p, t0, budget)
         };
-        let v = judge(&bounded, Ending::Reply(err(MAX_TIME)), t0 + ms(250));
-        assert_eq!(v.then, Then::FailFast(b));
-        assert_eq!(v.heard, Heard::Sample(SampleEnd::Failed));
-        let v = judge(&bounded, Ending::Reply(err(STALE)), t0 + ms(20));
-        assert_eq!(v.then, Then::FailFast(b));
-        // Answered within the bound: the answer goes to the client.
-        let v = judge(&bounded, Ending::Reply(ok()), t0 + ms(20));
-        assert_eq!(v.then, Then::Reply);
-        assert_eq!(v.heard, Heard::Sample(SampleEnd::Answered));
-        // The read's own limit was the shorter one: its own error, as mongos sent it.
+        let again = Then::Climb {
+            to: Rung::Again,
+            spec: RewriteSpec {
+                max_time_ms: Some(bound as i64),
+                ..RewriteSpec::default()
+            },
+            or_else: None,
+        };
+        let second = |budget: Option<i64>| Read {
+            rung: Rung::Again,
+            sample: false,
+            ..bounded(budget)
+        };
         let own = Read {
             bounded: Some(Bounded { ours: false, ..b }),
             limit_ours: false,
-            ..bounded
+            ..bounded(Some(100))
         };
-        let v = judge(&own, Ending::Reply(err(MAX_TIME)), t0 + ms(100));
-        assert_eq!(v.then, Then::Reply);
-        assert_eq!(v.heard, Heard::Sample(SampleEnd::Failed));
+        // (read, ending, at, then, heard)
+        let cases: Vec<(&str, Read<'_>, &ReplyStatus, u64, Then, &str)> = vec![
+            // The first attempt ran out of the bound, or met the cluster's word: once more
+            // under the same bound, while the budget has a whole bound left (or none is set).
+            (
+                "time limit, room",
+                bounded(Some(1000)),
+                err(MAX_TIME),
+                bound,
+                again.clone(),
+                "sample_failed",
+            ),
+            (
+                "stale, room",
+                bounded(Some(1000)),
+                err(STALE),
+                20,
+                again.clone(),
+                "sample_failed",
+            ),
+            (
+                "no budget",
+                bounded(None),
+                err(MAX_TIME),
+                bound,
+                again.clone(),
+                "sample_failed",
+            ),
+            // No room for a whole bound after the first: the fail-fast error.
+            (
+                "no room",
+                bounded(Some(bound as i64 + 100)),
+                err(MAX_TIME),
+                bound,
+                Then::FailFast(b),
+                "sample_failed",
+            ),
+            // Answered within the bound: the answer goes to the client.
+            (
+                "answered",
+                bounded(Some(1000)),
+                ok(),
+                20,
+                Then::Reply,
+                "sample_answered",
+            ),
+            // The read's own limit was the shorter one: its own error, as mongos sent it.
+            (
+                "own limit",
+                own,
+                err(MAX_TIME),
+                100,
+                Then::Reply,
+                "sample_failed",
+            ),
+            // The second attempt: its failure is the fail-fast error, its answer the client's;
+            // neither is a sample (the first attempt was).
+            (
+                "again fails",
+                second(Some(1000)),
+                err(MAX_TIME),
+                2 * bound,
+                Then::FailFast(b),
+                "nothing",
+            ),
+            (
+                "again stale",
+                second(Some(1000)),
+                err(STALE),
+                bound + 5,
+                Then::FailFast(b),
+                "nothing",
+            ),
+            (
+                "again answered",
+                second(Some(1000)),
+                ok(),
+                bound + 5,
+                Then::Reply,
+                "nothing",
+            ),
+        ];
+        for (name, r, status, at, then, heard) in cases {
+            let v = judge(&r, Ending::Reply(status), t0 + ms(at));
+            assert_eq!(v.then, then, "{name}");
+            assert_eq!(kind(&v.heard), heard, "{name}");
+        }
     }
 
     #[test]

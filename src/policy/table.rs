@@ -41,7 +41,9 @@ pub(crate) const DB_FORBIDDEN: &[char] = &['/', '\\', ' ', '"', '$', '\0'];
 pub const DEFAULT_CLOSE_AFTER: u32 = 3;
 /// Default `open_time_limit`: the bound on a strict read sent while its breaker is open. A
 /// secondary that can refresh answers in milliseconds; one that cannot waits until the limit.
-pub const DEFAULT_OPEN_TIME_LIMIT: Duration = Duration::from_millis(250);
+/// A read that fails is sent once more under it, so a read that meets only stale members
+/// fails within two bounds (about 400 ms).
+pub const DEFAULT_OPEN_TIME_LIMIT: Duration = Duration::from_millis(200);
 /// Default `confirm_time`: the time limit of the cheap read that confirms a time-limit error.
 pub const DEFAULT_CONFIRM_TIME: Duration = Duration::from_millis(250);
 /// Default `cooldown`: the longest wait between two probes of an open breaker.

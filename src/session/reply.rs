@@ -407,6 +407,9 @@ impl Session {
                     Rung::Primary => {
                         tracing::info!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)")
                     }
+                    Rung::Again => {
+                        tracing::debug!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "breaker open: bounded read failed, sending it once more under the bound")
+                    }
                     _ => {
                         tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
                         self.shared.metrics.rewrite(&t.ns, "retry");
@@ -419,7 +422,9 @@ impl Session {
                 t.retry &= to == Rung::Primary;
                 t.rung = to;
                 t.sample = false;
-                t.bounded = None;
+                if to != Rung::Again {
+                    t.bounded = None;
+                }
                 t.limit_ours = spec.max_time_ms.is_some();
                 self.sent_finals += 1;
                 t.seq = self.sent_finals;
