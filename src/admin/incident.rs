@@ -30,13 +30,20 @@ fn secs(s: u64) -> String {
     words(Duration::from_secs(s))
 }
 
-/// Where writes do not complete, in words: a shard's primary when the serverStatus signal
-/// names it, else the router writes go through.
+/// Where writes do not complete, as a clause: a shard's primary when the serverStatus
+/// signal names it, else the router writes go through.
 fn stalled_where(sig: &SignalStatus) -> String {
+    // A composite signal's place reads `shard A (shardA at host:port)`.
+    let shard = sig.place.split(" (").next().unwrap_or(&sig.place);
     match &sig.evidence.shard {
-        Some(shard) => format!("shard {}'s primary", esc(shard)),
-        None if sig.signal == "composite" => format!("the primary of {}", esc(&sig.place)),
-        None => format!("writes through {}", esc(&sig.place)),
+        Some(_) if shard.starts_with("shard ") => {
+            format!("{}'s primary completes no writes", esc(shard))
+        }
+        Some(id) => format!("shard {}'s primary completes no writes", esc(id)),
+        None if sig.signal == "composite" => {
+            format!("the primary of {} completes no writes", esc(&sig.place))
+        }
+        None => format!("no write through {} completes", esc(&sig.place)),
     }
 }
 
@@ -48,13 +55,18 @@ pub fn banners(out: &mut String, s: &Status) {
         .filter(|n| n.breaker == Some("open"))
         .collect();
     let w = &s.write_stall;
-    let raised = w.signals.iter().find(|sig| sig.state == "raised");
+    // The signal that says most about where: one naming the shard, else the first raised.
+    let mut raised_signals = w.signals.iter().filter(|sig| sig.state == "raised");
+    let raised = raised_signals
+        .clone()
+        .find(|sig| sig.evidence.shard.is_some())
+        .or_else(|| raised_signals.next());
     if let (Some(sig), false) = (raised, open.is_empty()) {
         let names: Vec<String> = open.iter().map(|n| esc(&n.namespace)).collect();
         let _ = write!(
             out,
             "<div class=\"banner bad\" id=\"incident\">One incident: secondaries cannot refresh \
-             their routing tables because {} completes no writes (for {}), so the breaker{} of \
+             their routing tables because {} (for {}), so the breaker{} of \
              {} {} open.</div>",
             stalled_where(sig),
             secs(sig.since_seconds_ago.unwrap_or(0)),
@@ -115,7 +127,7 @@ fn stall_banner(out: &mut String, w: &WriteStallStatus, sig: &SignalStatus) {
     };
     let _ = write!(
         out,
-        "<div class=\"banner bad\" id=\"write-stall\">Write stall suspected for {}: {} completes no writes ({} signal: {}). staleguard is {doing}.</div>",
+        "<div class=\"banner bad\" id=\"write-stall\">Write stall suspected for {}: {} ({} signal: {}). staleguard is {doing}.</div>",
         secs(sig.since_seconds_ago.unwrap_or(0)),
         stalled_where(sig),
         sig.signal,

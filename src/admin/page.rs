@@ -143,12 +143,14 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
             ),
             _ => "<span class=\"muted\">never</span>".to_string(),
         };
-        let mut probe = r.next_probe_seconds.map_or(String::new(), |p| {
-            format!(
+        let mut probe = match r.next_probe_seconds {
+            None => String::new(),
+            Some(0) => "<br><span class=\"muted\">its next read probes</span>".to_string(),
+            Some(p) => format!(
                 "<br><span class=\"muted\">next probe in {}</span>",
                 words(Duration::from_secs(p))
-            )
-        });
+            ),
+        };
         if let Some(n) = r.answered_in_a_row {
             probe.push_str(&format!(
                 "<br><span class=\"muted\">{n} answered in a row</span>"
