@@ -439,6 +439,7 @@ async fn the_page_shows_the_incident_over_time_and_status_keeps_its_events() {
         "</div>",
     );
     assert!(green.contains("The last one closed"), "{green}");
+    assert!(green.contains(" s open)"), "how long it was open: {green}");
     assert!(
         dom.contains("<figure class=\"plot\" data-entry=\"pay.*\">"),
         "the plot keeps the incident"

@@ -168,3 +168,43 @@ pub fn history(shared: &Handles) -> HistoryView {
         quiet_entries: quiet.into_iter().map(|e| e.entry.clone()).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::policy::NsPolicy;
+
+    #[test]
+    fn entries_add_up_their_namespaces_and_passthrough_has_none() {
+        let table = PolicyTable::from_policies(vec![
+            NsPolicy::with_defaults("demo.store_inventory", Mode::Fallback),
+            NsPolicy::with_defaults("pay.*", Mode::Strict),
+            NsPolicy::with_defaults("logs.*", Mode::Passthrough),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut config = Config::for_upstreams("127.0.0.1:0", vec!["127.0.0.1:1".into()]);
+        config.policy = table.clone();
+        let shared = Handles::new(Arc::new(config));
+        let m = &shared.metrics;
+        for ns in ["pay.a", "pay.b"] {
+            let hot = m.ns_hot(ns);
+            hot.fail_fast.inc_by(2);
+            hot.answered.inc();
+            m.trigger_error(ns, "13388");
+            m.ladder_attempt(ns, "primary", "answered");
+            m.ladder_attempt(ns, "primary", "denied");
+        }
+        m.rewrite("demo.store_inventory", "retry");
+        m.ns_hot("demo.store_inventory").preemptive.inc_by(4);
+        m.ns_hot("logs.x").answered.inc();
+        let totals = entry_totals(&shared, &table);
+        assert_eq!(
+            totals,
+            vec![
+                ("demo.store_inventory".to_string(), [0, 5, 0, 0, 0]),
+                ("pay.*".to_string(), [2, 0, 4, 2, 2]),
+            ]
+        );
+    }
+}

@@ -99,10 +99,20 @@ pub fn banners(out: &mut String, s: &Status) {
             .iter()
             .find(|e| e.event.kind == Kind::BreakerClosed)
             .map(|e| {
+                let ns = e.event.namespace.as_deref();
+                let opened = s.events.iter().find(|o| {
+                    o.event.kind == Kind::BreakerOpened
+                        && o.event.namespace.as_deref() == ns
+                        && o.event.at_unix_ms <= e.event.at_unix_ms
+                });
+                let open_for = opened.map_or(String::new(), |o| {
+                    let ms = e.event.at_unix_ms - o.event.at_unix_ms;
+                    format!(", after {} open", secs(ms / 1000))
+                });
                 format!(
-                    " The last one closed {} ago (<code>{}</code>); see the plots and Recent events below.",
+                    " The last one closed {} ago (<code>{}</code>{open_for}); see the plots and Recent events below.",
                     secs(e.seconds_ago),
-                    esc(e.event.namespace.as_deref().unwrap_or(""))
+                    esc(ns.unwrap_or(""))
                 )
             })
             .unwrap_or_default();

@@ -132,7 +132,7 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
     out.push_str(
         "<table id=\"namespaces\"><tr><th>namespace</th><th>pattern</th><th>mode</th>\
          <th>breaker</th><th>what happens to reads</th><th>errors in window</th>\
-         <th>trigger errors</th><th>ladder</th><th>last transition</th><th>reason</th></tr>",
+         <th>trigger errors<br><span class=\"muted\">reads failed fast, rewritten</span></th><th>ladder</th><th>last transition</th><th>reason</th></tr>",
     );
     for r in rows {
         let when = match (&r.last_transition, r.last_transition_seconds_ago) {
@@ -171,9 +171,17 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
             (Some(n), None) => n.to_string(),
             (None, _) => "-".to_string(),
         };
-        let total = r
+        let mut total = r
             .trigger_errors_total
             .map_or_else(|| "-".to_string(), |n| n.to_string());
+        for (n, what) in [
+            (r.failed_fast_total, "failed fast"),
+            (r.rewritten_total, "rewritten to available"),
+        ] {
+            if let Some(n) = n.filter(|&n| n > 0) {
+                let _ = write!(total, "<br><span class=\"muted\">{n} {what}</span>");
+            }
+        }
         let dry = if r.dry_run { " (dry run)" } else { "" };
         let ladder = ladder_cell(r);
         let _ = write!(

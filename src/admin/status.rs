@@ -310,6 +310,7 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             .split_once('.')
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
+        let totals = shared.metrics.ns_totals(&snap.ns);
         let next_probe = policy
             .and_then(|p| snap.next_probe(p))
             .map(|at| at.saturating_duration_since(now));
@@ -328,8 +329,8 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             errors_in_window: Some(snap.errors_in_window),
             threshold: policy.map(|p| p.threshold),
             trigger_errors_total: Some(shared.metrics.trigger_errors_total(&snap.ns)),
-            rewritten_total: Some(shared.metrics.ns_totals(&snap.ns)[1]),
-            failed_fast_total: Some(shared.metrics.ns_totals(&snap.ns)[2]),
+            rewritten_total: Some(totals[1]),
+            failed_fast_total: Some(totals[2]),
             last_transition: Some(rfc3339(wall - ago)),
             last_transition_seconds_ago: Some(ago.as_secs()),
             reason: Some(snap.last_reason.clone()),
@@ -346,6 +347,7 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             continue;
         }
         let exact = !p.pattern.ends_with('*');
+        let totals = exact.then(|| shared.metrics.ns_totals(&p.pattern));
         rows.push(NsStatus {
             namespace: p.pattern.clone(),
             kind: "pattern",
@@ -357,8 +359,8 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             errors_in_window: exact.then_some(0),
             threshold: Some(p.threshold),
             trigger_errors_total: exact.then(|| shared.metrics.trigger_errors_total(&p.pattern)),
-            rewritten_total: exact.then(|| shared.metrics.ns_totals(&p.pattern)[1]),
-            failed_fast_total: exact.then(|| shared.metrics.ns_totals(&p.pattern)[2]),
+            rewritten_total: totals.map(|t| t[1]),
+            failed_fast_total: totals.map(|t| t[2]),
             last_transition: None,
             last_transition_seconds_ago: None,
             reason: None,
