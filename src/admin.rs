@@ -5,7 +5,10 @@
 //! stop that waits for no peer.
 
 mod conn;
+pub mod history;
+mod incident;
 mod page;
+mod plots;
 pub mod status;
 
 use std::sync::Arc;
@@ -63,6 +66,7 @@ pub async fn serve(
         tracing::warn!(admin = %addr, "admin endpoint reachable beyond loopback without [admin] token");
     }
     tracing::info!(admin = %addr, auth = config.admin_token.is_some(), "admin endpoint listening");
+    tokio::spawn(history::sample(shared.clone(), done.clone()));
     let app = router(shared.clone(), stopping);
     conn::accept(listener, app, shared, done).await;
 }

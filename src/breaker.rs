@@ -49,6 +49,7 @@ use std::sync::{Arc, Mutex};
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use crate::events;
 use crate::metrics::Metrics;
 use crate::policy::NsPolicy;
 
@@ -172,6 +173,11 @@ impl Breakers {
             self.metrics
                 .breaker_transition(ns, t.from.as_str(), t.to.as_str());
             tracing::warn!(ns = %ns, from = t.from.as_str(), to = t.to.as_str(), reason = %t.reason, "breaker transition");
+            self.metrics.recent.events.record(events::Event::breaker(
+                ns,
+                t.to == State::Open,
+                &t.reason,
+            ));
         }
         t
     }

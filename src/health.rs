@@ -127,7 +127,12 @@ impl Checker {
             m.upstream_hello(&u.addr, *latency);
         }
         let error = result.as_ref().err().cloned();
-        match (u.record(result), error) {
+        let changed = u.record(result);
+        if changed.is_some() {
+            let e = crate::events::Event::upstream(&u.addr, error.as_deref());
+            m.recent.events.record(e);
+        }
+        match (changed, error) {
             (Some(before), None) => {
                 tracing::info!(upstream = %u.addr, was = before.as_str(), "upstream healthy")
             }

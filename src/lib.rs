@@ -40,6 +40,7 @@
 //! policy            the pattern table; decide and judge (pure); what a decision means
 //! metrics tls command rewrite logs   every metric name · rustls · classification ·
 //!                   splicing · the pretty log's field formatter (client strings escaped)
+//! events            the recent past, bounded: the ring of events, the plots' series
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
 //! ```
 //!
@@ -72,6 +73,7 @@ pub mod command;
 pub mod config;
 #[cfg(feature = "sim")]
 pub mod demo;
+pub mod events;
 pub mod handles;
 pub mod health;
 pub mod logs;

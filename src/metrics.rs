@@ -22,6 +22,7 @@ mod ladder;
 pub mod latency;
 mod limits;
 mod stall;
+mod totals;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
@@ -117,6 +118,8 @@ pub struct Metrics {
     pub rewrites: Family<NsKind, Counter>,
     pub fail_fasts: Family<NsLabel, Counter>,
     pub refusals: Family<NsLabel, Counter>,
+    /// Governed reads whose client got an `ok: 1` reply, by namespace.
+    pub answered: Family<NsLabel, Counter>,
     /// 0 closed, 2 open.
     pub breaker_state: Family<NsLabel, Gauge>,
     pub upstream_up: Family<UpstreamLabel, Gauge>,
@@ -139,6 +142,9 @@ pub struct Metrics {
     pub limits: LimitMetrics,
     /// Breaker transitions and confirming reads.
     pub breakers: BreakerMetrics,
+    /// Not metrics: the recent events and the series of the status page's plots (here so
+    /// that everything that makes an event already holds it).
+    pub recent: crate::events::Recent,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -171,6 +177,7 @@ impl Metrics {
             rewrites: Family::default(),
             fail_fasts: Family::default(),
             refusals: Family::default(),
+            answered: Family::default(),
             breaker_state: Family::default(),
             upstream_up: Family::default(),
             upstream_latency: Family::default(),
@@ -185,6 +192,7 @@ impl Metrics {
             ladder: LadderMetrics::default(),
             limits: LimitMetrics::default(),
             breakers: BreakerMetrics::default(),
+            recent: crate::events::Recent::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -226,6 +234,11 @@ impl Metrics {
                 "refusals",
                 "Reads refused for asking readConcern available on a strict namespace",
                 m.refusals.clone(),
+            );
+            r.register(
+                "reads_answered",
+                "Governed reads (tracked on a fallback or strict namespace) whose client got an ok reply, by namespace",
+                m.answered.clone(),
             );
             r.register(
                 "breaker_state",

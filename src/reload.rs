@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError};
+use crate::events::Event;
 use crate::handles::Handles;
 use crate::state::ReloadStatus;
 
@@ -68,10 +69,14 @@ fn apply(
                 tracing::error!(file = %e.file, line = e.line, key = %e.key, error = %e.message, trigger, "reload rejected, config unchanged");
             }
             shared.metrics.reload(false);
-            shared.runtime.set_reload_status(status(
-                false,
-                errors.iter().map(|e| e.to_string()).collect(),
-            ));
+            let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            let file = old.source.display().to_string();
+            shared
+                .metrics
+                .recent
+                .events
+                .record(Event::reload(false, trigger, &file, &messages));
+            shared.runtime.set_reload_status(status(false, messages));
             return Err(errors);
         }
     };
@@ -94,6 +99,12 @@ fn apply(
     crate::state::publish_limits(&shared.metrics, &new, crate::breaker::DEFAULT_MAX_BREAKERS);
     shared.config.swap(Arc::new(new));
     shared.metrics.reload(true);
+    let file = old.source.display().to_string();
+    shared
+        .metrics
+        .recent
+        .events
+        .record(Event::reload(true, trigger, &file, &warnings));
     tracing::info!(trigger, file = %old.source.display(), entries, "config reloaded");
     shared.runtime.set_reload_status(status(true, warnings));
     Ok(())

@@ -246,6 +246,16 @@ fn the_token_comes_from_the_file_a_token_file_or_the_environment() {
             "admin.header_read_timeout",
             "greater than zero",
         ),
+        (
+            "[admin]\nhistory_interval = \"500ms\"\n".to_string(),
+            "admin.history_interval",
+            "at least 1s",
+        ),
+        (
+            "[admin]\nhistory_interval = \"2m\"\n".to_string(),
+            "admin.history_interval",
+            "at most 60s",
+        ),
     ];
     for (text, key, says) in bad {
         let e = parse(&text, dir.path()).expect_err(&text);

@@ -109,6 +109,15 @@ async fn an_upstream_that_stops_answering_is_skipped_until_it_answers_again() {
         assert!(m.lines().any(|l| l == line), "missing {line}:\n{m}");
     }
     assert!(m.contains("staleguard_upstream_hello_seconds_count"), "{m}");
+    // The change is an event, with the address and the error.
+    let down = s["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["kind"] == "upstream_down"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no upstream_down event: {s:#}"));
+    assert_eq!(down["place"], a.addr());
+    let reason = down["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("no hello reply within 250ms"), "{reason}");
 
     let (a0, b0) = (a.pings(), b.pings());
     ping_clients(&p, 4).await;

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     // the crates below the proxy, re-exported
     &["wire", "sim"],
+    // the recent past (a ring of events, the plots' series): everything that makes an event
+    // reaches it through `Metrics::recent`
+    &["events"],
     // leaves: every metric name, rustls, classification, splicing, the log field formatter
     &["metrics", "tls", "command", "rewrite", "logs"],
     // the pattern table, decide (pure), what a decision means for a request

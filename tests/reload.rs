@@ -151,6 +151,19 @@ async fn explicit_reload_keeps_breakers_whose_policy_did_not_change() {
     write(&env.path, &text(&env.fake, "strict", "fallback"));
     env.proxy.reload().expect("valid config");
     assert_eq!(env.mode_of("shop"), Mode::Fallback);
+    let events = env.proxy.shared().metrics.recent.events.recent();
+    assert_eq!(
+        events[0].kind,
+        staleguard::events::Kind::ReloadApplied,
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == staleguard::events::Kind::BreakerOpened
+                && e.namespace.as_deref() == Some("shop.orders")),
+        "{events:?}"
+    );
     // pay.* did not change: its breaker is still open and still fails fast.
     assert_eq!(b.state("pay.orders"), State::Open);
     assert!(!reached_mongos(&mut client, 3, "pay").await);
@@ -196,6 +209,15 @@ async fn invalid_file_changes_nothing_and_shows_where() {
         env.path.display()
     );
     assert!(msg.starts_with(&want), "{msg}");
+    // The refusal is an event, with the file and the first error.
+    let refused = s["events"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["kind"] == "reload_refused"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no reload_refused event: {s:#}"));
+    assert_eq!(refused["place"], env.path.display().to_string());
+    let reason = refused["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("namespaces[0].mode"), "{reason}");
     let m = get(admin(&env.proxy), "/metrics", &[]).await.body;
     assert!(
         m.contains("staleguard_reloads_total{result=\"error\"} 1"),

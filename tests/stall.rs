@@ -248,7 +248,7 @@ async fn passive_signal_rises_within_stall_after_plus_one_second_and_clears_on_r
     let page = rig.page().await;
     assert!(
         page.contains(&format!(
-            "Write stall suspected: writes are not completing through upstream {up} since"
+            "no write through upstream {up} completes (passive signal:"
         )),
         "{page}"
     );

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use super::incident::words;
 use super::status::{short_duration, NsStatus, Status, UpstreamStatus, WriteStallStatus};
 
 /// `&`, `<`, `>`, `"` and `'` escaped for text and attribute values.
@@ -45,6 +46,12 @@ tr.raised td.state b{color:#b3001b;text-transform:uppercase}
 .up{color:#17582a;font-weight:600}
 .muted{color:#6b6b6b;font-weight:normal}
 code{font-size:13px}
+tr.bad td:nth-child(2){color:#b3001b;font-weight:600}
+.banner .why{font-weight:normal}
+figure.plot{margin:8px 0 14px;background:#fff;padding:6px 8px;display:inline-block}
+figure.plot svg{display:block;max-width:100%;height:auto}
+.legend span{margin-right:14px;font-size:13px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
 footer{color:#6b6b6b;font-size:13px;margin-top:18px}
 "#;
 
@@ -80,9 +87,11 @@ pub fn render(s: &Status) -> String {
     out.push_str("<div id=\"main\">");
     header(&mut out, s);
     out.push_str("<main>");
-    banners(&mut out, s);
+    super::incident::banners(&mut out, s);
     out.push_str("<h2>Namespaces</h2>");
     namespaces(&mut out, &s.namespaces);
+    super::plots::section(&mut out, &s.history);
+    super::incident::events(&mut out, &s.events, s.events_recorded_total);
     out.push_str("<h2>Write-stall watch</h2>");
     write_stall(&mut out, &s.write_stall);
     out.push_str("<h2>Upstreams</h2>");
@@ -115,61 +124,6 @@ fn header(out: &mut String, s: &Status) {
     );
 }
 
-fn banners(out: &mut String, s: &Status) {
-    let open: Vec<&NsStatus> = s
-        .namespaces
-        .iter()
-        .filter(|n| n.breaker == Some("open"))
-        .collect();
-    if open.is_empty() {
-        out.push_str("<div class=\"banner good\">No breaker is open.</div>");
-    } else {
-        let names: Vec<String> = open
-            .iter()
-            .map(|n| format!("{} ({})", esc(&n.namespace), n.mode))
-            .collect();
-        let _ = write!(
-            out,
-            "<div class=\"banner bad\">{} breaker{} open: {}</div>",
-            open.len(),
-            if open.len() == 1 { "" } else { "s" },
-            names.join(", ")
-        );
-    }
-    let w = &s.write_stall;
-    if w.state == "suspected" {
-        let acting = if w.held_breakers.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " Holding open: {} (their reads go out with readConcern available).",
-                w.held_breakers
-                    .iter()
-                    .map(|n| esc(n))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        let _ = write!(
-            out,
-            "<div class=\"banner bad\" id=\"write-stall\">Write stall suspected: {}.{acting}</div>",
-            esc(w.headline.as_deref().unwrap_or("writes are not completing"))
-        );
-    }
-    if !s.ready {
-        out.push_str(
-            "<div class=\"banner bad\">Not ready: no upstream answered its last health check.</div>",
-        );
-    }
-    if s.config.last_reload.result == "error" {
-        let _ = write!(
-            out,
-            "<div class=\"banner warn\">The last config reload failed ({}); the previous config is still in force. See Configuration below.</div>",
-            esc(&s.config.last_reload.at)
-        );
-    }
-}
-
 fn namespaces(out: &mut String, rows: &[NsStatus]) {
     if rows.is_empty() {
         out.push_str("<p class=\"muted\">No [[namespaces]] configured: every read passes through untouched.</p>");
@@ -178,26 +132,37 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
     out.push_str(
         "<table id=\"namespaces\"><tr><th>namespace</th><th>pattern</th><th>mode</th>\
          <th>breaker</th><th>what happens to reads</th><th>errors in window</th>\
-         <th>trigger errors</th><th>ladder</th><th>last transition</th><th>reason</th></tr>",
+         <th>trigger errors<br><span class=\"muted\">reads failed fast, rewritten</span></th><th>ladder</th><th>last transition</th><th>reason</th></tr>",
     );
     for r in rows {
         let when = match (&r.last_transition, r.last_transition_seconds_ago) {
             (Some(t), Some(ago)) => format!(
                 "{} ago<br><span class=\"muted\">{}</span>",
-                short_duration(Duration::from_secs(ago)),
+                words(Duration::from_secs(ago)),
                 esc(t)
             ),
             _ => "<span class=\"muted\">never</span>".to_string(),
         };
-        let mut probe = r.next_probe_seconds.map_or(String::new(), |p| {
-            format!("<br><span class=\"muted\">next probe in {p}s</span>")
-        });
+        let mut probe = match r.next_probe_seconds {
+            None => String::new(),
+            Some(0) => "<br><span class=\"muted\">its next read probes</span>".to_string(),
+            Some(p) => format!(
+                "<br><span class=\"muted\">next probe in {}</span>",
+                words(Duration::from_secs(p))
+            ),
+        };
         if let Some(n) = r.answered_in_a_row {
             probe.push_str(&format!(
                 "<br><span class=\"muted\">{n} answered in a row</span>"
             ));
         }
         let state = match r.breaker {
+            Some("open") => format!(
+                "<b>open</b> for {}{probe}",
+                words(Duration::from_secs(
+                    r.last_transition_seconds_ago.unwrap_or(0)
+                ))
+            ),
             Some(b) => format!("<b>{b}</b>{probe}"),
             None => "<span class=\"muted\">per namespace</span>".to_string(),
         };
@@ -206,9 +171,17 @@ fn namespaces(out: &mut String, rows: &[NsStatus]) {
             (Some(n), None) => n.to_string(),
             (None, _) => "-".to_string(),
         };
-        let total = r
+        let mut total = r
             .trigger_errors_total
             .map_or_else(|| "-".to_string(), |n| n.to_string());
+        for (n, what) in [
+            (r.failed_fast_total, "failed fast"),
+            (r.rewritten_total, "rewritten to available"),
+        ] {
+            if let Some(n) = n.filter(|&n| n > 0) {
+                let _ = write!(total, "<br><span class=\"muted\">{n} {what}</span>");
+            }
+        }
         let dry = if r.dry_run { " (dry run)" } else { "" };
         let ladder = ladder_cell(r);
         let _ = write!(
@@ -288,7 +261,7 @@ fn write_stall(out: &mut String, w: &WriteStallStatus) {
         let since = match (&sig.since, sig.since_seconds_ago) {
             (Some(t), Some(ago)) => format!(
                 "{} ago<br><span class=\"muted\">{}</span>",
-                short_duration(Duration::from_secs(ago)),
+                words(Duration::from_secs(ago)),
                 esc(t)
             ),
             _ => "<span class=\"muted\">-</span>".to_string(),

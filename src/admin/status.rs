@@ -29,6 +29,13 @@ pub struct Status {
     pub write_stall: WriteStallStatus,
     /// Open breakers first, then the rest; by namespace within each.
     pub namespaces: Vec<NsStatus>,
+    /// The last `events::CAPACITY` breaker transitions, write-stall signals raised and
+    /// cleared, reloads and upstreams up or down, most recent first.
+    pub events: Vec<super::history::EventView>,
+    /// Events recorded since start (the older ones dropped from `events`).
+    pub events_recorded_total: u64,
+    /// The plots' series: per entry, what reads met in each bucket of the last minutes.
+    pub history: super::history::HistoryView,
 }
 
 #[derive(Debug, Serialize)]
@@ -117,6 +124,10 @@ pub struct NsStatus {
     pub errors_in_window: Option<usize>,
     pub threshold: Option<u32>,
     pub trigger_errors_total: Option<u64>,
+    /// Reads rewritten to `available` since start (retries and preemptive rewrites).
+    pub rewritten_total: Option<u64>,
+    /// Reads answered with the fail-fast error since start.
+    pub failed_fast_total: Option<u64>,
     pub last_transition: Option<String>,
     pub last_transition_seconds_ago: Option<u64>,
     /// Why the last transition happened.
@@ -229,6 +240,9 @@ pub fn collect(shared: &Handles, listening: bool) -> Status {
         upstreams,
         write_stall: write_stall(shared, &config),
         namespaces: namespaces(shared, &config.policy),
+        events: super::history::events(shared),
+        events_recorded_total: shared.metrics.recent.events.total(),
+        history: super::history::history(shared),
     }
 }
 
@@ -296,6 +310,7 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             .split_once('.')
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
+        let totals = shared.metrics.ns_totals(&snap.ns);
         let next_probe = policy
             .and_then(|p| snap.next_probe(p))
             .map(|at| at.saturating_duration_since(now));
@@ -314,6 +329,8 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             errors_in_window: Some(snap.errors_in_window),
             threshold: policy.map(|p| p.threshold),
             trigger_errors_total: Some(shared.metrics.trigger_errors_total(&snap.ns)),
+            rewritten_total: Some(totals[1]),
+            failed_fast_total: Some(totals[2]),
             last_transition: Some(rfc3339(wall - ago)),
             last_transition_seconds_ago: Some(ago.as_secs()),
             reason: Some(snap.last_reason.clone()),
@@ -330,6 +347,7 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             continue;
         }
         let exact = !p.pattern.ends_with('*');
+        let totals = exact.then(|| shared.metrics.ns_totals(&p.pattern));
         rows.push(NsStatus {
             namespace: p.pattern.clone(),
             kind: "pattern",
@@ -341,6 +359,8 @@ fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsSta
             errors_in_window: exact.then_some(0),
             threshold: Some(p.threshold),
             trigger_errors_total: exact.then(|| shared.metrics.trigger_errors_total(&p.pattern)),
+            rewritten_total: totals.map(|t| t[1]),
+            failed_fast_total: totals.map(|t| t[2]),
             last_transition: None,
             last_transition_seconds_ago: None,
             reason: None,

@@ -46,6 +46,7 @@ pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_COD
 pub use ops::{
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
+    DEFAULT_HISTORY_INTERVAL,
 };
 pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
@@ -145,6 +146,10 @@ pub struct AdminLimits {
     /// `max_connections`: admin connections open at once; the next one gets a bare
     /// `503 Service Unavailable` and is closed. Default 64; 1..=65536.
     pub max_connections: usize,
+    /// `history_interval`: the width of one bucket of the status page's plots (they keep
+    /// `events::BUCKETS` of them: 30 minutes at the default). Default 10s; 1s..=60s.
+    /// Reloads (a new width starts the plots afresh).
+    pub history_interval: Duration,
 }
 
 impl Default for AdminLimits {
@@ -153,6 +158,7 @@ impl Default for AdminLimits {
             header_read_timeout: DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
             request_timeout: DEFAULT_ADMIN_REQUEST_TIMEOUT,
             max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            history_interval: DEFAULT_HISTORY_INTERVAL,
         }
     }
 }

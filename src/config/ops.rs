@@ -26,6 +26,8 @@ pub const DEFAULT_ADMIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `[admin] max_connections`: the kubelet's probes, a Prometheus or two and a few
 /// browsers need a handful.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Default `[admin] history_interval`: 180 buckets of 10 s, the last 30 minutes.
+pub const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +40,7 @@ pub(super) struct RawAdmin {
     header_read_timeout: Option<Spanned<String>>,
     request_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
+    history_interval: Option<Spanned<String>>,
 }
 
 /// `[admin]` as validated.
@@ -204,10 +207,22 @@ fn admin_limits(ctx: &mut Ctx, a: &RawAdmin) -> Option<super::AdminLimits> {
             }
         },
     };
+    let history = a
+        .history_interval
+        .as_ref()
+        .map_or(Some(d.history_interval), |v| {
+            let d = duration(ctx, v, "admin.history_interval", Duration::from_secs(1))?;
+            if d > Duration::from_secs(60) {
+                ctx.err(v, "admin.history_interval", "must be at most 60s".into());
+                return None;
+            }
+            Some(d)
+        });
     Some(super::AdminLimits {
         header_read_timeout: header?,
         request_timeout: request?,
         max_connections: max?,
+        history_interval: history?,
     })
 }
 

@@ -17,6 +17,8 @@ pub struct NsHot {
     pub preemptive: Counter,
     pub fail_fast: Counter,
     pub refusal: Counter,
+    /// Governed reads answered `ok: 1` (`reads_answered_total`).
+    pub answered: Counter,
     /// The namespace's label (`ns`, or "other" past the label bound).
     pub(super) label: String,
     pub(super) ladder: [[OnceLock<Counter>; LADDER_RESULTS.len()]; LADDER_RUNGS.len()],
@@ -49,6 +51,12 @@ impl Metrics {
                 .clone(),
             refusal: self
                 .refusals
+                .get_or_create(&NsLabel {
+                    namespace: namespace.clone(),
+                })
+                .clone(),
+            answered: self
+                .answered
                 .get_or_create(&NsLabel {
                     namespace: namespace.clone(),
                 })

@@ -25,6 +25,7 @@ pub(super) struct Counters {
     preemptive: u32,
     fail_fast: u32,
     refusal: u32,
+    answered: u32,
     /// Governed requests by (command, decision).
     requests: [[u32; REQUEST_SLOTS.1]; REQUEST_SLOTS.0],
     /// Something above is not flushed yet.
@@ -70,6 +71,12 @@ impl Counters {
     pub(super) fn refusal(&mut self, metrics: &Metrics, ns: &str) {
         self.hot(metrics, ns);
         self.refusal += 1;
+    }
+
+    /// A governed read on `ns` whose client gets an `ok: 1` reply.
+    pub(super) fn answered(&mut self, metrics: &Metrics, ns: &str) {
+        self.hot(metrics, ns);
+        self.answered += 1;
     }
 
     /// A request's first reply came `elapsed` after it was sent. Flushes every
@@ -144,6 +151,7 @@ impl Counters {
             (&mut self.preemptive, &h.preemptive),
             (&mut self.fail_fast, &h.fail_fast),
             (&mut self.refusal, &h.refusal),
+            (&mut self.answered, &h.answered),
         ] {
             if *n > 0 {
                 c.inc_by(*n as u64);

@@ -269,6 +269,9 @@ impl Session {
             }
             Heard::Sample(end) => self.sampled(&t, end),
         }
+        if answered && matches!(then, Then::Reply) {
+            self.counters.answered(&self.shared.metrics, &t.ns);
+        }
         let replaced = match then {
             Then::Reply => false,
             Then::NoTime(rung) => {

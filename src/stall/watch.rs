@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::{lock, Conditions, UpstreamWrites};
+use crate::events::Event;
 use crate::metrics::{Metrics, SignalKind as SignalKindLabel, SignalLabel};
 
 /// Which signal.
@@ -232,10 +233,26 @@ impl StallWatch {
                 .inc();
             let headline = s.headline().unwrap_or_default();
             tracing::warn!(signal = kind.as_str(), target = %place, evidence = %s.summary, "write stall suspected: {headline}");
+            let e = Event::stall(
+                true,
+                kind.as_str(),
+                place,
+                s.evidence.shard.as_deref(),
+                &s.summary,
+            );
+            shared_metrics.recent.events.record(e);
         } else if !r.raised && was {
             s.since = None;
             s.since_wall = None;
             tracing::info!(signal = kind.as_str(), target = %place, evidence = %s.summary, "write stall signal cleared");
+            let e = Event::stall(
+                false,
+                kind.as_str(),
+                place,
+                s.evidence.shard.as_deref(),
+                &s.summary,
+            );
+            shared_metrics.recent.events.record(e);
         }
         m.signal
             .get_or_create(&SignalLabel {
