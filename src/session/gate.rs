@@ -94,7 +94,7 @@ impl Session {
             // The followed reads end unjudged: a sample among them says nothing (a probe
             // gives its slot back).
             let now = tokio::time::Instant::now();
-            for t in self.pending.iter().filter(|t| t.sample) {
+            for t in self.pending.iter().filter(|t| t.attempt.sample) {
                 let unknown = crate::breaker::Sample::Unknown;
                 self.shared
                     .breakers

@@ -12,7 +12,8 @@ use super::Session;
 use crate::breaker::{Counted, Sample};
 use crate::command::ReadPrefMode;
 use crate::policy::{
-    self, Bounded, Ending, Evidence, Failure, Heard, NsPolicy, Rung, SampleEnd, Then, Verdict,
+    self, Attempt, Bounded, Ending, Evidence, Failure, Heard, NsPolicy, Rung, SampleEnd, Then,
+    Verdict,
 };
 use crate::rewrite::{self, RewriteSpec};
 use crate::upstream::LadderPermit;
@@ -40,23 +41,12 @@ pub(super) struct Tracked {
     /// When mongos could start it (nothing sent before it was still waiting); `None`: not
     /// yet.
     pub(super) began: Option<Instant>,
-    /// The read's whole budget (client's `maxTimeMS`, or the cap); `None`: no limit.
-    pub(super) max_time_ms: Option<i64>,
-    /// This attempt went out with a `maxTimeMS` staleguard wrote.
-    pub(super) limit_ours: bool,
+    /// The attempt in flight: its rung, the rungs ahead, its budget (`policy::Attempt`).
+    pub(super) attempt: Attempt,
     /// The read lists tag sets.
     pub(super) tagged: bool,
     /// Its read preference mode (a confirming read uses the same, without tags).
     pub(super) pref: Option<ReadPrefMode>,
-    /// A sample of an open breaker (`bounded`: under its time bound).
-    pub(super) sample: bool,
-    pub(super) bounded: Option<Bounded>,
-    /// The primary rung is still ahead.
-    pub(super) primary: bool,
-    /// The `available` rung is still ahead.
-    pub(super) retry: bool,
-    /// The attempt in flight.
-    pub(super) rung: Rung,
     /// The upstream's ladder slot, held while the primary rung is in flight.
     pub(super) permit: Option<LadderPermit>,
     /// Its place among the requests sent upstream that expect a final reply (see
@@ -68,19 +58,8 @@ pub(super) struct Tracked {
 
 impl Tracked {
     fn read(&self) -> policy::Read<'_> {
-        policy::Read {
-            policy: &self.policy,
-            started: self.started,
-            began: self.began,
-            max_time_ms: self.max_time_ms,
-            limit_ours: self.limit_ours,
-            tagged: self.tagged,
-            sample: self.sample,
-            bounded: self.bounded,
-            primary: self.primary,
-            retry: self.retry,
-            rung: self.rung,
-        }
+        self.attempt
+            .read(&self.policy, self.started, self.began, self.tagged)
     }
 }
 
@@ -149,7 +128,7 @@ impl Session {
         for t in self.pending.iter_mut().filter(|t| t.began.is_none()) {
             if t.seq == next {
                 t.began = Some(now);
-                if t.rung == Rung::First {
+                if t.attempt.rung == Rung::First {
                     // Its budget, like its `maxTimeMS`, runs from when mongos starts it.
                     t.started = now;
                 }
@@ -171,7 +150,7 @@ impl Session {
         self.pending = kept;
         for t in gone {
             tracing::warn!(ns = %t.ns, command = %t.command, request_id = t.request_id, "tracked read answered with another responseTo; not judged");
-            if t.sample {
+            if t.attempt.sample {
                 self.sampled(&t, SampleEnd::Unknown);
             }
         }
@@ -183,7 +162,7 @@ impl Session {
     fn inspect(&mut self, t: Tracked, reply: &Reply) -> bool {
         let now = Instant::now();
         let max = self.config.max_message_size;
-        let status = if t.rung == Rung::Available && t.unique_ids {
+        let status = if t.attempt.rung == Rung::Available && t.unique_ids {
             let scanned = reply.status_and_duplicates(max, &mut self.ids, ORPHAN_SCAN_CAP);
             if self.ids.capacity() > ORPHAN_SCAN_CAP {
                 self.ids = IdSet::default();
@@ -248,7 +227,7 @@ impl Session {
         now: Instant,
     ) -> bool {
         let Verdict { heard, then } = verdict;
-        if t.rung != Rung::First {
+        if t.attempt.rung != Rung::First {
             // A rung ended: counted in the ladder metric, its slot freed.
             self.ladder_ended(&mut t, answered);
         }
@@ -282,7 +261,7 @@ impl Session {
                 self.bounded_failed(&t, b);
                 true
             }
-            Then::Climb { to, spec, or_else } => self.climb(t, to, &spec, or_else),
+            then @ Then::Climb { .. } => self.climb(t, then),
         };
         // After the resend, so the client's answer does not wait behind it at mongos.
         if let Some(ask) = confirm {
@@ -291,25 +270,26 @@ impl Session {
         replaced
     }
 
-    /// Sends `t` to rung `to` (or `or_else` when the primary's guard refuses it); false when
-    /// nothing could be sent and the reply goes to the client.
-    fn climb(
-        &mut self,
-        mut t: Tracked,
-        to: Rung,
-        spec: &RewriteSpec,
-        or_else: Option<RewriteSpec>,
-    ) -> bool {
-        if to == Rung::Primary {
-            match self.claim_ladder(&t.ns) {
-                Some(permit) => t.permit = Some(permit),
-                None => match or_else {
-                    Some(spec) => return self.resend(t, Rung::Available, &spec),
-                    None => return false,
-                },
-            }
+    /// Sends `t` up the ladder as `then` (a `Then::Climb`) says; to the primary only with a
+    /// slot of its guard, else as `Then::refused` says. False when nothing could be sent and
+    /// the reply goes to the client.
+    fn climb(&mut self, mut t: Tracked, then: Then) -> bool {
+        let then = match then {
+            Then::Climb {
+                to: Rung::Primary, ..
+            } => match self.claim_ladder(&t.ns) {
+                Some(permit) => {
+                    t.permit = Some(permit);
+                    then
+                }
+                None => then.refused(),
+            },
+            other => other,
+        };
+        match then {
+            Then::Climb { to, spec, .. } => self.resend(t, to, &spec),
+            _ => false,
         }
-        self.resend(t, to, spec)
     }
 
     /// A sample's outcome, to its breaker.
@@ -342,7 +322,7 @@ impl Session {
         t.permit = None;
         let result = if answered { "answered" } else { "failed" };
         self.counters
-            .ladder_attempt(&self.shared.metrics, &t.ns, t.rung.as_str(), result);
+            .ladder_attempt(&self.shared.metrics, &t.ns, t.attempt.rung.as_str(), result);
     }
 
     /// A slot on this connection's upstream for one primary-rung read about to be sent,
@@ -415,12 +395,7 @@ impl Session {
                 if to == Rung::Available {
                     t.permit = None;
                 }
-                t.primary = false;
-                t.retry &= to == Rung::Primary;
-                t.rung = to;
-                t.sample = false;
-                t.bounded = None;
-                t.limit_ours = spec.max_time_ms.is_some();
+                t.attempt = t.attempt.climbed(to, spec);
                 self.sent_finals += 1;
                 t.seq = self.sent_finals;
                 t.began = (self.finals_in + 1 == t.seq).then(Instant::now);

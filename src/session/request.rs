@@ -10,43 +10,10 @@ use tokio::time::Instant;
 use super::reply::Tracked;
 use super::{tracked_command, Session, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
-use crate::policy::{self, Admission, AfterPrimary, Decision, ErrorReply, Mode, Rung, Target};
+use crate::policy::{self, Admission, Attempt, Decision, ErrorReply, Mode, Target};
 use crate::rewrite;
+use crate::upstream::LadderPermit;
 use crate::wire::{Request, WireError};
-
-/// One attempt of a followed read: which rung it is, what is still ahead of it, its budget.
-struct Attempt {
-    rung: Rung,
-    /// The primary rung is still ahead.
-    primary: bool,
-    /// The `available` rung is still ahead.
-    retry: bool,
-    /// A sample of an open breaker (`bounded`: under its time bound).
-    sample: bool,
-    bounded: Option<policy::Bounded>,
-    /// Sent with a `maxTimeMS` staleguard wrote.
-    limit_ours: bool,
-    /// The read's whole budget (the next rung spends what this attempt leaves).
-    budget_ms: Option<i64>,
-    /// The upstream's ladder slot (primary rung).
-    permit: Option<crate::upstream::LadderPermit>,
-}
-
-impl Attempt {
-    /// An attempt with nothing ahead of it and no budget (`available` sent at once).
-    fn last(rung: Rung) -> Attempt {
-        Attempt {
-            rung,
-            primary: false,
-            retry: false,
-            sample: false,
-            bounded: None,
-            limit_ours: false,
-            budget_ms: None,
-            permit: None,
-        }
-    }
-}
 
 /// A governed request, with what was decided about it.
 #[derive(Clone, Copy)]
@@ -112,57 +79,19 @@ impl Session {
         self.shared.breakers.admit(ns, &target.policy, now)
     }
 
-    /// Carries out a decision.
+    /// Carries out a decision, counted as decided.
     fn apply(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
-        let Governed {
-            req,
-            info,
-            target,
-            ns,
-            ..
-        } = g;
-        self.counters.request(info.name, decision.name());
+        self.counters.request(g.info.name, decision.name());
+        self.carry_out(decision, g)
+    }
+
+    fn carry_out(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
+        let Governed { req, info, ns, .. } = g;
         match decision {
             Decision::Forward => self.forward(req.frame().clone(), true),
             Decision::Track { .. } => self.track(&decision, g),
-            Decision::Rewrite { .. } => self.send_available(decision, g),
-            Decision::Primary {
-                budget_ms, then, ..
-            } => {
-                // The primary rung, when this upstream's guard has room; else what follows it.
-                if let Some(permit) = self.claim_ladder(ns) {
-                    let retry = matches!(then, AfterPrimary::Available { .. });
-                    if let Some(out) = self.edited(&decision, req, ns, info.name) {
-                        tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
-                        let attempt = Attempt {
-                            retry,
-                            budget_ms,
-                            permit: Some(permit),
-                            ..Attempt::last(Rung::Primary)
-                        };
-                        self.follow(out, g, attempt);
-                        return;
-                    }
-                }
-                match then {
-                    AfterPrimary::Available {
-                        drop_after_cluster_time,
-                    } => {
-                        let cap_ms =
-                            policy::capped_max_time(info.max_time_ms, target.policy.max_time);
-                        let instead = Decision::Rewrite {
-                            drop_after_cluster_time,
-                            cap_ms,
-                        };
-                        self.send_available(instead, g);
-                    }
-                    AfterPrimary::FailFast {
-                        reason,
-                        probe_in,
-                        errors,
-                    } => self.fail_fast(g, reason, probe_in, errors),
-                }
-            }
+            Decision::Rewrite { .. } => self.send_available(&decision, g),
+            Decision::Primary { .. } => self.send_primary(decision, g),
             Decision::FailFast {
                 reason,
                 probe_in,
@@ -175,6 +104,23 @@ impl Session {
                 self.reply_error(req.request_id(), &reply);
             }
         }
+    }
+
+    /// The primary rung, when this upstream's guard has room (and the rewrite succeeds);
+    /// else what the decision says follows it (`Decision::refused`).
+    fn send_primary(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
+        let Governed { req, info, ns, .. } = g;
+        if let Some(permit) = self.claim_ladder(ns) {
+            let attempt = decision.attempt();
+            if let (Some(out), Some(attempt)) =
+                (self.edited(&decision, req, ns, info.name), attempt)
+            {
+                tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
+                self.follow(out, g, attempt, Some(permit));
+                return;
+            }
+        }
+        self.carry_out(decision.refused(), g)
     }
 
     /// Answers a strict read whose breaker is open with the fail-fast error, sending nothing.
@@ -194,16 +140,18 @@ impl Session {
 
     /// Sends a read rewritten to `available` before it goes (`decision` is a `Rewrite`),
     /// followed for the orphan estimate; as it arrived when the rewrite fails.
-    fn send_available(&mut self, decision: Decision, g: Governed<'_, '_>) {
+    fn send_available(&mut self, decision: &Decision, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
-        match self.edited(&decision, req, ns, info.name) {
-            Some(out) => {
+        match (
+            self.edited(decision, req, ns, info.name),
+            decision.attempt(),
+        ) {
+            (Some(out), Some(attempt)) => {
                 self.counters.preemptive_rewrite(&self.shared.metrics, ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
-                let attempt = Attempt::last(Rung::Available);
-                self.follow(out, g, attempt);
+                self.follow(out, g, attempt, None);
             }
-            None => self.forward(req.frame().clone(), true),
+            _ => self.forward(req.frame().clone(), true),
         }
     }
 
@@ -211,33 +159,17 @@ impl Session {
     /// says so), remembering it with the request as opened for a possible resend.
     fn track(&mut self, decision: &Decision, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
-        let Decision::Track {
-            budget_ms,
-            probe,
-            retry,
-            primary,
-            bounded,
-            ..
-        } = *decision
-        else {
+        let Some(attempt) = decision.attempt() else {
             return self.forward(req.frame().clone(), true);
         };
-        let edited = self.edited(decision, req, ns, info.name);
-        let limit_ours = edited.is_some();
-        let out = edited.unwrap_or_else(|| req.frame().clone());
-        if bounded.is_some() {
+        let (out, attempt) = match self.edited(decision, req, ns, info.name) {
+            Some(out) => (out, attempt),
+            None => (req.frame().clone(), attempt.unedited()),
+        };
+        if attempt.bounded.is_some() {
             tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent bounded by open_time_limit");
         }
-        let first = Attempt {
-            primary,
-            retry,
-            sample: probe,
-            bounded,
-            limit_ours,
-            budget_ms,
-            ..Attempt::last(Rung::First)
-        };
-        if !self.follow(out, g, first) && probe {
+        if !self.follow(out, g, attempt, None) && attempt.sample {
             self.shared.breakers.release_probe(ns);
         }
     }
@@ -245,7 +177,13 @@ impl Session {
     /// Sends `out` (the governed request, as `attempt`) and remembers it for its reply.
     /// Past `max_pending_reads` the read is sent but not followed (false): no next rung and
     /// no evidence from it (its ladder slot is freed at once).
-    fn follow(&mut self, out: Bytes, g: Governed<'_, '_>, attempt: Attempt) -> bool {
+    fn follow(
+        &mut self,
+        out: Bytes,
+        g: Governed<'_, '_>,
+        attempt: Attempt,
+        permit: Option<LadderPermit>,
+    ) -> bool {
         let Governed {
             req,
             info,
@@ -271,16 +209,10 @@ impl Session {
             original: req.clone(),
             started: now,
             began,
-            max_time_ms: attempt.budget_ms,
-            limit_ours: attempt.limit_ours,
+            attempt,
             tagged: info.read_pref_tags,
             pref: info.read_pref,
-            sample: attempt.sample,
-            bounded: attempt.bounded,
-            primary: attempt.primary,
-            retry: attempt.retry,
-            rung: attempt.rung,
-            permit: attempt.permit,
+            permit,
             // `forward` below counts it.
             seq: self.sent_finals + 1,
             unique_ids: info.unique_ids,
