@@ -30,7 +30,8 @@
 //! admin   reload    HTTP (/metrics, /status, the page, /healthz, /readyz) · config reload
 //! session           the relay: request policy, reply judgement, the ladder's rungs, the
 //!                   orphan estimate
-//! handles           Handles: one Arc of each handle, what session, admin and reload get
+//! handles           Handles: one Arc of each handle (the server's); the narrow views it
+//!                   hands out: SessionHandles, AdminHandles, ReloadHandles
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
 //!                   signals and the write counters sessions feed); each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log

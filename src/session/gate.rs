@@ -26,20 +26,10 @@ enum Gate {
 }
 
 /// The largest decompression done on a runtime worker (a few tens of microseconds); a larger
-/// one runs on the blocking pool behind [`inflate_slots`], so that no client can hold a
+/// one runs on the blocking pool behind `SessionHandles::inflate_slots`, so that no client can hold a
 /// worker (and every session scheduled on it) for the tens of milliseconds a message of up to
 /// `max_message_size` takes.
 pub(super) const INLINE_INFLATE: usize = 64 * 1024;
-
-/// Decompressions running off the workers at once: half the cores (at least one), so that
-/// a flood of large compressed messages cannot take every core from the relays.
-fn inflate_slots() -> &'static tokio::sync::Semaphore {
-    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    SLOTS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        tokio::sync::Semaphore::new((cores / 2).max(1))
-    })
-}
 
 impl Session {
     /// One request from the client. `Some`: a large compressed request to be decompressed
@@ -63,10 +53,12 @@ impl Session {
         self.dispatch(gate, req)
     }
 
-    /// Decompresses `req` on the blocking pool, waiting for one of [`inflate_slots`].
+    /// Decompresses `req` on the blocking pool, waiting for one of the slots
+    /// (`SessionHandles::inflate_slots`: half the cores, so that a flood of large compressed
+    /// messages cannot take every core from the relays).
     pub(super) async fn inflate_aside(&self, mut req: Request) -> Result<Request, SessionError> {
         let max = self.config.max_message_size;
-        let Ok(_slot) = inflate_slots().acquire().await else {
+        let Ok(_slot) = self.shared.inflate_slots.acquire().await else {
             return Err(SessionError::ClientProtocol(WireError::Decompress(
                 "decompression slots closed".into(),
             )));

@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::handles::Handles;
+use crate::handles::SessionHandles;
 use crate::stall::WriteTracker;
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
@@ -90,7 +90,7 @@ impl SessionError {
 }
 
 pub struct Session {
-    shared: Arc<Handles>,
+    shared: Arc<SessionHandles>,
     /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
     config_generation: u64,
@@ -139,7 +139,7 @@ pub struct Session {
 
 impl Session {
     pub fn new(
-        shared: Arc<Handles>,
+        shared: Arc<SessionHandles>,
         peer: SocketAddr,
         id: u64,
         stop: CancellationToken,
