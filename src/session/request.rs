@@ -1,14 +1,20 @@
-//! The request side past the gates (`gate.rs`): a read some policy governs is classified
-//! from the message as opened, decided on (`policy::decide`, pure) and applied: forwarded as
-//! it arrived, rewritten, sent to the primary, or answered by the proxy.
+//! What happens to a request. It is opened once (`wire::Request`), its requestID checked
+//! against the reads and writes still followed (a reused one closes the client), and sent
+//! through the early gates (`gate.rs`): forwarded untouched, followed as a write (write-stall
+//! watch), refused (legacy OP_QUERY), or governed. A governed read is classified from the
+//! message as opened, decided on (`policy::decide`, pure) and carried out: forwarded as it
+//! arrived, rewritten, sent to the primary, or answered by the proxy; a followed one becomes
+//! a tracked read (`reads`) on the attempt its decision names (`policy::Attempt`).
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::reply::Tracked;
-use super::{tracked_command, Session, SessionError};
+use super::gate::{self, Gate};
+use super::reads::Tracked;
+use super::{Handler, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
 use crate::policy::{self, Admission, Attempt, Decision, ErrorReply, Mode, Target};
 use crate::rewrite;
@@ -25,9 +31,90 @@ struct Governed<'r, 'a> {
     now: Instant,
 }
 
-impl Session {
+impl Handler {
+    /// One request from the client. `Some`: a large compressed request to be decompressed
+    /// off the workers (`gate::inflate_aside`) and then handed to [`Handler::on_inflated`].
+    pub(super) fn on_request(&mut self, msg: Bytes) -> Result<Option<Request>, SessionError> {
+        self.refresh_config();
+        let max = self.config.max_message_size;
+        let mut req = Request::new(msg, max).map_err(SessionError::ClientProtocol)?;
+        self.refuse_reused_id(req.request_id())?;
+        match gate::gate(&mut req, &self.config)? {
+            Gate::Inflate => return Ok(Some(req)),
+            gate => self.dispatch(gate, req)?,
+        }
+        Ok(None)
+    }
+
+    /// A request [`Handler::on_request`] set aside, now decompressed.
+    pub(super) fn on_inflated(&mut self, mut req: Request) -> Result<(), SessionError> {
+        let gate = gate::gate_open(&mut req, &self.config)?;
+        self.dispatch(gate, req)
+    }
+
+    /// Picks up a reloaded config, from the next request on.
+    fn refresh_config(&mut self) {
+        let generation = self.shared.config.generation();
+        if generation != self.config_generation {
+            self.config = self.shared.config.load_full();
+            self.config_generation = generation;
+        }
+    }
+
+    /// The first gate: a request that reuses the requestID of a followed read or write
+    /// still waiting for its reply closes the client, since its reply could be taken for
+    /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
+    /// connection's requests in flight.
+    fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
+        if !self.reads.reuses(request_id) {
+            return Ok(());
+        }
+        self.meter.limit("reused_request_id");
+        // The followed reads end unjudged: a sample among them says nothing (a probe gives
+        // its slot back).
+        let now = Instant::now();
+        for t in self.reads.samples() {
+            let unknown = crate::breaker::Sample::Unknown;
+            self.shared
+                .breakers
+                .sampled(&t.ns, &t.policy, unknown, self.id, now);
+        }
+        Err(SessionError::ReusedRequestId(request_id))
+    }
+
+    fn dispatch(&mut self, gate: Gate, mut req: Request) -> Result<(), SessionError> {
+        match gate {
+            Gate::Pass { expects_reply } => self.pass(req.into_frame(), expects_reply),
+            Gate::Write => self.send_write(req.request_id(), req.into_frame()),
+            Gate::Read => self.govern(req)?,
+            Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
+            // Only from `gate`, handled by the caller; opened here as a last resort.
+            Gate::Inflate => {
+                let gate = gate::gate_open(&mut req, &self.config)?;
+                return self.dispatch(gate, req);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forwards a write untouched and follows it (write-stall watch): it waits from its turn
+    /// at mongos (every earlier request that expects a final reply has had it) until any
+    /// reply to it arrives.
+    fn send_write(&mut self, request_id: i32, frame: Bytes) {
+        self.pass(frame, true);
+        let turn = (
+            request_id,
+            self.peers.next_place() - 1,
+            self.peers.finals_in(),
+        );
+        let (watch, upstream) = (&self.shared.stall, &self.upstream);
+        self.reads
+            .writes
+            .sent(watch, upstream, turn, Instant::now());
+    }
+
     /// A read some policy may govern: classified, resolved, admitted, decided, applied.
-    pub(super) fn govern(&mut self, req: Request) -> Result<(), SessionError> {
+    fn govern(&mut self, req: Request) -> Result<(), SessionError> {
         let info = match command::classify_request(&req) {
             Ok(info) => info,
             Err(ClassifyError::NoCommand) => {
@@ -81,7 +168,7 @@ impl Session {
 
     /// Carries out a decision, counted as decided.
     fn apply(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
-        self.counters.request(g.info.name, decision.name());
+        self.meter.request(g.info.name, decision.name());
         self.carry_out(decision, g)
     }
 
@@ -99,7 +186,7 @@ impl Session {
             } => self.fail_fast(g, reason, probe_in, errors),
             Decision::Refuse(why) => {
                 let reply = policy::refusal_reply(ns, why);
-                self.counters.refusal(&self.shared.metrics, ns);
+                self.meter.refusal(ns);
                 tracing::debug!(ns = %ns, command = info.name, code = reply.code, why = ?why, "refused");
                 self.reply_error(req.request_id(), &reply);
             }
@@ -133,7 +220,7 @@ impl Session {
     ) {
         let Governed { req, info, ns, .. } = g;
         let reply = policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
-        self.counters.fail_fast(&self.shared.metrics, ns);
+        self.meter.fail_fast(ns);
         tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
         self.reply_error(req.request_id(), &reply);
     }
@@ -147,7 +234,7 @@ impl Session {
             decision.attempt(),
         ) {
             (Some(out), Some(attempt)) => {
-                self.counters.preemptive_rewrite(&self.shared.metrics, ns);
+                self.meter.preemptive_rewrite(ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
                 self.follow(out, g, attempt, None);
             }
@@ -191,17 +278,17 @@ impl Session {
             ns,
             now,
         } = g;
-        if self.pending.len() >= self.config.limits.max_pending_reads {
-            self.shared.metrics.limits.hit("max_pending_reads");
+        if self.reads.full(self.config.limits.max_pending_reads) {
+            self.meter.limit("max_pending_reads");
             tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
             self.forward(out, true);
             return false;
         }
-        let tracked_ns = self.tracked_ns(ns);
+        let tracked_ns = self.reads.ns(ns);
         // mongos serves a connection's requests in order: this read starts now only when
         // nothing sent before it is still waiting for its reply.
-        let began = (self.finals_in == self.sent_finals).then_some(now);
-        self.pending.push(Tracked {
+        let began = self.peers.all_answered().then_some(now);
+        self.reads.track(Tracked {
             request_id: req.request_id(),
             ns: tracked_ns,
             command: tracked_command(info.name),
@@ -214,7 +301,7 @@ impl Session {
             pref: info.read_pref,
             permit,
             // `forward` below counts it.
-            seq: self.sent_finals + 1,
+            seq: self.peers.next_place(),
             unique_ids: info.unique_ids,
         });
         self.forward(out, true);
@@ -252,33 +339,37 @@ impl Session {
     }
 
     /// Forwards a request no policy looked at.
-    pub(super) fn pass(&mut self, msg: Bytes, expects_reply: bool) {
-        self.counters.forwarded();
+    fn pass(&mut self, msg: Bytes, expects_reply: bool) {
+        self.meter.forwarded();
         self.forward(msg, expects_reply);
     }
 
     fn forward(&mut self, msg: Bytes, expects_reply: bool) {
-        if expects_reply {
-            self.sent_finals += 1;
-            self.outstanding += 1;
-            if self.waiting_since.is_none() {
-                self.waiting_since = Some(Instant::now());
-            }
-        }
-        self.to_upstream.push(msg);
+        self.peers.forward(msg, expects_reply);
     }
 
     /// Answers legacy OP_QUERY `request_id` with the OP_REPLY of `refusal`, sending nothing.
-    pub(super) fn refuse_legacy(&mut self, request_id: i32, refusal: &policy::LegacyRefusal) {
-        self.counters.refusal(&self.shared.metrics, &refusal.ns);
+    fn refuse_legacy(&mut self, request_id: i32, refusal: &policy::LegacyRefusal) {
+        self.meter.refusal(&refusal.ns);
         tracing::debug!(ns = %refusal.ns, code = refusal.reply.code, "refused: legacy OP_QUERY on a database with governed namespaces");
         let out = refusal.to_message(self.shared.ids.request_id(), request_id);
-        self.to_client.push(out);
+        self.peers.answer(out);
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.
-    pub(super) fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
+    fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
         let out = reply.to_message(self.shared.ids.request_id(), request_id);
-        self.to_client.push(out);
+        self.peers.answer(out);
+    }
+}
+
+/// A tracked read's command name without an allocation when the metrics know it (every read
+/// command the policy tracks does).
+fn tracked_command(name: &str) -> Cow<'static, str> {
+    let known = crate::metrics::Metrics::command_label(name);
+    if known == name {
+        Cow::Borrowed(known)
+    } else {
+        Cow::Owned(name.to_string())
     }
 }
