@@ -127,3 +127,51 @@ pub(super) fn overdue(
 pub(super) fn quarter(d: Duration) -> Duration {
     (d / 4).max(Duration::from_millis(10))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flush_timer_is_armed_once_per_batch() {
+        let mut life = Life::new(CancellationToken::new(), CancellationToken::new());
+        assert!(life.flush_armed());
+        // Armed already: nothing to do, dirty or not.
+        assert!(!life.rearm_flush(true));
+        life.flushed();
+        assert!(!life.rearm_flush(false));
+        assert!(life.rearm_flush(true) && life.flush_armed());
+        assert!(!life.rearm_flush(true));
+    }
+
+    #[test]
+    fn a_request_every_flush_msgs_is_due_to_flush() {
+        let mut life = Life::new(CancellationToken::new(), CancellationToken::new());
+        let due = (0..2 * FLUSH_MSGS).filter(|_| life.request_read()).count();
+        assert_eq!(due, 2);
+    }
+
+    #[test]
+    fn quiet_is_measured_from_the_last_tick_that_saw_a_request() {
+        let mut life = Life::new(CancellationToken::new(), CancellationToken::new());
+        let later = Instant::now() + Duration::from_secs(3);
+        assert!(life.quiet_for(later) >= Duration::from_secs(3));
+        life.request_read();
+        // A request since the last tick: the quiet starts again.
+        assert_eq!(life.quiet_for(later), Duration::ZERO);
+        let end = later + Duration::from_secs(1);
+        assert_eq!(life.quiet_for(end), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn deadlines_are_looked_at_four_times_per_shortest_limit() {
+        let mut l = crate::config::Config::for_upstreams("127.0.0.1:0", vec![]).limits;
+        l.message_timeout = Duration::from_secs(8);
+        l.write_timeout = Duration::from_secs(4);
+        l.idle_timeout = Some(Duration::from_secs(2));
+        assert_eq!(limits_tick(&l), Duration::from_millis(500));
+        l.idle_timeout = None;
+        assert_eq!(limits_tick(&l), Duration::from_secs(1));
+        assert_eq!(quarter(Duration::from_millis(1)), Duration::from_millis(10));
+    }
+}

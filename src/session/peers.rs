@@ -154,3 +154,52 @@ impl Peers {
         let _ = uw.shutdown().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg() -> Bytes {
+        Bytes::from_static(b"m")
+    }
+
+    /// The turn order: a request's place among those that expect a final reply, what the
+    /// client still waits for, and a stop that waits for it.
+    #[test]
+    fn turn_order_and_what_the_client_waits_for() {
+        let mut p = Peers::default();
+        assert!(p.all_answered() && p.nothing_outstanding() && p.drained());
+        p.forward(msg(), true);
+        // moreToCome: no reply expected, no place taken.
+        p.forward(msg(), false);
+        assert_eq!(p.next_place(), 2);
+        assert!(!p.all_answered() && !p.nothing_outstanding());
+        // The proxy's own request takes a place the client does not wait for.
+        assert_eq!(p.send_own(msg()), 2);
+        assert!(p.reply_arrived().is_some());
+        // Timed once per wait: a second reply does not count the same wait again.
+        assert!(p.reply_arrived().is_none());
+        assert_eq!(p.final_in(), 1);
+        p.reply(msg(), false);
+        assert!(p.nothing_outstanding() && !p.all_answered());
+        assert_eq!(p.final_in(), 2);
+        assert!(p.all_answered());
+        // Queued but not written: not drained.
+        assert!(!p.drained());
+    }
+
+    /// An exhaust stream running counts as drained for a stop (it is cut at once), and the
+    /// proxy's answer in place of a reply ends it.
+    #[test]
+    fn a_stream_does_not_hold_a_stop() {
+        let mut p = Peers::default();
+        p.forward(msg(), true);
+        p.to_upstream = Outbox::default();
+        p.reply(msg(), true);
+        p.to_client = Outbox::default();
+        assert!(p.drained());
+        p.answer_instead(msg());
+        p.to_client = Outbox::default();
+        assert!(p.nothing_outstanding() && p.drained());
+    }
+}
