@@ -38,7 +38,7 @@
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
 //!                   choosing and dialing mongos, their health, their ladder guards
 //! config            TOML → validated Config
-//! policy            the pattern table; decide and judge (pure); what a decision means
+//! policy            the pattern table; decide, judge and the ladder (pure); what a decision means
 //! metrics tls command rewrite logs   every metric name · rustls · classification ·
 //!                   splicing · the pretty log's field formatter (client strings escaped)
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
