@@ -21,7 +21,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::handles::Handles;
+use crate::handles::AdminHandles;
 
 pub use page::esc;
 
@@ -31,13 +31,13 @@ const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 
 #[derive(Clone)]
 struct AdminState {
-    shared: Arc<Handles>,
+    shared: Arc<AdminHandles>,
     /// Cancelled when the proxy starts stopping: not ready any more.
     stopping: CancellationToken,
 }
 
 /// The admin routes over `shared`.
-pub fn router(shared: Arc<Handles>, stopping: CancellationToken) -> Router {
+pub fn router(shared: Arc<AdminHandles>, stopping: CancellationToken) -> Router {
     Router::new()
         .route("/", get(page))
         .route("/status", get(status_json))
@@ -53,7 +53,7 @@ pub use conn::CLOSE_WAIT;
 /// [`CLOSE_WAIT`]; `stopping` turns `/readyz` to 503.
 pub async fn serve(
     listener: TcpListener,
-    shared: Arc<Handles>,
+    shared: Arc<AdminHandles>,
     stopping: CancellationToken,
     done: CancellationToken,
 ) {

@@ -1,9 +1,12 @@
-//! The handles of one running proxy, gathered: what a session, the admin endpoint and a
-//! reload are given. Each field is its own `Arc`, so the background tasks (`health`,
-//! `stall`) are handed only the few they use.
+//! The handles of one running proxy, and the narrow views each component is given: a
+//! session gets [`SessionHandles`], the admin endpoint [`AdminHandles`], a reload
+//! [`ReloadHandles`], each with only the handles it uses. Every handle is its own `Arc`, so
+//! the background tasks (`health`, `stall`) are handed only the few they use too.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+
+use tokio::sync::Semaphore;
 
 use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
 use crate::config::Config;
@@ -12,6 +15,7 @@ use crate::stall::StallWatch;
 use crate::state::{ClientSlots, Ids, LiveConfig, Runtime};
 use crate::upstream::Upstreams;
 
+/// Everything the server starts its tasks with (and what `Running::shared` shows tests).
 #[derive(Debug)]
 pub struct Handles {
     /// The config in force, and its generation.
@@ -29,10 +33,56 @@ pub struct Handles {
     pub runtime: Arc<Runtime>,
     /// Client connections open now (`max_connections`).
     pub clients: Arc<ClientSlots>,
+    /// What every session is given (the server sets its kill flag).
+    pub sessions: Arc<SessionHandles>,
+}
+
+/// What a session uses.
+#[derive(Debug)]
+pub struct SessionHandles {
+    pub config: Arc<LiveConfig>,
+    pub breakers: Arc<Breakers>,
+    pub upstreams: Arc<Upstreams>,
+    pub metrics: Arc<Metrics>,
+    pub stall: Arc<StallWatch>,
+    pub ids: Arc<Ids>,
     /// Set when the stop's deadline passes, just before the kill token is cancelled: a
     /// session looks at it once per message (a load of a line nothing else writes), where
     /// polling the token would take its lock.
     pub killed: AtomicBool,
+    /// Large compressed requests decompressed off the runtime's workers at once: half the
+    /// cores the process may use (at least one), so that a flood of them cannot take every
+    /// core from the relays (`session::gate`).
+    pub inflate_slots: Semaphore,
+}
+
+/// What the admin endpoint uses: what `/status`, `/readyz` and `/metrics` show, and its
+/// own limits.
+#[derive(Debug, Clone)]
+pub struct AdminHandles {
+    pub config: Arc<LiveConfig>,
+    pub breakers: Arc<Breakers>,
+    pub upstreams: Arc<Upstreams>,
+    pub metrics: Arc<Metrics>,
+    pub stall: Arc<StallWatch>,
+    pub runtime: Arc<Runtime>,
+}
+
+/// What a reload uses: the config it swaps, and what a new config changes.
+#[derive(Debug, Clone)]
+pub struct ReloadHandles {
+    pub config: Arc<LiveConfig>,
+    pub breakers: Arc<Breakers>,
+    pub upstreams: Arc<Upstreams>,
+    pub metrics: Arc<Metrics>,
+    pub runtime: Arc<Runtime>,
+}
+
+/// Decompressions off the workers at once: half the cores the process may use (at least
+/// one).
+fn inflate_slots() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 2).max(1)
 }
 
 impl Handles {
@@ -41,16 +91,54 @@ impl Handles {
         crate::state::publish_limits(&metrics, &config, DEFAULT_MAX_BREAKERS);
         let breakers = Breakers::with_metrics(DEFAULT_MAX_BREAKERS, metrics.clone());
         breakers.set_patterns(&config.policy, config.breaker_share);
+        let upstreams = Arc::new(Upstreams::new(config.upstreams.clone()));
+        let config = Arc::new(LiveConfig::new(config));
+        let breakers = Arc::new(breakers);
+        let stall = Arc::new(StallWatch::new());
+        let ids: Arc<Ids> = Arc::default();
+        let sessions = Arc::new(SessionHandles {
+            config: config.clone(),
+            breakers: breakers.clone(),
+            upstreams: upstreams.clone(),
+            metrics: metrics.clone(),
+            stall: stall.clone(),
+            ids: ids.clone(),
+            killed: AtomicBool::new(false),
+            inflate_slots: Semaphore::new(inflate_slots()),
+        });
         Handles {
-            upstreams: Arc::new(Upstreams::new(config.upstreams.clone())),
-            config: Arc::new(LiveConfig::new(config)),
-            breakers: Arc::new(breakers),
+            upstreams,
+            config,
+            breakers,
             metrics,
-            stall: Arc::new(StallWatch::new()),
-            ids: Arc::default(),
+            stall,
+            ids,
             runtime: Arc::default(),
             clients: Arc::default(),
-            killed: AtomicBool::new(false),
+            sessions,
+        }
+    }
+
+    /// The admin endpoint's view.
+    pub fn admin(&self) -> AdminHandles {
+        AdminHandles {
+            config: self.config.clone(),
+            breakers: self.breakers.clone(),
+            upstreams: self.upstreams.clone(),
+            metrics: self.metrics.clone(),
+            stall: self.stall.clone(),
+            runtime: self.runtime.clone(),
+        }
+    }
+
+    /// A reload's view.
+    pub fn reload(&self) -> ReloadHandles {
+        ReloadHandles {
+            config: self.config.clone(),
+            breakers: self.breakers.clone(),
+            upstreams: self.upstreams.clone(),
+            metrics: self.metrics.clone(),
+            runtime: self.runtime.clone(),
         }
     }
 }

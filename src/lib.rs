@@ -30,14 +30,15 @@
 //! admin   reload    HTTP (/metrics, /status, the page, /healthz, /readyz) · config reload
 //! session           the relay: request policy, reply judgement, the ladder's rungs, the
 //!                   orphan estimate
-//! handles           Handles: one Arc of each handle, what session, admin and reload get
+//! handles           Handles: one Arc of each handle (the server's); the narrow views it
+//!                   hands out: SessionHandles, AdminHandles, ReloadHandles
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
 //!                   signals and the write counters sessions feed); each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
 //!                   choosing and dialing mongos, their health, their ladder guards
 //! config            TOML → validated Config
-//! policy            the pattern table; decide and judge (pure); what a decision means
+//! policy            the pattern table; decide, judge and the ladder (pure); what a decision means
 //! metrics tls command rewrite logs   every metric name · rustls · classification ·
 //!                   splicing · the pretty log's field formatter (client strings escaped)
 //! events            the recent past, bounded: the ring of events, the plots' series

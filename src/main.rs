@@ -214,8 +214,7 @@ fn run(path: PathBuf) -> ExitCode {
             tracing::info!("signal received, stopping");
             stop.cancel();
         });
-        let shared = running.shared().clone();
-        tokio::spawn(reload_on_hangup(shared));
+        tokio::spawn(reload_on_hangup(running.shared().reload()));
         running.wait().await;
         ExitCode::SUCCESS
     });
@@ -229,7 +228,7 @@ fn run(path: PathBuf) -> ExitCode {
 const RUNTIME_EXIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// SIGHUP reloads the config file (errors are logged and shown in `/status`).
-async fn reload_on_hangup(shared: Arc<staleguard::handles::Handles>) {
+async fn reload_on_hangup(shared: staleguard::handles::ReloadHandles) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hup = match signal(SignalKind::hangup()) {
         Ok(h) => h,

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError};
 use crate::events::Event;
-use crate::handles::Handles;
+use crate::handles::ReloadHandles;
 use crate::state::ReloadStatus;
 
 /// How long the file must stay quiet before a change is reloaded (editors write in steps).
@@ -28,7 +28,7 @@ pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// Reloads the file the live config came from, as it reads now. `trigger` names what asked
 /// (for logs).
-pub fn reload(shared: &Handles, trigger: &str) -> Result<(), Vec<ConfigError>> {
+pub fn reload(shared: &ReloadHandles, trigger: &str) -> Result<(), Vec<ConfigError>> {
     let old = shared.config.load_full();
     let result = Config::load(&old.source);
     apply(shared, trigger, old, result)
@@ -36,7 +36,7 @@ pub fn reload(shared: &Handles, trigger: &str) -> Result<(), Vec<ConfigError>> {
 
 /// Applies `text`, the file's content as the watcher read it (twice, the same): what is
 /// validated and swapped in is exactly what was checked to be complete, not a third read.
-fn reload_text(shared: &Handles, trigger: &str, text: &[u8]) -> Result<(), Vec<ConfigError>> {
+fn reload_text(shared: &ReloadHandles, trigger: &str, text: &[u8]) -> Result<(), Vec<ConfigError>> {
     let old = shared.config.load_full();
     let result = match std::str::from_utf8(text) {
         Ok(t) => Config::parse(t, &old.source),
@@ -51,7 +51,7 @@ fn reload_text(shared: &Handles, trigger: &str, text: &[u8]) -> Result<(), Vec<C
 }
 
 fn apply(
-    shared: &Handles,
+    shared: &ReloadHandles,
     trigger: &str,
     old: Arc<Config>,
     result: Result<Config, Vec<ConfigError>>,
@@ -150,7 +150,7 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
 }
 
 /// Drops the breakers whose namespace changed pattern or mode (or lost its policy).
-fn retain_breakers(shared: &Handles, old: &Config, new: &Config) {
+fn retain_breakers(shared: &ReloadHandles, old: &Config, new: &Config) {
     let dropped = RefCell::new(Vec::new());
     shared.breakers.retain(|ns| {
         let Some((db, coll)) = ns.split_once('.') else {
@@ -182,7 +182,7 @@ fn retain_breakers(shared: &Handles, old: &Config, new: &Config) {
 /// A file written in place is applied only once its writer has closed it (inotify's
 /// close-write) and it reads the same twice: a write in progress, however long its pauses,
 /// is never applied half-written (see [`Change`]).
-pub fn watch(shared: Arc<Handles>, stop: CancellationToken) -> Result<(), String> {
+pub fn watch(shared: Arc<ReloadHandles>, stop: CancellationToken) -> Result<(), String> {
     let path = shared.config.load().source.clone();
     if path.file_name().is_none() {
         return Err(format!("{}: not a file name", path.display()));
@@ -318,7 +318,7 @@ pub const WRITE_QUIET: Duration = Duration::from_secs(2);
 const REREAD: Duration = Duration::from_millis(50);
 
 async fn debounce(
-    shared: Arc<Handles>,
+    shared: Arc<ReloadHandles>,
     stop: CancellationToken,
     mut rx: mpsc::UnboundedReceiver<Change>,
     watcher: notify::RecommendedWatcher,

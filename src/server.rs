@@ -63,7 +63,7 @@ impl Running {
 
     /// Reloads the config file now (what SIGHUP does). On error nothing changes.
     pub fn reload(&self) -> Result<(), Vec<ConfigError>> {
-        reload::reload(&self.shared, "api")
+        reload::reload(&self.shared.reload(), "api")
     }
 
     /// Stops accepting, lets requests in flight finish up to `shutdown_timeout`, then closes
@@ -148,14 +148,20 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
     };
     stall::start(watch, stop.clone());
     if from_file {
-        if let Err(e) = reload::watch(shared.clone(), stop.clone()) {
+        if let Err(e) = reload::watch(Arc::new(shared.reload()), stop.clone()) {
             tracing::warn!(error = %e, "config file changes will not be noticed; SIGHUP still reloads");
         }
     }
     // `stop` starts the drain; `done` ends the admin endpoint once every session is gone.
     let done = CancellationToken::new();
-    let admin_join = admin_listener
-        .map(|l| tokio::spawn(admin::serve(l, shared.clone(), stop.clone(), done.clone())));
+    let admin_join = admin_listener.map(|l| {
+        tokio::spawn(admin::serve(
+            l,
+            Arc::new(shared.admin()),
+            stop.clone(),
+            done.clone(),
+        ))
+    });
     let join = tokio::spawn(accept_loop(
         listener,
         cores,
@@ -205,7 +211,7 @@ async fn accept_loop(
                     let id = shared.ids.next_conn();
                     // Child tokens: a session polls its own (each poll locks the token's
                     // node), not one node every session shares.
-                    let sess = Box::new(session::Session::new(shared.clone(), peer, id, stop.child_token(), kill.child_token()));
+                    let sess = Box::new(session::Session::new(shared.sessions.clone(), peer, id, stop.child_token(), kill.child_token()));
                     let client = Client { shared: shared.clone(), kill: kill.clone(), slot, sess, peer, id };
                     let Some(cores) = cores.as_mut() else {
                         tracker.spawn(client.serve(socket));
@@ -237,6 +243,7 @@ async fn accept_loop(
             "shutdown deadline passed, closing remaining sessions"
         );
         shared
+            .sessions
             .killed
             .store(true, std::sync::atomic::Ordering::Release);
         kill.cancel();

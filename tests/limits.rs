@@ -424,7 +424,7 @@ async fn an_idle_session_task_stays_small() {
     let shared = Arc::new(Handles::new(Arc::new(cfg)));
     let peer = "127.0.0.1:9".parse().expect("addr");
     let session = Box::new(Session::new(
-        shared,
+        shared.sessions.clone(),
         peer,
         1,
         CancellationToken::new(),

@@ -110,7 +110,13 @@ async fn retried_find(compressed: bool, cap: Option<Duration>) -> Steps {
     let shared = Arc::new(Handles::new(Arc::new(config(cap))));
     let peer: SocketAddr = "127.0.0.1:9".parse().expect("addr");
     let stop = CancellationToken::new();
-    let session = Session::new(shared, peer, 1, stop.clone(), CancellationToken::new());
+    let session = Session::new(
+        shared.sessions.clone(),
+        peer,
+        1,
+        stop.clone(),
+        CancellationToken::new(),
+    );
     let (mut client, proxy_client) = tokio::io::duplex(1 << 20);
     let (proxy_up, mut mongos) = tokio::io::duplex(1 << 20);
     let (cr, cw) = tokio::io::split(proxy_client);

@@ -79,7 +79,7 @@ impl Rig {
     }
 
     fn status_json(&self) -> serde_json::Value {
-        let s = staleguard::admin::status::collect(self.proxy.shared(), true);
+        let s = staleguard::admin::status::collect(&self.proxy.shared().admin(), true);
         serde_json::to_value(&s).expect("status serializes")
     }
 

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::AdminLimits;
-use crate::handles::Handles;
+use crate::handles::AdminHandles;
 use crate::metrics::Metrics;
 use crate::state::{ClientSlot, ClientSlots};
 
@@ -43,7 +43,7 @@ const BUSY: &[u8] =
 pub(super) async fn accept(
     listener: TcpListener,
     app: Router,
-    shared: Arc<Handles>,
+    shared: Arc<AdminHandles>,
     done: CancellationToken,
 ) {
     let slots = ClientSlots::default();

@@ -14,11 +14,11 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{self, EntrySeries, Event, BUCKETS, MEASURES};
-use crate::handles::Handles;
+use crate::handles::AdminHandles;
 use crate::policy::{Mode, PolicyTable};
 
 /// Samples the counters into the series every `history_interval` until `stop`.
-pub async fn sample(shared: Arc<Handles>, stop: CancellationToken) {
+pub async fn sample(shared: Arc<AdminHandles>, stop: CancellationToken) {
     let mut last_end = events::unix_ms(SystemTime::now());
     loop {
         let width = shared.config.load().admin_limits.history_interval;
@@ -39,7 +39,10 @@ pub async fn sample(shared: Arc<Handles>, stop: CancellationToken) {
 
 /// Each fallback or strict entry (config order) with the totals of the namespaces it
 /// governs. Namespaces past the metrics' label bound share `other` and are in none.
-fn entry_totals(shared: &Handles, table: &PolicyTable) -> Vec<(String, events::series::Totals)> {
+fn entry_totals(
+    shared: &AdminHandles,
+    table: &PolicyTable,
+) -> Vec<(String, events::series::Totals)> {
     let mut out: Vec<(String, events::series::Totals)> = table
         .entries()
         .iter()
@@ -71,7 +74,7 @@ pub struct EventView {
 }
 
 /// The events kept, most recent first.
-pub fn events(shared: &Handles) -> Vec<EventView> {
+pub fn events(shared: &AdminHandles) -> Vec<EventView> {
     let now = events::unix_ms(SystemTime::now());
     shared
         .metrics
@@ -146,7 +149,7 @@ impl EntryView {
     }
 }
 
-pub fn history(shared: &Handles) -> HistoryView {
+pub fn history(shared: &AdminHandles) -> HistoryView {
     let s = shared.metrics.recent.series();
     let (active, quiet): (Vec<&EntrySeries>, Vec<&EntrySeries>) =
         s.entries().iter().partition(|e| e.active());
@@ -185,7 +188,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let mut config = Config::for_upstreams("127.0.0.1:0", vec!["127.0.0.1:1".into()]);
         config.policy = table.clone();
-        let shared = Handles::new(Arc::new(config));
+        let shared = crate::handles::Handles::new(Arc::new(config)).admin();
         let m = &shared.metrics;
         for ns in ["pay.a", "pay.b"] {
             let hot = m.ns_hot(ns);

@@ -7,7 +7,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::breaker::State;
-use crate::handles::Handles;
+use crate::handles::AdminHandles;
 use crate::policy::{Mode, NsPolicy};
 use crate::stall::Evidence;
 
@@ -182,13 +182,13 @@ pub fn rfc3339(t: SystemTime) -> String {
 
 /// Ready to serve: at least one upstream answered its last health check (with checks off:
 /// at least one upstream is configured).
-pub fn ready(shared: &Handles) -> bool {
+pub fn ready(shared: &AdminHandles) -> bool {
     let checks_on = shared.config.load().health_interval.is_some();
     shared.upstreams.any_up(checks_on)
 }
 
 /// Takes the snapshot. `listening` is false once the proxy is stopping.
-pub fn collect(shared: &Handles, listening: bool) -> Status {
+pub fn collect(shared: &AdminHandles, listening: bool) -> Status {
     let config = shared.config.load_full();
     let now = SystemTime::now();
     let reload = shared.runtime.reload_status();
@@ -246,7 +246,7 @@ pub fn collect(shared: &Handles, listening: bool) -> Status {
     }
 }
 
-fn write_stall(shared: &Handles, config: &crate::config::Config) -> WriteStallStatus {
+fn write_stall(shared: &AdminHandles, config: &crate::config::Config) -> WriteStallStatus {
     let now = Instant::now();
     let ago = |since: Option<Instant>| since.map(|s| now.saturating_duration_since(s).as_secs());
     let c = &config.stall;
@@ -300,7 +300,7 @@ fn write_stall(shared: &Handles, config: &crate::config::Config) -> WriteStallSt
     }
 }
 
-fn namespaces(shared: &Handles, table: &crate::policy::PolicyTable) -> Vec<NsStatus> {
+fn namespaces(shared: &AdminHandles, table: &crate::policy::PolicyTable) -> Vec<NsStatus> {
     let now = Instant::now();
     let wall = SystemTime::now();
     let mut rows: Vec<NsStatus> = Vec::new();

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::parse::{check_addr, duration};
-use super::spans::Ctx;
+use super::spans::{Ctx, Recorded};
 use crate::tls::{ServerTls, TlsError, UpstreamTls};
 
 /// Default `[admin] listen`: loopback only.
@@ -286,12 +286,12 @@ fn tls_err<T>(
     }
 }
 
-/// `[tls]`: the client-facing acceptor. `Err(())` when invalid (errors recorded).
+/// `[tls]`: the client-facing acceptor. `Err(Recorded)` when invalid.
 pub(super) fn server_tls(
     ctx: &mut Ctx,
     raw: Option<&Spanned<RawTls>>,
     config: &Path,
-) -> Result<Option<ServerTls>, ()> {
+) -> Result<Option<ServerTls>, Recorded> {
     let Some(table) = raw else { return Ok(None) };
     let t = table.get_ref();
     let mut missing = false;
@@ -303,7 +303,7 @@ pub(super) fn server_tls(
         }
     }
     let (Some(cert), Some(key), false) = (&t.cert, &t.key, missing) else {
-        return Err(());
+        return Err(Recorded);
     };
     let ca = t.client_ca.as_ref().map(|v| resolve(config, v.get_ref()));
     match ServerTls::new(
@@ -319,17 +319,17 @@ pub(super) fn server_tls(
                 _ => t.client_ca.as_ref(),
             };
             tls_err(ctx, "tls", table, at, e);
-            Err(())
+            Err(Recorded)
         }
     }
 }
 
-/// `[upstream_tls]`: the upstream connector. `Err(())` when invalid (errors recorded).
+/// `[upstream_tls]`: the upstream connector. `Err(Recorded)` when invalid.
 pub(super) fn upstream_tls(
     ctx: &mut Ctx,
     raw: Option<&Spanned<RawUpstreamTls>>,
     config: &Path,
-) -> Result<Option<UpstreamTls>, ()> {
+) -> Result<Option<UpstreamTls>, Recorded> {
     let Some(table) = raw else { return Ok(None) };
     let t = table.get_ref();
     let insecure = t
@@ -341,7 +341,7 @@ pub(super) fn upstream_tls(
             let msg =
                 "has no effect: insecure_skip_verify = true accepts any certificate".to_string();
             ctx.err(ca, "upstream_tls.ca", msg);
-            return Err(());
+            return Err(Recorded);
         }
     }
     let client = match (&t.cert, &t.key) {
@@ -350,12 +350,12 @@ pub(super) fn upstream_tls(
         (Some(c), None) => {
             let msg = "is set without `key`: a client certificate needs both".to_string();
             ctx.err(c, "upstream_tls.cert", msg);
-            return Err(());
+            return Err(Recorded);
         }
         (None, Some(k)) => {
             let msg = "is set without `cert`: a client certificate needs both".to_string();
             ctx.err(k, "upstream_tls.key", msg);
-            return Err(());
+            return Err(Recorded);
         }
     };
     let ca = t.ca.as_ref().map(|v| resolve(config, v.get_ref()));
@@ -374,7 +374,7 @@ pub(super) fn upstream_tls(
                 _ => t.key.as_ref(),
             };
             tls_err(ctx, "upstream_tls", table, at, e);
-            Err(())
+            Err(Recorded)
         }
     }
 }

@@ -6,6 +6,11 @@ use toml::Spanned;
 
 use super::ConfigError;
 
+/// A value found invalid: what is wrong with it is recorded in the [`Ctx`] (with its line and
+/// key), so the error carries nothing more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Recorded;
+
 /// The file being validated and the errors found so far.
 pub(super) struct Ctx {
     file: String,

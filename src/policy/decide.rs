@@ -119,8 +119,12 @@ pub enum AfterPrimary {
         probe_in: Duration,
         errors: u32,
     },
-    /// Fallback: `available`.
-    Available { drop_after_cluster_time: bool },
+    /// Fallback: `available`, its `maxTimeMS` lowered to the cap when the client asked for
+    /// more (or nothing).
+    Available {
+        drop_after_cluster_time: bool,
+        cap_ms: Option<i64>,
+    },
 }
 
 fn strictness(mode: Mode) -> u8 {
@@ -343,6 +347,7 @@ pub fn decide<'a>(
                 budget_ms: split.total_ms,
                 then: AfterPrimary::Available {
                     drop_after_cluster_time: true,
+                    cap_ms,
                 },
             },
             // The primary is the last rung: the whole budget, never unbounded.
@@ -554,7 +559,8 @@ mod tests {
                 cap_ms: Some(500),
                 budget_ms: Some(1000),
                 then: AfterPrimary::Available {
-                    drop_after_cluster_time: true
+                    drop_after_cluster_time: true,
+                    cap_ms: None,
                 },
             }
         );
@@ -591,6 +597,7 @@ mod tests {
         };
         let avail = AfterPrimary::Available {
             drop_after_cluster_time: true,
+            cap_ms: None,
         };
         let track = |cap_ms, budget_ms, retry, primary| Decision::Track {
             cap_ms,

@@ -1,6 +1,6 @@
-//! The reply side's judgement, the read's state machine: what the way a tracked read ended
-//! means for its namespace's breaker, and what happens next to the read (its reply goes to
-//! the client, is replaced by the fail-fast error, or the read climbs to the next rung).
+//! The reply side's judgement: what the way a tracked read ended means for its namespace's
+//! breaker, and what happens next to the read (its reply goes to the client, is replaced by
+//! the fail-fast error, or the read climbs to the next rung: the ladder's move, `ladder`).
 //! Pure, like `policy::decide` on the request side: the read, how it ended and the time in,
 //! a [`Verdict`] out; no I/O, no shared state. The session only carries verdicts out.
 //!
@@ -29,11 +29,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::budget::{next_rung_ms, primary_rung_ms, Remaining};
 use super::decide::Bounded;
+use super::ladder::{self, Rung, Then};
 use super::reason::Reason;
-use super::table::{Causal, NsPolicy};
-use crate::rewrite::RewriteSpec;
+use super::table::NsPolicy;
 use crate::wire::ReplyStatus;
 
 /// A tracked read as the judge sees it.
@@ -65,33 +64,6 @@ pub struct Read<'t> {
     pub retry: bool,
     /// Which attempt this is.
     pub rung: Rung,
-}
-
-/// One attempt of a read: the ladder's rungs, in the order a read climbs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rung {
-    /// The read as the client sent it (its `maxTimeMS` perhaps lowered to a share).
-    First,
-    /// Sent with `$readPreference: {mode: "primary"}`, read concern untouched.
-    Primary,
-    /// Sent with `readConcern: {level: "available"}`.
-    Available,
-    /// A strict read sent under an open breaker's bound, sent once more under the same bound
-    /// after its first attempt failed (mongos may pick another member: in a partial incident
-    /// the healthy secondary answers it).
-    Again,
-}
-
-impl Rung {
-    /// The `rung` label of the ladder metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rung::First => "first",
-            Rung::Primary => "primary",
-            Rung::Available => "available",
-            Rung::Again => "again",
-        }
-    }
 }
 
 /// How a tracked read ended.
@@ -173,26 +145,6 @@ impl SetAside {
             SetAside::Tagged => "tagged",
         }
     }
-}
-
-/// What happens to the read next.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Then {
-    /// Its reply (if any) goes to the client as it came.
-    Reply,
-    /// Its reply is replaced by the fail-fast error: a read sent under an open breaker's
-    /// bound ran out of it (or met a trigger error).
-    FailFast(Bounded),
-    /// It climbs to rung `to`, sent again rewritten by `spec`; the client never sees this
-    /// reply. `or_else`: when `to` is the primary and its guard refuses the read, the
-    /// `available` resend to send instead (`None`: the reply goes to the client).
-    Climb {
-        to: Rung,
-        spec: RewriteSpec,
-        or_else: Option<RewriteSpec>,
-    },
-    /// Rung `0` was due, but the read's budget is spent: the reply goes to the client.
-    NoTime(Rung),
 }
 
 /// What to do about a tracked read that ended.
@@ -280,20 +232,12 @@ fn judge_reply<'s>(read: &Read<'_>, status: &'s ReplyStatus, now: Instant) -> Ve
         let then = if own_limit {
             Then::Reply
         } else {
-            again(read, b, elapsed)
+            ladder::again(read, b, elapsed)
         };
         return Verdict::new(heard, then);
     }
-    let next = match (read.primary, read.retry) {
-        (true, _) => Rung::Primary,
-        (false, true) => Rung::Available,
-        (false, false) => return Verdict::new(heard, Then::Reply),
-    };
     // The next rung carries what the first attempt left of the read's whole budget.
-    match next_rung_ms(read.max_time_ms, elapsed) {
-        Remaining::Spent => Verdict::new(heard, Then::NoTime(next)),
-        left => Verdict::new(heard, climb(read, next, left.ms())),
-    }
+    Verdict::new(heard, ladder::after_first(read, elapsed))
 }
 
 /// What the breaker hears of trigger error `code` on a read sent while it was closed.
@@ -348,90 +292,10 @@ fn judge_answer<'s>(read: &Read<'_>, now: Instant) -> Verdict<'s> {
 }
 
 /// A rung above the first ended: nothing for the breaker (a primary's or an `available`
-/// read's answer says nothing about the secondaries); the primary rung's trigger error
-/// climbs on to `available` when that rung is ahead.
+/// read's answer says nothing about the secondaries); what the read does next is the
+/// ladder's (`ladder::after_rung`).
 fn judge_rung<'s>(read: &Read<'_>, trigger: Option<i32>, elapsed: Duration) -> Verdict<'s> {
-    if read.rung == Rung::Again {
-        // The second attempt under the bound: its failure is the fail-fast error.
-        return match (trigger, read.bounded) {
-            (Some(_), Some(b)) => Verdict::nothing(Then::FailFast(b)),
-            _ => Verdict::nothing(Then::Reply),
-        };
-    }
-    if read.rung != Rung::Primary || !read.retry || trigger.is_none() {
-        return Verdict::nothing(Then::Reply);
-    }
-    match next_rung_ms(read.max_time_ms, elapsed) {
-        Remaining::Spent => Verdict::nothing(Then::NoTime(Rung::Available)),
-        left => Verdict::nothing(climb(read, Rung::Available, left.ms())),
-    }
-}
-
-/// A bounded first attempt failed: send it once more under the same bound when the read's
-/// own budget has room for a whole bound after what the first attempt spent (or it has no
-/// budget), otherwise the fail-fast error. Each attempt's secondary is mongos's choice, so
-/// with one stale secondary beside a healthy one most reads that met the stale one are
-/// answered by the second attempt; a read that meets only stale ones still fails within two
-/// bounds.
-fn again(read: &Read<'_>, b: Bounded, elapsed: Duration) -> Then {
-    let bound = read
-        .policy
-        .open_time_limit
-        .as_millis()
-        .clamp(1, i32::MAX as u128) as i64;
-    let room = match next_rung_ms(read.max_time_ms, elapsed) {
-        Remaining::Unbounded => true,
-        Remaining::Ms(left) => left >= bound,
-        Remaining::Spent => false,
-    };
-    if !b.ours || !room {
-        return Then::FailFast(b);
-    }
-    Then::Climb {
-        to: Rung::Again,
-        spec: RewriteSpec {
-            max_time_ms: Some(bound),
-            ..RewriteSpec::default()
-        },
-        or_else: None,
-    }
-}
-
-/// The resend to rung `to` with `remaining` of the budget: the primary gets a share of it
-/// when `available` follows (the guard's refusal sends `available` at once instead), the
-/// last rung all of it.
-fn climb(read: &Read<'_>, to: Rung, remaining: Option<i64>) -> Then {
-    let policy = read.policy;
-    let available = RewriteSpec {
-        available: true,
-        drop_after_cluster_time: policy.causal == Causal::Drop,
-        max_time_ms: remaining,
-        primary: false,
-    };
-    match to {
-        Rung::Primary => {
-            let max_time_ms = Some(primary_rung_ms(
-                remaining,
-                read.retry,
-                policy.attempt_share,
-                policy.attempt_limit,
-            ));
-            Then::Climb {
-                to,
-                spec: RewriteSpec {
-                    primary: true,
-                    max_time_ms,
-                    ..RewriteSpec::default()
-                },
-                or_else: read.retry.then_some(available),
-            }
-        }
-        _ => Then::Climb {
-            to: Rung::Available,
-            spec: available,
-            or_else: None,
-        },
-    }
+    Verdict::nothing(ladder::after_rung(read, trigger, elapsed))
 }
 
 /// What a confirming read's reply says of the time limit it was sent to confirm.
@@ -494,7 +358,7 @@ impl fmt::Display for Evidence<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Mode;
+    use crate::policy::{Causal, Mode};
 
     const STALE: i32 = 13388;
     const MAX_TIME: i32 = 50;

@@ -8,6 +8,8 @@
 //! budget    a read's time budget split between its first attempt and the next rung
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
 //! judge     the reply side: how a tracked read ended (+ the time) → Verdict
+//! ladder    the read's state machine: Attempt (rung, rungs ahead, budget), the next rung,
+//!           what the primary's guard refusing it leads to
 //! legacy    OP_QUERY on databases with governed namespaces → refusal (OP_REPLY)
 //! ```
 //!
@@ -18,6 +20,7 @@
 mod budget;
 mod decide;
 mod judge;
+mod ladder;
 mod legacy;
 mod outcome;
 mod reason;
@@ -31,9 +34,10 @@ pub use decide::{
     capped_max_time, decide, resolve, AfterPrimary, Bounded, Decision, ReadKind, Refusal, Target,
 };
 pub use judge::{
-    confirmation, judge, Confirmation, Ending, Evidence, Failure, Heard, Read, Rung, SampleEnd,
-    SetAside, Then, Verdict,
+    confirmation, judge, Confirmation, Ending, Evidence, Failure, Heard, Read, SampleEnd, SetAside,
+    Verdict,
 };
+pub use ladder::{Attempt, Rung, Then};
 pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
 pub use outcome::{
     apply_dry_run, bounded_fail_reply, fail_fast_reply, legacy_refusal_reply, refusal_reply,

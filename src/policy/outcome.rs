@@ -248,6 +248,7 @@ mod tests {
                 budget_ms: None,
                 then: crate::policy::AfterPrimary::Available {
                     drop_after_cluster_time: true,
+                    cap_ms: None,
                 },
             },
         ] {

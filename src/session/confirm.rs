@@ -8,25 +8,24 @@
 //!
 //! At most one confirming read is in flight per connection, and none while the namespace's
 //! breaker is open (it is open already). It goes out after any resend of the read, so the
-//! client's own answer does not wait behind it.
+//! client's own answer does not wait behind it. The session sends it and carries out what
+//! its reply comes to (`reply.rs`); this file builds it and judges that reply.
 
 use std::sync::Arc;
 
 use bson::rawdoc;
 use tokio::time::Instant;
 
-use super::reply::Tracked;
-use super::Session;
-use crate::breaker::Counted;
+use super::reads::Tracked;
 use crate::command::ReadPrefMode;
 use crate::policy::{self, Confirmation, Failure, NsPolicy, Reason};
-use crate::wire::Reply;
+use crate::wire::ReplyStatus;
 
 /// What a time limit asks to confirm.
 #[derive(Debug)]
 pub(super) struct Ask {
-    ns: Arc<str>,
-    policy: Arc<NsPolicy>,
+    pub(super) ns: Arc<str>,
+    pub(super) policy: Arc<NsPolicy>,
     pref: Option<ReadPrefMode>,
     /// The evidence as text (the breaker's reason for opening, if it does).
     what: String,
@@ -43,6 +42,17 @@ impl Ask {
             reason: failure.reason,
         }
     }
+
+    /// The confirming read, with id `request_id` (logged: it is about to go).
+    pub(super) fn message(&self, request_id: i32) -> bytes::Bytes {
+        let ms = self
+            .policy
+            .confirm_time
+            .as_millis()
+            .clamp(1, i32::MAX as u128) as i64;
+        tracing::info!(ns = %self.ns, evidence = %self.what, confirm_ms = ms, "time limit: confirming with a cheap read before it counts");
+        message(&self.ns, self.pref, ms, request_id)
+    }
 }
 
 /// The confirming read in flight on a connection.
@@ -55,7 +65,28 @@ pub(super) struct Confirm {
     sent: Instant,
 }
 
+/// What the reply to a confirming read comes to.
+pub(super) struct Confirmed {
+    /// The `result` label of `confirm_reads_total`.
+    pub(super) result: &'static str,
+    /// The time limit was not confirmed: set aside (`evidence_ignored_total`).
+    pub(super) set_aside: bool,
+    /// It was confirmed: the failure the breaker of `ask.ns` counts, its reason and text.
+    pub(super) count: Option<(Reason, String)>,
+    pub(super) ask: Ask,
+}
+
 impl Confirm {
+    /// `ask`'s read, sent with id `request_id` at place `seq`.
+    pub(super) fn sent(ask: Ask, request_id: i32, seq: u64) -> Confirm {
+        Confirm {
+            request_id,
+            seq,
+            ask,
+            sent: Instant::now(),
+        }
+    }
+
     /// `response_to` at place `seq` is this read's reply.
     pub(super) fn answered_by(&self, response_to: i32, seq: u64) -> bool {
         self.request_id == response_to && self.seq == seq
@@ -64,6 +95,39 @@ impl Confirm {
     /// Its turn has passed without its reply (another request's answer took its place).
     pub(super) fn passed(&self, finals_in: u64) -> bool {
         self.seq <= finals_in
+    }
+
+    /// Its reply, judged (`policy::confirmation`) at `now`, and logged.
+    pub(super) fn judged(self, status: Option<&ReplyStatus>, now: Instant) -> Confirmed {
+        let c = self;
+        let waited_ms = now.saturating_duration_since(c.sent).as_millis() as u64;
+        let (result, set_aside, count) = match policy::confirmation(&c.ask.policy, status) {
+            Confirmation::Confirmed { code, reason } => {
+                tracing::info!(ns = %c.ask.ns, evidence = %c.ask.what, code, waited_ms, "time limit confirmed: the cheap read failed too");
+                let what = format!("{}, confirmed by a limit-1 read: {code}", c.ask.what);
+                // The confirming read's own code says best why (stale routing or a hang).
+                let reason = if reason == Reason::StaleRouting {
+                    reason
+                } else {
+                    c.ask.reason
+                };
+                ("confirmed", false, Some((reason, what)))
+            }
+            Confirmation::Unconfirmed => {
+                tracing::debug!(ns = %c.ask.ns, evidence = %c.ask.what, waited_ms, "time limit not confirmed: the cheap read was answered");
+                ("unconfirmed", true, None)
+            }
+            Confirmation::Unknown => {
+                tracing::debug!(ns = %c.ask.ns, evidence = %c.ask.what, waited_ms, "time limit not confirmed: the cheap read's reply says nothing");
+                ("unknown", false, None)
+            }
+        };
+        Confirmed {
+            result,
+            set_aside,
+            count,
+            ask: c.ask,
+        }
     }
 }
 
@@ -86,82 +150,4 @@ pub(super) fn message(
         "$readPreference": { "mode": mode },
     };
     crate::wire::reply::op_msg(request_id, 0, 0, &body)
-}
-
-impl Session {
-    /// Sends the confirming read `ask` wants, unless one is in flight on this connection
-    /// already, or its answer could change nothing: the breaker is open, or this
-    /// connection has counted its `per_connection` errors within the window (so a
-    /// connection pays for at most that many confirming reads per window).
-    pub(super) fn send_confirm(&mut self, ask: Ask) {
-        let metrics = &self.shared.metrics;
-        let now = Instant::now();
-        let counts = self
-            .shared
-            .breakers
-            .would_count(&ask.ns, &ask.policy, self.id, now);
-        if self.confirm.is_some() || !counts {
-            metrics.breakers.confirm("skipped");
-            return;
-        }
-        let ms = ask
-            .policy
-            .confirm_time
-            .as_millis()
-            .clamp(1, i32::MAX as u128) as i64;
-        let request_id = self.shared.ids.request_id();
-        let out = message(&ask.ns, ask.pref, ms, request_id);
-        tracing::info!(ns = %ask.ns, evidence = %ask.what, confirm_ms = ms, "time limit: confirming with a cheap read before it counts");
-        self.sent_finals += 1;
-        self.confirm = Some(Confirm {
-            request_id,
-            seq: self.sent_finals,
-            ask,
-            sent: Instant::now(),
-        });
-        self.to_upstream.push(out);
-    }
-
-    /// The reply to the confirming read: judged, counted if it confirms, never relayed.
-    pub(super) fn on_confirm_reply(&mut self, reply: &Reply) {
-        let Some(c) = self.confirm.take() else {
-            return;
-        };
-        let max = self.config.max_message_size;
-        let status = reply.status(max).ok();
-        let now = Instant::now();
-        let waited_ms = now.saturating_duration_since(c.sent).as_millis() as u64;
-        let metrics = &self.shared.metrics;
-        match policy::confirmation(&c.ask.policy, status.as_ref()) {
-            Confirmation::Confirmed { code, reason } => {
-                metrics.breakers.confirm("confirmed");
-                tracing::info!(ns = %c.ask.ns, evidence = %c.ask.what, code, waited_ms, "time limit confirmed: the cheap read failed too");
-                let what = format!("{}, confirmed by a limit-1 read: {code}", c.ask.what);
-                // The confirming read's own code says best why (stale routing or a hang).
-                let reason = if reason == Reason::StaleRouting {
-                    reason
-                } else {
-                    c.ask.reason
-                };
-                let counted = Counted {
-                    policy: &c.ask.policy,
-                    reason,
-                    what: &what,
-                    conn: self.id,
-                };
-                self.shared
-                    .breakers
-                    .record_failure(&c.ask.ns, &counted, now);
-            }
-            Confirmation::Unconfirmed => {
-                metrics.breakers.confirm("unconfirmed");
-                metrics.limits.ignored("unconfirmed");
-                tracing::debug!(ns = %c.ask.ns, evidence = %c.ask.what, waited_ms, "time limit not confirmed: the cheap read was answered");
-            }
-            Confirmation::Unknown => {
-                metrics.breakers.confirm("unknown");
-                tracing::debug!(ns = %c.ask.ns, evidence = %c.ask.what, waited_ms, "time limit not confirmed: the cheap read's reply says nothing");
-            }
-        }
-    }
 }

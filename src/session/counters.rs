@@ -1,11 +1,136 @@
-//! Per-session counts, kept locally and added to the shared metrics in batches (every
-//! `FLUSH_EVERY` round trips, within `FLUSH_AFTER` of going quiet, and at the end), so a
-//! request costs no shared atomic.
+//! Every count a session makes, one way ([`Meter`]): per-request counts kept locally
+//! (`Counters`) and added to the shared metrics in batches (every `FLUSH_EVERY` round trips,
+//! within `FLUSH_AFTER` of going quiet, and at the end), so a request costs no shared
+//! atomic; rare events (a limit hit, a trigger error, a confirming read) counted at once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::metrics::{LatencyBatch, LatencyHistogram, Metrics, NsHot, REQUEST_SLOTS};
+
+/// The session's one way to the metrics.
+pub(super) struct Meter {
+    metrics: Arc<Metrics>,
+    counters: Counters,
+}
+
+impl Meter {
+    pub(super) fn new(metrics: Arc<Metrics>) -> Meter {
+        Meter {
+            metrics,
+            counters: Counters::default(),
+        }
+    }
+
+    /// The client is paired with `upstream`: counted as connected, its round trips timed
+    /// in that upstream's latency histogram.
+    pub(super) fn connected(&mut self, upstream: &str) {
+        let m = &self.metrics;
+        m.client_connections.inc();
+        m.client_connections_total.inc();
+        let label = crate::metrics::UpstreamLabel {
+            upstream: upstream.to_string(),
+        };
+        let latency = m.upstream_latency.get_or_create(&label).clone();
+        self.counters.set_latency(latency);
+    }
+
+    /// The paired client's session ended.
+    pub(super) fn disconnected(&self) {
+        self.metrics.client_connections.dec();
+    }
+
+    /// Counts not yet added to the shared metrics wait.
+    pub(super) fn is_dirty(&self) -> bool {
+        self.counters.is_dirty()
+    }
+
+    /// Adds everything batched so far to the shared metrics.
+    pub(super) fn flush(&mut self) {
+        self.counters.flush(&self.metrics);
+    }
+
+    /// A limit acted (`limit_hits_total`).
+    pub(super) fn limit(&self, limit: &'static str) {
+        self.metrics.limits.hit(limit);
+    }
+
+    /// Possible evidence set aside (`evidence_ignored_total`).
+    pub(super) fn ignored(&self, why: &'static str) {
+        self.metrics.limits.ignored(why);
+    }
+
+    /// A large compressed request decompressed on the blocking pool.
+    pub(super) fn off_worker_decompression(&self) {
+        self.metrics.limits.off_worker_decompressions.inc();
+    }
+
+    /// A request no policy looked at.
+    pub(super) fn forwarded(&mut self) {
+        self.counters.forwarded();
+    }
+
+    /// A governed request and what was decided for it.
+    pub(super) fn request(&mut self, command: &str, decision: &str) {
+        self.counters.request(command, decision);
+    }
+
+    /// A read on `ns` rewritten to `available` before it was sent.
+    pub(super) fn preemptive_rewrite(&mut self, ns: &str) {
+        self.counters.preemptive_rewrite(&self.metrics, ns);
+    }
+
+    /// A read on `ns` answered with a fail-fast error.
+    pub(super) fn fail_fast(&mut self, ns: &str) {
+        self.counters.fail_fast(&self.metrics, ns);
+    }
+
+    /// A governed read on `ns` whose client gets an `ok: 1` reply.
+    pub(super) fn answered(&mut self, ns: &str) {
+        self.counters.answered(&self.metrics, ns);
+    }
+
+    /// A request on `ns` refused.
+    pub(super) fn refusal(&mut self, ns: &str) {
+        self.counters.refusal(&self.metrics, ns);
+    }
+
+    /// A request's first reply came `elapsed` after it was sent.
+    pub(super) fn round_trip(&mut self, elapsed: Duration) {
+        self.counters.round_trip(&self.metrics, elapsed);
+    }
+
+    /// A rung of a read on `ns` ended (through the namespace's cached handles).
+    pub(super) fn ladder_attempt(&mut self, ns: &str, rung: &'static str, result: &'static str) {
+        self.counters
+            .ladder_attempt(&self.metrics, ns, rung, result);
+    }
+
+    /// A rung of a read on `ns` that never went (refused by the guard, or no time left).
+    pub(super) fn ladder_not_sent(&self, ns: &str, rung: &'static str, result: &'static str) {
+        self.metrics.ladder_attempt(ns, rung, result);
+    }
+
+    /// Documents seen twice in one `available` reply on `ns`.
+    pub(super) fn orphans(&mut self, ns: &str, n: u64) {
+        self.counters.orphans(&self.metrics, ns, n);
+    }
+
+    /// A trigger error (or a slow reply) met by a read on `ns`.
+    pub(super) fn trigger_error(&self, ns: &str, label: &str) {
+        self.metrics.trigger_error(ns, label);
+    }
+
+    /// A read on `ns` resent with `available` after a trigger error.
+    pub(super) fn retry_rewrite(&self, ns: &str) {
+        self.metrics.rewrite(ns, "retry");
+    }
+
+    /// How a confirming read ended (`confirm_reads_total`).
+    pub(super) fn confirm(&self, result: &'static str) {
+        self.metrics.breakers.confirm(result);
+    }
+}
 
 /// A session adds its batched metrics after this many round trips, or this long after the
 /// last time, whichever comes first (and when it ends).
@@ -13,7 +138,7 @@ const FLUSH_EVERY: u32 = 64;
 pub(super) const FLUSH_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
-pub(super) struct Counters {
+struct Counters {
     latency: Option<LatencyHistogram>,
     /// Round-trip latencies not yet in `latency`.
     batch: LatencyBatch,
@@ -33,22 +158,22 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    pub(super) fn set_latency(&mut self, h: LatencyHistogram) {
+    fn set_latency(&mut self, h: LatencyHistogram) {
         self.latency = Some(h);
     }
 
-    pub(super) fn is_dirty(&self) -> bool {
+    fn is_dirty(&self) -> bool {
         self.dirty
     }
 
     /// A request no policy looked at.
-    pub(super) fn forwarded(&mut self) {
+    fn forwarded(&mut self) {
         self.forwards += 1;
         self.dirty = true;
     }
 
     /// A governed request and what was decided for it.
-    pub(super) fn request(&mut self, command: &str, decision: &str) {
+    fn request(&mut self, command: &str, decision: &str) {
         if let Some((c, d)) = Metrics::request_slot(command, decision) {
             self.requests[c][d] += 1;
             self.dirty = true;
@@ -56,32 +181,32 @@ impl Counters {
     }
 
     /// A read on `ns` rewritten to `available` before it was sent.
-    pub(super) fn preemptive_rewrite(&mut self, metrics: &Metrics, ns: &str) {
+    fn preemptive_rewrite(&mut self, metrics: &Metrics, ns: &str) {
         self.hot(metrics, ns);
         self.preemptive += 1;
     }
 
     /// A read on `ns` answered with a fail-fast error.
-    pub(super) fn fail_fast(&mut self, metrics: &Metrics, ns: &str) {
+    fn fail_fast(&mut self, metrics: &Metrics, ns: &str) {
         self.hot(metrics, ns);
         self.fail_fast += 1;
     }
 
     /// A read on `ns` refused for asking for `available`.
-    pub(super) fn refusal(&mut self, metrics: &Metrics, ns: &str) {
+    fn refusal(&mut self, metrics: &Metrics, ns: &str) {
         self.hot(metrics, ns);
         self.refusal += 1;
     }
 
     /// A governed read on `ns` whose client gets an `ok: 1` reply.
-    pub(super) fn answered(&mut self, metrics: &Metrics, ns: &str) {
+    fn answered(&mut self, metrics: &Metrics, ns: &str) {
         self.hot(metrics, ns);
         self.answered += 1;
     }
 
     /// A request's first reply came `elapsed` after it was sent. Flushes every
     /// `FLUSH_EVERY` round trips.
-    pub(super) fn round_trip(&mut self, metrics: &Metrics, elapsed: Duration) {
+    fn round_trip(&mut self, metrics: &Metrics, elapsed: Duration) {
         self.batch.observe(elapsed);
         self.dirty = true;
         if self.batch.len() >= FLUSH_EVERY {
@@ -90,7 +215,7 @@ impl Counters {
     }
 
     /// Adds everything counted so far to the shared metrics.
-    pub(super) fn flush(&mut self, metrics: &Metrics) {
+    fn flush(&mut self, metrics: &Metrics) {
         self.dirty = false;
         self.flush_hot();
         for (c, row) in self.requests.iter_mut().enumerate() {
@@ -113,7 +238,7 @@ impl Counters {
     /// Makes `ns` the namespace outcomes are counted on (flushing the previous one's).
     /// A read on `ns` that ended at `rung` of its ladder (counted at once, through the
     /// namespace's cached handles: no label to build, no family lock).
-    pub(super) fn ladder_attempt(
+    fn ladder_attempt(
         &mut self,
         metrics: &Metrics,
         ns: &str,
@@ -128,7 +253,7 @@ impl Counters {
 
     /// Documents seen twice in one `available` reply on `ns` (0 too: the series exists
     /// from the first such reply).
-    pub(super) fn orphans(&mut self, metrics: &Metrics, ns: &str, n: u64) {
+    fn orphans(&mut self, metrics: &Metrics, ns: &str, n: u64) {
         self.hot(metrics, ns);
         if let Some(h) = &self.hot {
             metrics.hot_orphans_estimated(h, n);

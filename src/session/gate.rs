@@ -1,17 +1,20 @@
-//! The request side's early gates: each request is opened once (`wire::Request`), its
-//! requestID checked against the reads and writes still waiting (a reused one closes the
-//! client), and sent through the gates in one match: forwarded untouched, followed as a write
-//! (write-stall watch), refused (legacy OP_QUERY), or handed to `request.rs` to be governed. A large
-//! compressed request is decompressed off the runtime's workers first.
+//! The request side's early gates, from the request as opened once (`wire::Request`) and
+//! the config: forwarded untouched, followed as a write (write-stall watch), refused (legacy
+//! OP_QUERY), or governed (`request.rs`). Functions of the request and the config only; a
+//! large compressed request is decompressed off the runtime's workers first
+//! ([`inflate_aside`]).
 
-use super::{Session, SessionError};
+use tokio::sync::Semaphore;
+
+use super::counters::Meter;
+use super::SessionError;
+use crate::config::Config;
 use crate::policy;
 use crate::stall;
 use crate::wire::{Request, WireError};
-use bytes::Bytes;
 
 /// Where the early gates send a request.
-enum Gate {
+pub(super) enum Gate {
     /// Forwarded untouched; `expects_reply` is false for `moreToCome`.
     Pass { expects_reply: bool },
     /// A write the write-stall watch follows, then forwarded untouched.
@@ -26,189 +29,122 @@ enum Gate {
 }
 
 /// The largest decompression done on a runtime worker (a few tens of microseconds); a larger
-/// one runs on the blocking pool behind [`inflate_slots`], so that no client can hold a
+/// one runs on the blocking pool behind `SessionHandles::inflate_slots`, so that no client can hold a
 /// worker (and every session scheduled on it) for the tens of milliseconds a message of up to
 /// `max_message_size` takes.
 pub(super) const INLINE_INFLATE: usize = 64 * 1024;
 
-/// Decompressions running off the workers at once: half the cores (at least one), so that
-/// a flood of large compressed messages cannot take every core from the relays.
-fn inflate_slots() -> &'static tokio::sync::Semaphore {
-    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
-    SLOTS.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        tokio::sync::Semaphore::new((cores / 2).max(1))
+/// The early gates. Without any acting policy or write watch, only what `Request::new`
+/// checks (the OP_MSG structure and checksum) is looked at; otherwise the body is opened
+/// (decompressed, once) and its command name read, once.
+pub(super) fn gate(req: &mut Request, config: &Config) -> Result<Gate, SessionError> {
+    let policy_active = !config.policy.is_passthrough_only();
+    let watch_writes = config.stall.passive;
+    if !(policy_active || watch_writes) {
+        return Ok(Gate::Pass {
+            expects_reply: !req.more_to_come(),
+        });
+    }
+    if let Some(gate) = gate_compressed(req, policy_active, watch_writes)? {
+        return Ok(gate);
+    }
+    if req
+        .declared_inflated_len()
+        .is_some_and(|n| n > INLINE_INFLATE)
+    {
+        return Ok(Gate::Inflate);
+    }
+    gate_open(req, config)
+}
+
+/// The gates that need the message open: decompressed (once; already done for a large
+/// one), then its opcode, flags and command name.
+pub(super) fn gate_open(req: &mut Request, config: &Config) -> Result<Gate, SessionError> {
+    let policy_active = !config.policy.is_passthrough_only();
+    let watch_writes = config.stall.passive;
+    let max = config.max_message_size;
+    req.inflate(max).map_err(SessionError::ClientProtocol)?;
+    if !req.is_command() {
+        // A legacy opcode, or OP_COMPRESSED wrapping one (not decompressed by `inflate`).
+        if policy_active {
+            let judged = policy::judge_op_query(req.frame(), &config.policy, max);
+            if let Some(r) = judged.map_err(SessionError::ClientProtocol)? {
+                return Ok(Gate::Legacy(r));
+            }
+        }
+        return Ok(Gate::Pass {
+            expects_reply: true,
+        });
+    }
+    if req.more_to_come() {
+        return Ok(Gate::Pass {
+            expects_reply: false,
+        });
+    }
+    Ok(match req.command_name() {
+        Ok(Some(name)) if watch_writes && stall::is_write_command(name) => Gate::Write,
+        // Every other command: a repeated policy-relevant field or a client's own
+        // `available` is refused whatever the command (see `policy::resolve`).
+        Ok(Some(name)) if policy_active && !stall::is_write_command(name) => Gate::Read,
+        Ok(_) => Gate::Pass {
+            expects_reply: true,
+        },
+        Err(m) => return Err(SessionError::ClientProtocol(WireError::BadBson(m.0))),
     })
 }
 
-impl Session {
-    /// One request from the client. `Some`: a large compressed request to be decompressed
-    /// off the workers ([`Session::inflate_aside`]) and then handed to
-    /// [`Session::on_inflated`].
-    pub(super) fn on_request(&mut self, msg: Bytes) -> Result<Option<Request>, SessionError> {
-        self.refresh_config();
-        let max = self.config.max_message_size;
-        let mut req = Request::new(msg, max).map_err(SessionError::ClientProtocol)?;
-        self.refuse_reused_id(req.request_id())?;
-        match self.gate(&mut req)? {
-            Gate::Inflate => return Ok(Some(req)),
-            gate => self.dispatch(gate, req)?,
-        }
-        Ok(None)
-    }
+/// A compressed request's gate from the first few hundred decompressed bytes: only a
+/// command some policy may act on is decompressed whole (a small message declaring tens of
+/// megabytes must not cost that much work to be told apart). `None`: open it whole.
+fn gate_compressed(
+    req: &Request,
+    policy_active: bool,
+    watch_writes: bool,
+) -> Result<Option<Gate>, SessionError> {
+    let prefix = match req.compressed_prefix(crate::wire::body::COMMAND_PREFIX) {
+        Ok(Some(p)) => p,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(SessionError::ClientProtocol(e)),
+    };
+    let Some(name) = crate::wire::body::command_name_in_prefix(&prefix) else {
+        return Ok(None);
+    };
+    let flags = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+    let expects_reply = flags & crate::wire::opmsg::MORE_TO_COME == 0;
+    Ok(Some(if !expects_reply {
+        Gate::Pass { expects_reply }
+    } else if watch_writes && stall::is_write_command(name) {
+        Gate::Write
+    } else if policy_active {
+        // Every non-write command is classified under an acting policy (a repeated
+        // policy-relevant field or a client's own `available` is refused whatever the
+        // command), so it is opened whole, as uncompressed ones are.
+        return Ok(None);
+    } else {
+        Gate::Pass { expects_reply }
+    }))
+}
 
-    /// A request [`Session::on_request`] set aside, now decompressed.
-    pub(super) fn on_inflated(&mut self, mut req: Request) -> Result<(), SessionError> {
-        let gate = self.gate_open(&mut req)?;
-        self.dispatch(gate, req)
-    }
-
-    /// Decompresses `req` on the blocking pool, waiting for one of [`inflate_slots`].
-    pub(super) async fn inflate_aside(&self, mut req: Request) -> Result<Request, SessionError> {
-        let max = self.config.max_message_size;
-        let Ok(_slot) = inflate_slots().acquire().await else {
-            return Err(SessionError::ClientProtocol(WireError::Decompress(
-                "decompression slots closed".into(),
-            )));
-        };
-        self.shared.metrics.limits.off_worker_decompressions.inc();
-        let task = tokio::task::spawn_blocking(move || req.inflate(max).map(|()| req));
-        match task.await {
-            Ok(r) => r.map_err(SessionError::ClientProtocol),
-            Err(e) => Err(SessionError::ClientProtocol(WireError::Decompress(
-                format!("decompression task: {e}"),
-            ))),
-        }
-    }
-
-    /// The first gate: a request that reuses the requestID of a followed read or write
-    /// still waiting for its reply closes the client, since its reply could be taken for
-    /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
-    /// connection's requests in flight. Scans only while something is followed.
-    fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
-        let reused = (!self.pending.is_empty()
-            && self.pending.iter().any(|t| t.request_id == request_id))
-            || (!self.writes.is_empty() && self.writes.contains(request_id));
-        if reused {
-            self.shared.metrics.limits.hit("reused_request_id");
-            // The followed reads end unjudged: a sample among them says nothing (a probe
-            // gives its slot back).
-            let now = tokio::time::Instant::now();
-            for t in self.pending.iter().filter(|t| t.sample) {
-                let unknown = crate::breaker::Sample::Unknown;
-                self.shared
-                    .breakers
-                    .sampled(&t.ns, &t.policy, unknown, self.id, now);
-            }
-            return Err(SessionError::ReusedRequestId(request_id));
-        }
-        Ok(())
-    }
-
-    fn dispatch(&mut self, gate: Gate, mut req: Request) -> Result<(), SessionError> {
-        match gate {
-            Gate::Pass { expects_reply } => self.pass(req.into_frame(), expects_reply),
-            Gate::Write => self.send_write(req.request_id(), req.into_frame()),
-            Gate::Read => self.govern(req)?,
-            Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
-            // Only from `gate`, handled by the caller; opened here as a last resort.
-            Gate::Inflate => {
-                let gate = self.gate_open(&mut req)?;
-                return self.dispatch(gate, req);
-            }
-        }
-        Ok(())
-    }
-
-    /// The early gates. Without any acting policy or write watch, only what `Request::new`
-    /// checks (the OP_MSG structure and checksum) is looked at; otherwise the body is opened
-    /// (decompressed, once) and its command name read, once.
-    fn gate(&self, req: &mut Request) -> Result<Gate, SessionError> {
-        let policy_active = self.policy_active();
-        let watch_writes = self.config.stall.passive;
-        if !(policy_active || watch_writes) {
-            return Ok(Gate::Pass {
-                expects_reply: !req.more_to_come(),
-            });
-        }
-        if let Some(gate) = self.gate_compressed(req, policy_active, watch_writes)? {
-            return Ok(gate);
-        }
-        if req
-            .declared_inflated_len()
-            .is_some_and(|n| n > INLINE_INFLATE)
-        {
-            return Ok(Gate::Inflate);
-        }
-        self.gate_open(req)
-    }
-
-    /// The gates that need the message open: decompressed (once; already done for a large
-    /// one), then its opcode, flags and command name.
-    fn gate_open(&self, req: &mut Request) -> Result<Gate, SessionError> {
-        let policy_active = self.policy_active();
-        let watch_writes = self.config.stall.passive;
-        let max = self.config.max_message_size;
-        req.inflate(max).map_err(SessionError::ClientProtocol)?;
-        if !req.is_command() {
-            // A legacy opcode, or OP_COMPRESSED wrapping one (not decompressed by `inflate`).
-            if policy_active {
-                let judged = policy::judge_op_query(req.frame(), &self.config.policy, max);
-                if let Some(r) = judged.map_err(SessionError::ClientProtocol)? {
-                    return Ok(Gate::Legacy(r));
-                }
-            }
-            return Ok(Gate::Pass {
-                expects_reply: true,
-            });
-        }
-        if req.more_to_come() {
-            return Ok(Gate::Pass {
-                expects_reply: false,
-            });
-        }
-        Ok(match req.command_name() {
-            Ok(Some(name)) if watch_writes && stall::is_write_command(name) => Gate::Write,
-            // Every other command: a repeated policy-relevant field or a client's own
-            // `available` is refused whatever the command (see `policy::resolve`).
-            Ok(Some(name)) if policy_active && !stall::is_write_command(name) => Gate::Read,
-            Ok(_) => Gate::Pass {
-                expects_reply: true,
-            },
-            Err(m) => return Err(SessionError::ClientProtocol(WireError::BadBson(m.0))),
-        })
-    }
-
-    /// A compressed request's gate from the first few hundred decompressed bytes: only a
-    /// command some policy may act on is decompressed whole (a small message declaring tens of
-    /// megabytes must not cost that much work to be told apart). `None`: open it whole.
-    fn gate_compressed(
-        &self,
-        req: &Request,
-        policy_active: bool,
-        watch_writes: bool,
-    ) -> Result<Option<Gate>, SessionError> {
-        let prefix = match req.compressed_prefix(crate::wire::body::COMMAND_PREFIX) {
-            Ok(Some(p)) => p,
-            Ok(None) => return Ok(None),
-            Err(e) => return Err(SessionError::ClientProtocol(e)),
-        };
-        let Some(name) = crate::wire::body::command_name_in_prefix(&prefix) else {
-            return Ok(None);
-        };
-        let flags = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
-        let expects_reply = flags & crate::wire::opmsg::MORE_TO_COME == 0;
-        Ok(Some(if !expects_reply {
-            Gate::Pass { expects_reply }
-        } else if watch_writes && stall::is_write_command(name) {
-            Gate::Write
-        } else if policy_active {
-            // Every non-write command is classified under an acting policy (a repeated
-            // policy-relevant field or a client's own `available` is refused whatever the
-            // command), so it is opened whole, as uncompressed ones are.
-            return Ok(None);
-        } else {
-            Gate::Pass { expects_reply }
-        }))
+/// Decompresses `req` on the blocking pool, waiting for one of `slots`
+/// (`SessionHandles::inflate_slots`: half the cores, so that a flood of large compressed
+/// messages cannot take every core from the relays).
+pub(super) async fn inflate_aside(
+    mut req: Request,
+    slots: &Semaphore,
+    max: usize,
+    meter: &Meter,
+) -> Result<Request, SessionError> {
+    let Ok(_slot) = slots.acquire().await else {
+        return Err(SessionError::ClientProtocol(WireError::Decompress(
+            "decompression slots closed".into(),
+        )));
+    };
+    meter.off_worker_decompression();
+    let task = tokio::task::spawn_blocking(move || req.inflate(max).map(|()| req));
+    match task.await {
+        Ok(r) => r.map_err(SessionError::ClientProtocol),
+        Err(e) => Err(SessionError::ClientProtocol(WireError::Decompress(
+            format!("decompression task: {e}"),
+        ))),
     }
 }

@@ -1,16 +1,22 @@
 //! One client connection: its own upstream connection, and the relay between the two.
 //!
 //! ```text
-//! mod       the session's state, pairing with an upstream, why a session ends
-//! relay     the loop: reads both ways, writes that never block it, stop and kill
-//! outbox    what waits to be written to one peer
-//! gate      the early gates: open once, pass, follow a write, refuse, or govern
-//! request   the governed side: classify, decide, apply
-//! reply     the reply side: judge tracked reads (policy::judge), apply verdicts
+//! mod       Session (the task: pairing, then the loop) and Handler (what it owns and
+//!           hands each message to); why a session ends
+//! relay     the loop: select, turn the wake-up into an event, hand it to its owner
+//! life      the lifecycle: stop, kill, the deadlines kept on the client
+//! peers     the pair of peers: their outboxes (outbox) and the turn order with mongos
+//! request   what happens to a request: the gates (gate), then governed reads decided on
+//!           (policy::decide) and carried out
+//! reply     what happens to a reply: its turn, a write's answer, the confirming read's,
+//!           a tracked read judged (policy::judge) and its next rung, large replies passed
+//!           on in pieces
+//! reads     what is followed in flight: tracked reads, the confirming read, writes, the
+//!           connection's share of the ladder guard
+//! gate      the early gates (request + config → Gate); off-worker decompression
 //! confirm   the cheap read that confirms a time limit before it counts
-//! stream    large replies nothing inspects, passed on to the client in pieces
-//! counters  per-session counts, batched into the shared metrics
-//! writes    the write-stall watch's view: each write from its turn at mongos to its reply
+//! counters  Meter: every count the session makes, one way; per-request counts batched
+//! outbox    what waits to be written to one peer
 //! ```
 //!
 //! Requests are classified and decided on as they arrive; replies are looked at only when
@@ -21,19 +27,18 @@
 mod confirm;
 mod counters;
 mod gate;
+mod life;
 mod outbox;
+mod peers;
+mod reads;
 mod relay;
 mod reply;
 mod request;
-mod stream;
-mod writes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use std::time::Duration;
-
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
@@ -42,16 +47,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::Config;
-use crate::handles::Handles;
-use crate::stall::WriteTracker;
+use crate::handles::SessionHandles;
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
 use crate::wire::{MessageCodec, WireError};
 
-use counters::Counters;
-use outbox::Outbox;
-use reply::Tracked;
-
+use counters::Meter;
+use life::Life;
+use peers::Peers;
+use reads::Reads;
 /// Why a session ended, and which side caused it.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -89,57 +93,38 @@ impl SessionError {
     }
 }
 
+/// One client connection's task: pairs the client with an upstream, then relays
+/// (`relay.rs`) until either side ends or the proxy stops (`life`).
 pub struct Session {
-    shared: Arc<Handles>,
+    peer: SocketAddr,
+    life: Life,
+    h: Handler,
+}
+
+/// What the session owns and hands each message to: a request (`request.rs`), a reply
+/// (`reply.rs`).
+struct Handler {
+    shared: Arc<SessionHandles>,
     /// The config as of the current request (reloads apply from the next request on).
     config: Arc<Config>,
     config_generation: u64,
-    peer: SocketAddr,
+    /// The connection's id (the breakers count a connection's errors once).
     id: u64,
-    stop: CancellationToken,
-    kill: CancellationToken,
-    /// Tracked reads waiting for their reply.
-    pending: Vec<Tracked>,
-    /// The confirming read in flight, if any (at most one per connection).
-    confirm: Option<confirm::Confirm>,
-    /// Requests sent that still expect a final reply (for a graceful stop).
-    outstanding: u32,
-    /// The last reply relayed had moreToCome (an exhaust stream is running).
-    streaming: bool,
-    /// When the oldest request still waiting for its first reply was forwarded.
-    waiting_since: Option<Instant>,
-    /// Counts not yet added to the shared metrics.
-    counters: Counters,
+    /// The upstream this client is paired with (its configured address).
+    upstream: String,
+    peers: Peers,
+    reads: Reads,
+    meter: Meter,
     /// Reused for the "db.coll" key of governed reads.
     ns_buf: String,
     /// Where rewritten requests are written; its allocation comes back once the last one
     /// is sent (`rewrite::rewrite_into`).
-    rewrite_buf: bytes::BytesMut,
-    /// The namespace of the last tracked read, shared by the tracked reads on it.
-    last_tracked_ns: Option<Arc<str>>,
-    /// The upstream this client is paired with (its configured address).
-    upstream: String,
-    /// That upstream's guard on primary-rung reads (`[ladder_guard]`).
-    ladder: Option<Arc<crate::upstream::LadderGuard>>,
-    /// This connection's share of it (`per_connection_per_second`).
-    ladder_share: crate::upstream::ConnLadder,
-    /// Scratch space for the orphan estimate on `available` replies.
-    ids: crate::wire::dupids::IdSet,
-    /// Writes sent and not answered yet (write-stall watch).
-    writes: WriteTracker,
-    /// Messages waiting to be written, per peer: the loop never waits on a write.
-    to_upstream: Outbox,
-    to_client: Outbox,
-    /// Requests sent upstream that expect a final reply, and final replies received: mongos
-    /// answers a connection's requests in order, so a tracked read whose turn has passed
-    /// was answered with a wrong `responseTo` and is given up.
-    sent_finals: u64,
-    finals_in: u64,
+    rewrite_buf: BytesMut,
 }
 
 impl Session {
     pub fn new(
-        shared: Arc<Handles>,
+        shared: Arc<SessionHandles>,
         peer: SocketAddr,
         id: u64,
         stop: CancellationToken,
@@ -147,32 +132,22 @@ impl Session {
     ) -> Session {
         let config_generation = shared.config.generation();
         let config = shared.config.load_full();
+        let meter = Meter::new(shared.metrics.clone());
         Session {
-            shared,
-            config,
-            config_generation,
             peer,
-            id,
-            stop,
-            kill,
-            pending: Vec::new(),
-            confirm: None,
-            outstanding: 0,
-            streaming: false,
-            waiting_since: None,
-            counters: Counters::default(),
-            ns_buf: String::new(),
-            rewrite_buf: bytes::BytesMut::new(),
-            last_tracked_ns: None,
-            upstream: String::new(),
-            ladder: None,
-            ladder_share: Default::default(),
-            ids: Default::default(),
-            writes: WriteTracker::default(),
-            to_upstream: Outbox::default(),
-            to_client: Outbox::default(),
-            sent_finals: 0,
-            finals_in: 0,
+            life: Life::new(stop, kill),
+            h: Handler {
+                shared,
+                config,
+                config_generation,
+                id,
+                upstream: String::new(),
+                peers: Peers::default(),
+                reads: Reads::default(),
+                meter,
+                ns_buf: String::new(),
+                rewrite_buf: BytesMut::new(),
+            },
         }
     }
 
@@ -180,7 +155,7 @@ impl Session {
     /// caller): every stage below moves a pointer, not the session, so an idle connection's
     /// task does not hold several copies of it.
     pub async fn run(self: Box<Self>, client: Stream) {
-        let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.id);
+        let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
         self.relay(client).instrument(span).await
     }
 
@@ -200,12 +175,12 @@ impl Session {
 
     /// Waits for the client's first message, then dials its upstream (a client that never
     /// sends one costs no upstream connection) and relays.
-    async fn open<CR, CW>(self: Box<Self>, cr: CR, cw: CW)
+    async fn open<CR, CW>(mut self: Box<Self>, cr: CR, cw: CW)
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
     {
-        let max = self.config.max_message_size;
+        let max = self.h.config.max_message_size;
         let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), relay::READ_BUFFER);
         let Some(first) = self.first_message(&mut cr).await else {
             return;
@@ -213,9 +188,10 @@ impl Session {
         // A stop past its deadline also ends a session still dialing its upstream.
         // Boxed: dialing (TCP, maybe TLS) happens once, and its state need not be part
         // of the session's task for the connection's whole life.
+        let h = &self.h;
         let connected = tokio::select! {
-            c = Box::pin(self.shared.upstreams.connect(&self.config, &self.shared.metrics)) => c,
-            _ = self.kill.cancelled() => {
+            c = Box::pin(h.shared.upstreams.connect(&h.config, &h.shared.metrics)) => c,
+            _ = self.life.kill.cancelled() => {
                 tracing::debug!("shutdown deadline passed while connecting upstream");
                 return;
             }
@@ -227,36 +203,24 @@ impl Session {
                 return;
             }
         };
-        let upstream_addr = router.addr.clone();
-        tracing::debug!(upstream = %upstream_addr, "paired");
-        let m = &self.shared.metrics;
-        m.client_connections.inc();
-        m.client_connections_total.inc();
-        let latency = m
-            .upstream_latency
-            .get_or_create(&crate::metrics::UpstreamLabel {
-                upstream: upstream_addr.to_string(),
-            })
-            .clone();
-        let shared = self.shared.clone();
-        let mut this = self;
-        this.counters.set_latency(latency);
-        this.upstream = upstream_addr;
-        this.ladder = Some(router.ladder.clone());
-        let max = this.config.max_message_size;
-        match upstream {
+        tracing::debug!(upstream = %router.addr, "paired");
+        self.h.meter.connected(&router.addr);
+        self.h.reads.paired(router.ladder.clone());
+        self.h.upstream = router.addr.clone();
+        let max = self.h.config.max_message_size;
+        let this = match upstream {
             Stream::Plain(u) => {
                 let (ur, uw) = u.into_split();
                 let ur = FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
-                this.relay_framed(cr, cw, ur, uw, Some(first)).await;
+                self.relay_framed(cr, cw, ur, uw, Some(first)).await
             }
             u => {
                 let (ur, uw) = tokio::io::split(u);
                 let ur = FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
-                this.relay_framed(cr, cw, ur, uw, Some(first)).await;
+                self.relay_framed(cr, cw, ur, uw, Some(first)).await
             }
-        }
-        shared.metrics.client_connections.dec();
+        };
+        this.h.meter.disconnected();
     }
 
     /// The client's whole first message, within `first_message_timeout` of the session's
@@ -267,12 +231,13 @@ impl Session {
         cr: &mut FramedRead<CR, MessageCodec>,
     ) -> Option<Bytes> {
         let started = Instant::now();
-        let first = self.config.limits.first_message_timeout;
-        let tick = self.limits_tick().min(quarter(first));
+        let limits = &self.h.config.limits;
+        let first = limits.first_message_timeout;
+        let tick = life::limits_tick(limits).min(life::quarter(first));
         loop {
             tokio::select! {
-                _ = self.kill.cancelled() => return None,
-                _ = self.stop.cancelled() => return None,
+                _ = self.life.kill.cancelled() => return None,
+                _ = self.life.stop.cancelled() => return None,
                 m = cr.next() => return match m {
                     Some(Ok(m)) => Some(m),
                     Some(Err(e)) => {
@@ -286,7 +251,7 @@ impl Session {
                     let limit = if waited >= first {
                         Some("first_message_timeout")
                     } else {
-                        self.overdue(cr.decoder(), waited)
+                        life::overdue(limits, cr.decoder(), waited, true)
                     };
                     if let Some(limit) = limit {
                         self.limit_hit(limit);
@@ -297,77 +262,10 @@ impl Session {
         }
     }
 
-    /// How often the message deadline, idle and write timeouts are looked at: a quarter of
-    /// the shortest, so each acts within 1.25 times its setting.
-    fn limits_tick(&self) -> Duration {
-        let l = &self.config.limits;
-        let shortest = l
-            .idle_timeout
-            .map_or(l.message_timeout, |i| i.min(l.message_timeout))
-            .min(l.write_timeout);
-        quarter(shortest)
-    }
-
-    /// The limit a client is past: a message started longer than `message_timeout` ago,
-    /// or nothing sent for `idle_timeout` (having been `quiet_for`) with nothing in flight.
-    fn overdue(&self, codec: &MessageCodec, quiet_for: Duration) -> Option<&'static str> {
-        let l = &self.config.limits;
-        match codec.partial_since() {
-            Some(since) if since.elapsed() >= l.message_timeout => Some("message_timeout"),
-            Some(_) => None,
-            None if self.outstanding == 0 && l.idle_timeout.is_some_and(|d| quiet_for >= d) => {
-                Some("idle_timeout")
-            }
-            None => None,
-        }
-    }
-
-    fn limit_hit(&self, limit: &'static str) {
-        self.shared.metrics.limits.hit(limit);
+    /// A deadline ends the session.
+    fn limit_hit(&self, limit: life::Limit) {
+        self.h.meter.limit(limit);
         tracing::info!(limit, "closing client: past a limit");
-    }
-
-    /// `ns` as the tracked reads keep it: the previous read's `Arc` when it was on the same
-    /// namespace (the common case), a new one otherwise.
-    fn tracked_ns(&mut self, ns: &str) -> Arc<str> {
-        match &self.last_tracked_ns {
-            Some(last) if **last == *ns => last.clone(),
-            _ => {
-                let fresh: Arc<str> = Arc::from(ns);
-                self.last_tracked_ns = Some(fresh.clone());
-                fresh
-            }
-        }
-    }
-
-    /// Picks up a reloaded config, from the next request on.
-    fn refresh_config(&mut self) {
-        let generation = self.shared.config.generation();
-        if generation != self.config_generation {
-            self.config = self.shared.config.load_full();
-            self.config_generation = generation;
-        }
-    }
-
-    fn policy_active(&self) -> bool {
-        !self.config.policy.is_passthrough_only()
-    }
-}
-
-/// A quarter of `d`, at least 10 ms: a limit looked at this often acts within 1.25 times
-/// its setting.
-fn quarter(d: Duration) -> Duration {
-    (d / 4).max(Duration::from_millis(10))
-}
-
-/// A tracked read's command name without an allocation when the metrics know it (every read
-/// command the policy tracks does).
-fn tracked_command(name: &str) -> std::borrow::Cow<'static, str> {
-    let known = crate::metrics::Metrics::command_label(name);
-    if known == name {
-        std::borrow::Cow::Borrowed(known)
-    } else {
-        std::borrow::Cow::Owned(name.to_string())
     }
 }
 

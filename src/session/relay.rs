@@ -1,27 +1,27 @@
-//! The relay loop: reads both ways, hands each message to the request or reply side, and
-//! writes what they queue without ever waiting on a write (see `outbox`). A stop lets
-//! requests in flight finish; the kill (the stop's deadline) ends the session whatever the
-//! peers do, reading or not.
+//! The relay loop: one `select!` over everything the session waits on, whose wake-up is
+//! turned into an [`Event`] and handed to its owner: a request or a reply to the handler
+//! (`request.rs`, `reply.rs`), a write step to the peers (`peers`), the stop, the kill and
+//! the deadlines to the lifecycle (`life`). Writes never block it (see `outbox`). A stop
+//! lets requests in flight finish; the kill (the stop's deadline) ends the session whatever
+//! the peers do, reading or not.
 
-use std::sync::atomic::Ordering;
-
+use bytes::Bytes;
 use futures::StreamExt;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 
 use super::counters::FLUSH_AFTER;
-use super::{client_err, upstream_err, Session, SessionError};
-use crate::wire::{MessageCodec, ReplyCodec};
-
-/// A session that never goes idle adds its batched metrics at least this often (messages).
-const FLUSH_MSGS: u64 = 1024;
+use super::life::{self, Life, Limit};
+use super::{client_err, gate, upstream_err, Session, SessionError};
+use crate::wire::codec::FrameError;
+use crate::wire::{Incoming, MessageCodec, ReplyCodec, Request};
 
 /// Initial read-buffer size per direction; grows to the message size when needed, and
 /// goes back after a message larger than `wire::codec::SHRINK_AFTER`.
 pub(super) const READ_BUFFER: usize = 8 * 1024;
 
-/// Replies larger than this that nothing inspects go to the client in pieces (`stream`).
+/// Replies larger than this that nothing inspects go to the client in pieces (`reply.rs`).
 const STREAM_ABOVE: usize = 64 * 1024;
 
 /// The upstream side's decoder.
@@ -29,40 +29,48 @@ pub(super) fn reply_codec(max_message_size: usize) -> ReplyCodec {
     ReplyCodec::new(max_message_size, STREAM_ABOVE)
 }
 
+/// What woke the loop.
+enum Event {
+    /// A write step to one peer ended.
+    Wrote(Result<(), SessionError>),
+    Reply(Option<Result<Incoming, FrameError>>),
+    Request(Option<Result<Bytes, FrameError>>),
+    Stop,
+    Kill,
+    Flush,
+    Tick,
+}
+
+/// What a turn comes to: `Ok(None)` goes on; `Ok(Some(why))` ends the session as it should,
+/// `Err` as it should not.
+type Turn = Result<Option<&'static str>, SessionError>;
+
 impl Session {
     /// Relays until either side ends, the client misbehaves, or the proxy stops.
-    ///
-    /// One `select!` over every event the session waits on; its arms only dispatch, which
-    /// is why the function is this long.
-    pub fn pump<CR, CW, UR, UW>(
-        self,
-        cr: CR,
-        cw: CW,
-        ur: UR,
-        uw: UW,
-    ) -> impl std::future::Future<Output = ()>
+    pub async fn pump<CR, CW, UR, UW>(self, cr: CR, cw: CW, ur: UR, uw: UW)
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
         UR: AsyncRead + Unpin,
         UW: AsyncWrite + Unpin,
     {
-        let max = self.config.max_message_size;
+        let max = self.h.config.max_message_size;
         let cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
         let ur = FramedRead::with_capacity(ur, reply_codec(max), READ_BUFFER);
-        Box::new(self).relay_framed(cr, cw, ur, uw, None)
+        Box::new(self).relay_framed(cr, cw, ur, uw, None).await;
     }
 
     /// The relay over framed readers; `first` is a request read before the upstream was
-    /// dialed.
+    /// dialed. Gives the session back once it is over.
     pub(super) async fn relay_framed<CR, CW, UR, UW>(
         mut self: Box<Self>,
         mut cr: FramedRead<CR, MessageCodec>,
         mut cw: CW,
         mut ur: FramedRead<UR, ReplyCodec>,
         mut uw: UW,
-        first: Option<bytes::Bytes>,
-    ) where
+        first: Option<Bytes>,
+    ) -> Box<Self>
+    where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
         UR: AsyncRead + Unpin,
@@ -71,116 +79,63 @@ impl Session {
         if let Some(first) = first {
             if let Err(e) = self.request(first).await {
                 self.finish(Err(e), true);
-                return Box::pin(self.close(&mut cw, &mut uw)).await;
+                Box::pin(self.close(&mut cw, &mut uw)).await;
+                return self;
             }
         }
-        let mut draining = false;
-        let (kill, stop) = (self.kill.clone(), self.stop.clone());
+        let (kill, stop) = (self.life.kill.clone(), self.life.stop.clone());
         // Built once: re-creating them per loop turn registers with the tokens' shared Notify
         // on every message.
-        let killed = kill.cancelled();
-        let stopping = stop.cancelled();
-        // Batched metrics reach the shared counters within FLUSH_AFTER even when the
-        // session goes quiet: armed once per batch, not per message.
+        let (killed, stopping) = (kill.cancelled(), stop.cancelled());
+        // Batched metrics reach the shared metrics within FLUSH_AFTER even when the session
+        // goes quiet: armed once per batch, not per message. The deadlines are looked at on
+        // a tick, not per message.
         let flush_timer = tokio::time::sleep(FLUSH_AFTER);
-        // The message deadline and idle timeout are looked at on a tick, not per message:
-        // `msgs` counts requests, and a tick that finds it unchanged extends the quiet.
-        let tick = self.limits_tick();
-        let limits_timer = tokio::time::sleep(tick);
+        let limits_timer = tokio::time::sleep(life::limits_tick(&self.h.config.limits));
         tokio::pin!(killed, stopping, flush_timer, limits_timer);
-        let mut flush_armed = true;
-        let (mut msgs, mut seen_msgs, mut quiet_since) = (0u64, 0u64, Instant::now());
         let end: Result<&str, SessionError> = loop {
-            // Never in the middle of a reply being passed on in pieces.
-            if draining && self.drained() && !ur.decoder().is_streaming() {
-                break Ok("proxy stopping");
+            let streaming = ur.decoder().is_streaming();
+            if let Some(why) = self.over(streaming) {
+                break Ok(why);
             }
-            // The kill, seen by a busy session (an idle one is woken by `killed` below).
-            if self.shared.killed.load(Ordering::Acquire) {
-                break Ok("shutdown deadline passed");
-            }
-            if self.counters.is_dirty() && !flush_armed {
+            if self.life.rearm_flush(self.h.meter.is_dirty()) {
                 flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
-                flush_armed = true;
             }
-            // A full outbox stops the reads that feed it (a request may be answered by the
-            // proxy itself, so client reads wait on both, and on the end of a reply being
-            // streamed to the client, whose pieces nothing may come between).
-            let read_client = self.to_upstream.has_room()
-                && self.to_client.has_room()
-                && !ur.decoder().is_streaming();
-            let read_upstream = self.to_client.has_room();
-            self.upstream_reads(read_upstream);
+            let (read_client, read_upstream) = self.reading(streaming);
+            let (draining, flush_armed) = (self.life.is_draining(), self.life.flush_armed());
+            let p = &mut self.h.peers;
             // Biased, in this order: writes; replies before new requests (finishing work
             // before taking more; each side is bounded by its outbox's room, so neither waits
             // long); then the kill, the stop and the timers, which are polled only in turns
             // where no message was ready (a timer that fires during a burst waits for its
             // end, which is the session's own traffic; the kill is also checked above).
-            // Polling a token takes its lock: a message turn polls none.
-            tokio::select! {
+            // Polling a token takes its lock: a message turn polls none. The kill comes
+            // only after the stop: one token is waited on at a time.
+            let event = tokio::select! {
                 biased;
-                w = self.to_upstream.step(&mut uw), if !self.to_upstream.is_idle() => {
-                    if let Err(e) = w {
-                        break Err(SessionError::UpstreamIo(e));
-                    }
+                w = p.to_upstream.step(&mut uw), if !p.to_upstream.is_idle() => {
+                    Event::Wrote(w.map_err(SessionError::UpstreamIo))
                 }
-                w = self.to_client.step(&mut cw), if !self.to_client.is_idle() => {
-                    if let Err(e) = w {
-                        break Err(SessionError::ClientIo(e));
-                    }
+                w = p.to_client.step(&mut cw), if !p.to_client.is_idle() => {
+                    Event::Wrote(w.map_err(SessionError::ClientIo))
                 }
-                rep = ur.next(), if read_upstream => match rep {
-                    Some(Ok(item)) => self.on_incoming(item, ur.decoder_mut()),
-                    Some(Err(e)) => break Err(upstream_err(e)),
-                    None => {
-                        self.upstream_gone();
-                        break Ok("upstream closed");
-                    }
-                },
-                req = cr.next(), if read_client => match req {
-                    Some(Ok(msg)) => {
-                        msgs += 1;
-                        if let Err(e) = self.request(msg).await {
-                            break Err(e);
-                        }
-                        // The flush timer is polled only in idle turns; a client that never
-                        // pauses (fire-and-forget writes have no round trip to flush on)
-                        // still reaches the shared metrics every FLUSH_MSGS messages.
-                        if msgs % FLUSH_MSGS == 0 && self.counters.is_dirty() {
-                            self.counters.flush(&self.shared.metrics);
-                        }
-                    }
-                    Some(Err(e)) => break Err(client_err(e)),
-                    None => {
-                        self.client_gone();
-                        break Ok("client closed");
-                    }
-                },
-                // The kill comes only after the stop: one token is waited on at a time.
-                _ = &mut stopping, if !draining => draining = true,
-                _ = &mut killed, if draining => break Ok("shutdown deadline passed"),
-                _ = &mut flush_timer, if flush_armed => {
-                    flush_armed = false;
-                    self.counters.flush(&self.shared.metrics);
-                }
-                _ = &mut limits_timer => {
-                    let now = Instant::now();
-                    if msgs != seen_msgs {
-                        (seen_msgs, quiet_since) = (msgs, now);
-                    }
-                    if let Some(limit) = self.overdue(cr.decoder(), now - quiet_since) {
-                        self.limit_hit(limit);
-                        break Ok(limit);
-                    }
-                    if self.to_client.stuck_for(now) >= self.config.limits.write_timeout {
-                        self.limit_hit("write_timeout");
-                        break Ok("write_timeout");
-                    }
-                    self.shrink_idle();
-                    limits_timer.as_mut().reset(now + self.limits_tick());
-                }
+                rep = ur.next(), if read_upstream => Event::Reply(rep),
+                req = cr.next(), if read_client => Event::Request(req),
+                _ = &mut stopping, if !draining => Event::Stop,
+                _ = &mut killed, if draining => Event::Kill,
+                _ = &mut flush_timer, if flush_armed => Event::Flush,
+                _ = &mut limits_timer => Event::Tick,
+            };
+            if let Event::Tick = event {
+                let tick = life::limits_tick(&self.h.config.limits);
+                limits_timer.as_mut().reset(Instant::now() + tick);
             }
-            if let Err(e) = self.write_now(&mut cw, &mut uw) {
+            match self.handle(event, &mut cr, &mut ur).await {
+                Ok(None) => {}
+                Ok(Some(why)) => break Ok(why),
+                Err(e) => break Err(e),
+            }
+            if let Err(e) = self.h.peers.write_now(&mut cw, &mut uw) {
                 break Err(e);
             }
         };
@@ -189,18 +144,96 @@ impl Session {
         let not_reading = matches!(end, Ok("write_timeout"));
         self.finish(end, cr.read_buffer().is_empty());
         if not_reading {
-            self.to_client.discard();
-            return;
+            self.h.peers.to_client.discard();
+            return self;
         }
         // Boxed, like the decompression below: a session's task is as large as the largest
         // state it may ever wait in, and every idle connection pays for that size.
         Box::pin(self.close(&mut cw, &mut uw)).await;
+        self
+    }
+
+    /// Hands what woke the loop to its owner.
+    async fn handle<CR, UR>(
+        &mut self,
+        event: Event,
+        cr: &mut FramedRead<CR, MessageCodec>,
+        ur: &mut FramedRead<UR, ReplyCodec>,
+    ) -> Turn
+    where
+        CR: AsyncRead + Unpin,
+        UR: AsyncRead + Unpin,
+    {
+        match event {
+            Event::Wrote(w) => w.map(|()| None),
+            Event::Reply(Some(Ok(item))) => {
+                self.h.on_incoming(item, ur.decoder_mut());
+                Ok(None)
+            }
+            Event::Reply(Some(Err(e))) => Err(upstream_err(e)),
+            Event::Reply(None) => {
+                self.h.upstream_gone();
+                Ok(Some("upstream closed"))
+            }
+            Event::Request(Some(Ok(msg))) => self.on_request(msg).await,
+            Event::Request(Some(Err(e))) => Err(client_err(e)),
+            Event::Request(None) => {
+                self.h.client_gone();
+                Ok(Some("client closed"))
+            }
+            Event::Stop => {
+                self.life.drain();
+                Ok(None)
+            }
+            Event::Kill => Ok(Some("shutdown deadline passed")),
+            Event::Flush => {
+                self.life.flushed();
+                self.h.meter.flush();
+                Ok(None)
+            }
+            Event::Tick => Ok(self.on_tick(cr.decoder(), Instant::now())),
+        }
+    }
+
+    /// Which peers are read in this turn. A full outbox stops the reads that feed it (a
+    /// request may be answered by the proxy itself, so client reads wait on both outboxes,
+    /// and on the end of a reply being streamed to the client, whose pieces nothing may come
+    /// between); the write-stall watch hears whether the upstream is read.
+    fn reading(&mut self, streaming: bool) -> (bool, bool) {
+        let read_client = self.h.peers.room_for_requests() && !streaming;
+        let read_upstream = self.h.peers.room_for_replies();
+        self.h.upstream_reads(read_upstream);
+        (read_client, read_upstream)
+    }
+
+    /// The session is over before this turn: a stop has nothing left to wait for (never in
+    /// the middle of a reply being passed on in pieces, `streaming`), or the kill came (seen
+    /// by a busy session; an idle one is woken by the token).
+    fn over(&self, streaming: bool) -> Option<&'static str> {
+        if self.life.is_draining() && self.h.peers.drained() && !streaming {
+            return Some("proxy stopping");
+        }
+        if Life::killed(&self.h.shared.killed) {
+            return Some("shutdown deadline passed");
+        }
+        None
+    }
+
+    /// One request from the client (the batched metrics flushed every so many: a client
+    /// that never pauses has no round trip to flush on).
+    async fn on_request(&mut self, msg: Bytes) -> Turn {
+        let flush_due = self.life.request_read();
+        self.request(msg).await?;
+        if flush_due && self.h.meter.is_dirty() {
+            self.h.meter.flush();
+        }
+        Ok(None)
     }
 
     /// One request; a large compressed one is decompressed off the workers first (this
     /// session waits for it, others do not; the kill still ends the wait).
-    async fn request(&mut self, msg: bytes::Bytes) -> Result<(), SessionError> {
-        let Some(req) = self.on_request(msg)? else {
+    async fn request(&mut self, msg: Bytes) -> Result<(), SessionError> {
+        let Some(req) = self.h.on_request(msg)? else {
             return Ok(());
         };
         Box::pin(self.inflated(req)).await
@@ -208,17 +241,37 @@ impl Session {
 
     /// The rare path of [`Session::request`], boxed so its state is not part of every
     /// session's task.
-    async fn inflated(&mut self, req: crate::wire::Request) -> Result<(), SessionError> {
-        let kill = self.kill.clone();
+    async fn inflated(&mut self, req: Request) -> Result<(), SessionError> {
+        let kill = self.life.kill.clone();
         // The upstream is not read while this session waits (for a slot, too): a write's
         // reply arriving meanwhile is not waiting on the server. The loop's next turn
         // reads it again.
-        self.upstream_reads(false);
+        self.h.upstream_reads(false);
+        let h = &self.h;
+        let (slots, max) = (&h.shared.inflate_slots, h.config.max_message_size);
         let opened = tokio::select! {
-            r = self.inflate_aside(req) => r?,
+            r = gate::inflate_aside(req, slots, max, &h.meter) => r?,
             _ = kill.cancelled() => return Ok(()),
         };
-        self.on_inflated(opened)
+        self.h.on_inflated(opened)
+    }
+
+    /// The deadlines, on their tick: a message too slow to arrive, a client idle too long,
+    /// a client that takes nothing written to it; otherwise the lists a burst left are let
+    /// go of.
+    fn on_tick(&mut self, codec: &MessageCodec, now: Instant) -> Option<Limit> {
+        let quiet = self.life.quiet_for(now);
+        let idle = self.h.peers.nothing_outstanding();
+        let limits = self.h.config.limits;
+        let limit = life::overdue(&limits, codec, quiet, idle).or_else(|| {
+            let stuck = self.h.peers.to_client.stuck_for(now) >= limits.write_timeout;
+            stuck.then_some("write_timeout")
+        });
+        match limit {
+            Some(limit) => self.limit_hit(limit),
+            None => self.h.reads.shrink_idle(),
+        }
+        limit
     }
 
     /// What is queued still goes out, and both sides are closed, unless the kill comes
@@ -228,55 +281,20 @@ impl Session {
         C: AsyncWrite + Unpin,
         U: AsyncWrite + Unpin,
     {
-        let kill = self.kill.clone();
-        let close = async {
-            let _ = self.to_client.drain(cw).await;
-            let _ = self.to_upstream.drain(uw).await;
-            let _ = cw.shutdown().await;
-            let _ = uw.shutdown().await;
-        };
+        let kill = self.life.kill.clone();
         tokio::select! {
             biased;
-            _ = close => {}
+            _ = self.h.peers.close(cw, uw) => {}
             _ = kill.cancelled() => {}
         }
-    }
-
-    /// Lets go of the room a burst of pipelined reads or writes left in the session's lists
-    /// once they are empty (looked at on the limits tick, not per message).
-    fn shrink_idle(&mut self) {
-        if self.pending.is_empty() && self.pending.capacity() > 16 {
-            self.pending = Vec::new();
-        }
-        self.writes.shrink_idle();
-    }
-
-    /// Everything in flight is answered and written (or an exhaust stream runs, which a
-    /// stop cuts at once).
-    fn drained(&self) -> bool {
-        (self.outstanding == 0 || self.streaming)
-            && self.to_client.is_idle()
-            && self.to_upstream.is_idle()
-    }
-
-    /// Writes what the handlers queued, as far as the sockets take it now.
-    fn write_now<C, U>(&mut self, cw: &mut C, uw: &mut U) -> Result<(), SessionError>
-    where
-        C: AsyncWrite + Unpin,
-        U: AsyncWrite + Unpin,
-    {
-        self.to_upstream
-            .write_now(uw)
-            .map_err(SessionError::UpstreamIo)?;
-        self.to_client.write_now(cw).map_err(SessionError::ClientIo)
     }
 
     /// Logs why the session ended and adds its last counts to the shared metrics.
     /// `at_message_boundary`: no part of a next request had arrived.
     fn finish(&mut self, end: Result<&str, SessionError>, at_message_boundary: bool) {
-        if !self.writes.is_empty() {
+        if !self.h.reads.writes.is_empty() {
             // Not progress: the watch notes it, nothing clears on it.
-            self.writes.abandon();
+            self.h.reads.writes.abandon();
         }
         match end {
             Ok(why) => tracing::debug!(reason = why, "session closed"),
@@ -292,6 +310,6 @@ impl Session {
             }
             Err(e) => tracing::warn!(error = %e, "closing client because its upstream failed"),
         }
-        self.counters.flush(&self.shared.metrics);
+        self.h.meter.flush();
     }
 }

@@ -1,177 +1,154 @@
-//! The reply side: every reply's header is read once (`wire::Reply`); a reply to a tracked
-//! read (or a read that ended without one: client gone, upstream gone) is judged by
-//! `policy::judge` (pure), and the session applies the verdict: the breaker, the metrics,
-//! the log, and a resend rewritten from the request opened when it arrived.
-
-use std::borrow::Cow;
-use std::sync::Arc;
+//! What happens to a reply, from the moment it (or the head of a large one) arrives:
+//!
+//! 1. its place in the turn order (mongos answers a connection's requests in order), and
+//!    the round trip it ends;
+//! 2. nothing followed: it goes to the client as it came; a large one in pieces
+//!    (`wire::ReplyCodec`), so a client that does not read leaves it in mongos's socket;
+//! 3. a followed write's answer: the write-stall watch hears of it, the client gets it;
+//! 4. the confirming read's answer: judged (`confirm`), never relayed;
+//! 5. a tracked read's answer: judged by `policy::judge` (pure), and the verdict carried
+//!    out: the breaker, the metrics, the log; the reply goes to the client, or is replaced
+//!    by the fail-fast error, or by the next rung's resend (`policy::Then`, from the request
+//!    opened on arrival); an `available` reply is also looked at for orphans;
+//! 6. tracked reads whose turn passed under another `responseTo` are given up.
+//!
+//! A read that ends without a reply (client gone, upstream gone) is judged the same way.
 
 use tokio::time::Instant;
 
-use super::Session;
+use super::confirm::{Ask, Confirm};
+use super::reads::{Tracked, ORPHAN_SCAN_CAP};
+use super::Handler;
 use crate::breaker::{Counted, Sample};
-use crate::command::ReadPrefMode;
-use crate::policy::{
-    self, Bounded, Ending, Evidence, Failure, Heard, NsPolicy, Rung, SampleEnd, Then, Verdict,
-};
+use crate::policy::{self, Bounded, Ending, Evidence, Failure, Heard, Rung, SampleEnd, Then};
 use crate::rewrite::{self, RewriteSpec};
 use crate::upstream::LadderPermit;
 use crate::wire::dupids::{DupCount, IdSet};
-use crate::wire::{Reply, Request};
+use crate::wire::{Head, Incoming, Reply, ReplyCodec};
 
-/// Documents of one `available` reply looked at for duplicate `_id`s (a sample: the
-/// estimate is a lower bound; the scratch set stays below 64 KiB per connection).
-pub(super) const ORPHAN_SCAN_CAP: usize = 4096;
-
-/// A read whose reply the session inspects.
-#[derive(Debug)]
-pub(super) struct Tracked {
-    pub(super) request_id: i32,
-    /// Shared with the session's last tracked namespace: no allocation per read.
-    pub(super) ns: Arc<str>,
-    /// Borrowed from the metrics' command list when there (every read command is).
-    pub(super) command: Cow<'static, str>,
-    pub(super) policy: Arc<NsPolicy>,
-    /// The client's request as opened on arrival (a retry is rewritten from it, with no
-    /// second header read or decompression).
-    pub(super) original: Request,
-    /// When mongos could start its first attempt: the read's budget runs from here.
-    pub(super) started: Instant,
-    /// When mongos could start it (nothing sent before it was still waiting); `None`: not
-    /// yet.
-    pub(super) began: Option<Instant>,
-    /// The read's whole budget (client's `maxTimeMS`, or the cap); `None`: no limit.
-    pub(super) max_time_ms: Option<i64>,
-    /// This attempt went out with a `maxTimeMS` staleguard wrote.
-    pub(super) limit_ours: bool,
-    /// The read lists tag sets.
-    pub(super) tagged: bool,
-    /// Its read preference mode (a confirming read uses the same, without tags).
-    pub(super) pref: Option<ReadPrefMode>,
-    /// A sample of an open breaker (`bounded`: under its time bound).
-    pub(super) sample: bool,
-    pub(super) bounded: Option<Bounded>,
-    /// The primary rung is still ahead.
-    pub(super) primary: bool,
-    /// The `available` rung is still ahead.
-    pub(super) retry: bool,
-    /// The attempt in flight.
-    pub(super) rung: Rung,
-    /// The upstream's ladder slot, held while the primary rung is in flight.
-    pub(super) permit: Option<LadderPermit>,
-    /// Its place among the requests sent upstream that expect a final reply (see
-    /// `Session::sent_finals`).
-    pub(super) seq: u64,
-    /// A repeated `_id` in its result can only be an orphan (`CommandInfo::unique_ids`).
-    pub(super) unique_ids: bool,
-}
-
-impl Tracked {
-    fn read(&self) -> policy::Read<'_> {
-        policy::Read {
-            policy: &self.policy,
-            started: self.started,
-            began: self.began,
-            max_time_ms: self.max_time_ms,
-            limit_ours: self.limit_ours,
-            tagged: self.tagged,
-            sample: self.sample,
-            bounded: self.bounded,
-            primary: self.primary,
-            retry: self.retry,
-            rung: self.rung,
+impl Handler {
+    /// One message, or part of one, from the upstream.
+    pub(super) fn on_incoming(&mut self, item: Incoming, codec: &mut ReplyCodec) {
+        match item {
+            Incoming::Message(msg) => self.on_reply(msg),
+            Incoming::Large(head) => codec.stream(self.start_stream(&head)),
+            Incoming::Piece(bytes) => self.peers.piece(bytes),
+            // The last piece: the reply is relayed (a stop waits for it, see `drained`).
+            Incoming::Last {
+                bytes,
+                more_to_come,
+            } => self.peers.reply(bytes, more_to_come),
         }
     }
-}
 
-impl Session {
-    /// One reply from the upstream.
-    pub(super) fn on_reply(&mut self, msg: bytes::Bytes) {
-        if let Some(t) = self.waiting_since.take() {
-            self.counters.round_trip(&self.shared.metrics, t.elapsed());
+    /// The head of a large reply: streamed when it answers no tracked read and no write or
+    /// confirming read waits (their turn order needs the whole reply's bookkeeping; then
+    /// the bookkeeping a whole reply gets on arrival happens now); otherwise read whole.
+    fn start_stream(&mut self, head: &Head) -> bool {
+        let response_to = head.header.response_to;
+        let r = &self.reads;
+        if r.may_answer(response_to) || !r.writes.is_empty() || r.confirm.is_some() {
+            return false;
+        }
+        if let Some(waited) = self.peers.reply_arrived() {
+            self.meter.round_trip(waited);
+        }
+        if !head.more_to_come() {
+            let seq = self.peers.final_in();
+            self.reads.began(seq + 1);
+        }
+        if !self.reads.no_tracked() {
+            self.give_up_passed();
+        }
+        true
+    }
+
+    /// One whole reply from the upstream.
+    fn on_reply(&mut self, msg: bytes::Bytes) {
+        if let Some(waited) = self.peers.reply_arrived() {
+            self.meter.round_trip(waited);
         }
         let reply = Reply::new(msg);
         // The place this reply has among the final replies: mongos answers a connection's
         // requests in order, so it answers request number `seq`.
-        let seq = self.finals_in + 1;
+        let seq = self.peers.finals_in() + 1;
         if !reply.more_to_come() {
-            self.finals_in = seq;
-            self.began_next();
+            self.peers.final_in();
+            self.reads.began(seq + 1);
         }
-        if self.pending.is_empty() && self.writes.is_empty() && self.confirm.is_none() {
+        if self.reads.none() {
             return self.send_to_client(reply);
         }
-        // The write-stall watch's turn order and progress (`writes.rs`): every final reply
-        // passes the turn; one answers a write only when its id and place both match.
-        if !self.writes.is_empty() && self.write_replied(&reply) {
+        // The write-stall watch's turn order and progress: every final reply passes the
+        // turn; one answers a write only when its id and place both match.
+        if !self.reads.writes.is_empty() && self.write_replied(&reply) {
             return self.send_to_client(reply);
         }
         let response_to = reply.response_to();
-        if self
-            .confirm
-            .as_ref()
-            .is_some_and(|c| c.answered_by(response_to, seq))
-        {
+        let confirm = self.reads.confirm.as_ref();
+        if confirm.is_some_and(|c| c.answered_by(response_to, seq)) {
             // staleguard's own read: judged, never relayed.
             return self.on_confirm_reply(&reply);
         }
-        // Both the id and the place must match: a reply to another request that reused a
-        // tracked read's id never stands for it.
-        let tracked = self
-            .pending
-            .iter()
-            .position(|t| t.request_id == response_to && t.seq == seq);
-        if let Some(i) = tracked {
-            let t = self.pending.swap_remove(i);
+        if let Some(t) = self.reads.answered(response_to, seq) {
             if self.inspect(t, &reply) {
                 // Swallowed: a resend (or staleguard's own error) went out instead.
                 return;
             }
         }
+        let finals_in = self.peers.finals_in();
         if self
+            .reads
             .confirm
             .as_ref()
-            .is_some_and(|c| c.passed(self.finals_in))
+            .is_some_and(|c| c.passed(finals_in))
         {
             // Its turn passed under another responseTo: nothing to judge.
-            self.confirm = None;
-            self.shared.metrics.breakers.confirm("unknown");
+            self.reads.confirm = None;
+            self.meter.confirm("unknown");
         }
-        self.give_up_answered();
+        self.give_up_passed();
         self.send_to_client(reply)
     }
 
-    /// The request after the last one answered may start now at mongos: a tracked read (or
-    /// the confirming read) waiting for its turn begins.
-    pub(super) fn began_next(&mut self) {
-        let next = self.finals_in + 1;
-        let now = Instant::now();
-        for t in self.pending.iter_mut().filter(|t| t.began.is_none()) {
-            if t.seq == next {
-                t.began = Some(now);
-                if t.rung == Rung::First {
-                    // Its budget, like its `maxTimeMS`, runs from when mongos starts it.
-                    t.started = now;
-                }
-            }
+    fn send_to_client(&mut self, reply: Reply) {
+        let more = reply.more_to_come();
+        self.peers.reply(reply.into_frame(), more);
+    }
+
+    /// A reply (`finals_in` already counts it) while writes are followed: it may answer
+    /// one, and a final reply passes the turn to the next write. True when it answered a
+    /// followed write.
+    fn write_replied(&mut self, reply: &Reply) -> bool {
+        let max = self.config.max_message_size;
+        let ok = || reply.status(max).is_ok_and(|s| s.ok);
+        let seen = (
+            reply.response_to(),
+            !reply.more_to_come(),
+            self.peers.finals_in(),
+        );
+        let watch = &self.shared.stall;
+        self.reads.writes.replied(watch, seen, ok, Instant::now())
+    }
+
+    /// Whether the relay reads the upstream in this turn: when it does not (the client's
+    /// outbox is full, or the session waits on a decompression of the client's), a reply
+    /// that did arrive may wait in the socket, so the writes stop counting as waiting. A
+    /// compare per turn; the clock only on a change.
+    pub(super) fn upstream_reads(&mut self, reading: bool) {
+        let writes = &mut self.reads.writes;
+        if writes.is_paused() == reading {
+            writes.set_paused(!reading, &self.shared.stall, Instant::now());
         }
     }
 
     /// Tracked reads whose turn for a reply has passed (mongos answered them with a
     /// `responseTo` that names another request): nothing can be judged of them, so they
-    /// leave the pending list instead of waiting forever (a probe gives its slot back).
-    pub(super) fn give_up_answered(&mut self) {
-        let finals_in = self.finals_in;
-        if self.pending.iter().all(|t| t.seq > finals_in) {
-            return;
-        }
-        let (gone, kept): (Vec<Tracked>, Vec<Tracked>) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .partition(|t| t.seq <= finals_in);
-        self.pending = kept;
-        for t in gone {
+    /// leave instead of waiting forever (a probe gives its slot back).
+    fn give_up_passed(&mut self) {
+        for t in self.reads.passed(self.peers.finals_in()) {
             tracing::warn!(ns = %t.ns, command = %t.command, request_id = t.request_id, "tracked read answered with another responseTo; not judged");
-            if t.sample {
+            if t.attempt.sample {
                 self.sampled(&t, SampleEnd::Unknown);
             }
         }
@@ -183,12 +160,9 @@ impl Session {
     fn inspect(&mut self, t: Tracked, reply: &Reply) -> bool {
         let now = Instant::now();
         let max = self.config.max_message_size;
-        let status = if t.rung == Rung::Available && t.unique_ids {
-            let scanned = reply.status_and_duplicates(max, &mut self.ids, ORPHAN_SCAN_CAP);
-            if self.ids.capacity() > ORPHAN_SCAN_CAP {
-                self.ids = IdSet::default();
-            }
-            scanned.map(|(status, dups)| {
+        let status = if t.attempt.rung == Rung::Available && t.unique_ids {
+            let scan = |ids: &mut IdSet| reply.status_and_duplicates(max, ids, ORPHAN_SCAN_CAP);
+            self.reads.scan(scan).map(|(status, dups)| {
                 if let Some(n) = dups {
                     self.count_orphans(&t.ns, n);
                 }
@@ -215,8 +189,7 @@ impl Session {
         if n.duplicates > 0 {
             tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
         }
-        self.counters
-            .orphans(&self.shared.metrics, ns, u64::from(n.duplicates));
+        self.meter.orphans(ns, u64::from(n.duplicates));
     }
 
     /// The client left with tracked reads unanswered.
@@ -231,11 +204,11 @@ impl Session {
 
     fn judge_all(&mut self, ending: Ending<'_>) {
         let now = Instant::now();
-        for t in std::mem::take(&mut self.pending) {
+        for t in self.reads.take_all() {
             let verdict = policy::judge(&t.read(), ending, now);
             self.apply_verdict(t, verdict, false, now);
         }
-        self.confirm = None;
+        self.reads.confirm = None;
     }
 
     /// Carries out a verdict; returns true when the reply is replaced (a resend went out,
@@ -243,41 +216,40 @@ impl Session {
     fn apply_verdict(
         &mut self,
         mut t: Tracked,
-        verdict: Verdict<'_>,
+        verdict: policy::Verdict<'_>,
         answered: bool,
         now: Instant,
     ) -> bool {
-        let Verdict { heard, then } = verdict;
-        if t.rung != Rung::First {
-            // A rung ended: counted in the ladder metric, its slot freed.
-            self.ladder_ended(&mut t, answered);
+        let policy::Verdict { heard, then } = verdict;
+        if t.attempt.rung != Rung::First {
+            // A rung ended: counted in the ladder metric, its guard slot freed.
+            t.permit = None;
+            let result = if answered { "answered" } else { "failed" };
+            let rung = t.attempt.rung.as_str();
+            self.meter.ladder_attempt(&t.ns, rung, result);
         }
         let mut confirm = None;
         match heard {
             Heard::Nothing(None) => {}
             Heard::Nothing(Some(why)) => {
-                self.shared.metrics.limits.ignored(why.label());
+                self.meter.ignored(why.label());
                 tracing::debug!(ns = %t.ns, command = %t.command, why = why.label(), "not counted: no evidence about the cluster");
             }
             Heard::Count(failure) => self.count_failure(&t, &failure, now),
             Heard::Confirm(failure) => {
-                self.log_failure(&t, &failure, now);
-                self.shared
-                    .metrics
-                    .trigger_error(&t.ns, &failure.evidence.label());
-                confirm = Some(super::confirm::Ask::of(&t, &failure));
+                log_failure(&t, &failure, now);
+                self.meter.trigger_error(&t.ns, &failure.evidence.label());
+                confirm = Some(Ask::of(&t, &failure));
             }
             Heard::Sample(end) => self.sampled(&t, end),
         }
         if answered && matches!(then, Then::Reply) {
-            self.counters.answered(&self.shared.metrics, &t.ns);
+            self.meter.answered(&t.ns);
         }
         let replaced = match then {
             Then::Reply => false,
             Then::NoTime(rung) => {
-                self.shared
-                    .metrics
-                    .ladder_attempt(&t.ns, rung.as_str(), "no_time");
+                self.meter.ladder_not_sent(&t.ns, rung.as_str(), "no_time");
                 tracing::info!(ns = %t.ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
                 false
             }
@@ -285,7 +257,7 @@ impl Session {
                 self.bounded_failed(&t, b);
                 true
             }
-            Then::Climb { to, spec, or_else } => self.climb(t, to, &spec, or_else),
+            then @ Then::Climb { .. } => self.climb(t, then),
         };
         // After the resend, so the client's answer does not wait behind it at mongos.
         if let Some(ask) = confirm {
@@ -294,25 +266,19 @@ impl Session {
         replaced
     }
 
-    /// Sends `t` to rung `to` (or `or_else` when the primary's guard refuses it); false when
-    /// nothing could be sent and the reply goes to the client.
-    fn climb(
-        &mut self,
-        mut t: Tracked,
-        to: Rung,
-        spec: &RewriteSpec,
-        or_else: Option<RewriteSpec>,
-    ) -> bool {
-        if to == Rung::Primary {
-            match self.claim_ladder(&t.ns) {
-                Some(permit) => t.permit = Some(permit),
-                None => match or_else {
-                    Some(spec) => return self.resend(t, Rung::Available, &spec),
-                    None => return false,
-                },
-            }
-        }
-        self.resend(t, to, spec)
+    /// A failure for `t`'s breaker, the cluster's own word: logged, counted in the
+    /// trigger-error metric, recorded.
+    fn count_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
+        log_failure(t, failure, now);
+        self.meter.trigger_error(&t.ns, &failure.evidence.label());
+        let what = failure.evidence.to_string();
+        let counted = Counted {
+            policy: &t.policy,
+            reason: failure.reason,
+            what: &what,
+            conn: self.id,
+        };
+        self.shared.breakers.record_failure(&t.ns, &counted, now);
     }
 
     /// A sample's outcome, to its breaker.
@@ -333,122 +299,137 @@ impl Session {
     fn bounded_failed(&mut self, t: &Tracked, b: Bounded) {
         let bound = t.policy.open_time_limit;
         let reply = policy::bounded_fail_reply(&t.ns, b.reason, b.errors, bound);
-        self.counters.fail_fast(&self.shared.metrics, &t.ns);
+        self.meter.fail_fast(&t.ns);
         tracing::debug!(ns = %t.ns, command = %t.command, code = reply.code, "fail fast: strict read under an open breaker's bound was not answered");
-        self.outstanding = self.outstanding.saturating_sub(1);
-        self.streaming = false;
-        self.reply_error(t.request_id, &reply);
+        let out = reply.to_message(self.shared.ids.request_id(), t.request_id);
+        self.peers.answer_instead(out);
     }
 
-    /// A rung above the first ended: counted in the ladder metric, its guard slot freed.
-    fn ladder_ended(&mut self, t: &mut Tracked, answered: bool) {
-        t.permit = None;
-        let result = if answered { "answered" } else { "failed" };
-        self.counters
-            .ladder_attempt(&self.shared.metrics, &t.ns, t.rung.as_str(), result);
+    /// Sends `t` up the ladder as `then` (a `Then::Climb`) says; to the primary only with a
+    /// slot of its guard, else as `Then::refused` says. False when nothing could be sent and
+    /// the reply goes to the client.
+    fn climb(&mut self, mut t: Tracked, then: Then) -> bool {
+        let then = match then {
+            Then::Climb {
+                to: Rung::Primary, ..
+            } => match self.claim_ladder(&t.ns) {
+                Some(permit) => {
+                    t.permit = Some(permit);
+                    then
+                }
+                None => then.refused(),
+            },
+            other => other,
+        };
+        match then {
+            Then::Climb { to, spec, .. } => self.resend(t, to, &spec),
+            _ => false,
+        }
     }
 
     /// A slot on this connection's upstream for one primary-rung read about to be sent,
     /// within this connection's share (`upstream::ConnLadder`: only when mongos starts it at
     /// once), or `None` (counted as `denied`).
     pub(super) fn claim_ladder(&mut self, ns: &str) -> Option<LadderPermit> {
-        let guard = self.ladder.as_ref()?;
-        let held = self.pending.iter().filter(|t| t.permit.is_some()).count();
-        // The read would be request `sent_finals + 1`: mongos starts it once every earlier
-        // one has its final reply.
-        let queued = self.finals_in < self.sent_finals;
-        let limits = self.config.ladder_guard;
-        let claimed = self
-            .ladder_share
-            .try_acquire(guard, limits, held, queued, Instant::now());
-        claimed
-            .map_err(|denied| {
-                self.shared.metrics.ladder_attempt(ns, "primary", "denied");
+        // The read would be the next request sent: mongos starts it once every earlier one
+        // has its final reply.
+        let queued = !self.peers.all_answered();
+        match self.reads.claim_ladder(self.config.ladder_guard, queued)? {
+            Ok(permit) => Some(permit),
+            Err((denied, held)) => {
+                self.meter.ladder_not_sent(ns, "primary", "denied");
                 tracing::debug!(ns = %ns, limit = denied.as_str(), held, upstream = %self.upstream, "primary rung refused by the ladder guard");
-            })
-            .ok()
-    }
-
-    /// A trigger error met by `t`, in the log.
-    fn log_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
-        let (ns, command) = (&t.ns, &t.command);
-        match failure.evidence {
-            Evidence::Code { code, code_name } => {
-                let elapsed_ms = now.saturating_duration_since(t.started).as_millis() as u64;
-                tracing::info!(ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
-            }
-            Evidence::Slow { elapsed, .. } => {
-                tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
+                None
             }
         }
-    }
-
-    /// A failure for `t`'s breaker, the cluster's own word: logged, counted in the
-    /// trigger-error metric, recorded.
-    fn count_failure(&self, t: &Tracked, failure: &Failure<'_>, now: Instant) {
-        self.log_failure(t, failure, now);
-        self.shared
-            .metrics
-            .trigger_error(&t.ns, &failure.evidence.label());
-        let what = failure.evidence.to_string();
-        let counted = Counted {
-            policy: &t.policy,
-            reason: failure.reason,
-            what: &what,
-            conn: self.id,
-        };
-        self.shared.breakers.record_failure(&t.ns, &counted, now);
     }
 
     /// Sends `t` again, to rung `to`, rewritten by `spec` (from the request opened on
     /// arrival); false when the rewrite fails and the error goes to the client instead.
     fn resend(&mut self, mut t: Tracked, to: Rung, spec: &RewriteSpec) -> bool {
         let max = self.config.max_message_size;
-        match rewrite::rewrite_into(&t.original, spec, max, &mut self.rewrite_buf) {
-            Ok(out) => {
-                match to {
-                    Rung::Primary => {
-                        tracing::info!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)")
-                    }
-                    Rung::Again => {
-                        tracing::debug!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "breaker open: bounded read failed, sending it once more under the bound")
-                    }
-                    _ => {
-                        tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
-                        self.shared.metrics.rewrite(&t.ns, "retry");
-                    }
-                }
-                if to == Rung::Available {
-                    t.permit = None;
-                }
-                t.primary = false;
-                t.retry &= to == Rung::Primary;
-                t.rung = to;
-                t.sample = false;
-                if to != Rung::Again {
-                    t.bounded = None;
-                }
-                t.limit_ours = spec.max_time_ms.is_some();
-                self.sent_finals += 1;
-                t.seq = self.sent_finals;
-                t.began = (self.finals_in + 1 == t.seq).then(Instant::now);
-                self.pending.push(t);
-                self.to_upstream.push(out);
-                true
-            }
+        let out = match rewrite::rewrite_into(&t.original, spec, max, &mut self.rewrite_buf) {
+            Ok(out) => out,
             Err(e) => {
                 tracing::warn!(ns = %t.ns, error = %e, "cannot rewrite for the next rung, returning the error");
-                false
+                return false;
+            }
+        };
+        match to {
+            Rung::Primary => {
+                tracing::info!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)");
+            }
+            Rung::Again => {
+                tracing::debug!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "breaker open: bounded read failed, sending it once more under the bound");
+            }
+            _ => {
+                tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
+                self.meter.retry_rewrite(&t.ns);
             }
         }
+        if to == Rung::Available {
+            t.permit = None;
+        }
+        t.attempt = t.attempt.climbed(to, spec);
+        t.seq = self.peers.send_own(out);
+        t.began = (self.peers.finals_in() + 1 == t.seq).then(Instant::now);
+        self.reads.track(t);
+        true
     }
 
-    fn send_to_client(&mut self, reply: Reply) {
-        let more = reply.more_to_come();
-        self.streaming = more;
-        if !more {
-            self.outstanding = self.outstanding.saturating_sub(1);
+    /// Sends the confirming read `ask` wants, unless one is in flight on this connection
+    /// already, or its answer could change nothing: the breaker is open, or this
+    /// connection has counted its `per_connection` errors within the window (so a
+    /// connection pays for at most that many confirming reads per window).
+    fn send_confirm(&mut self, ask: Ask) {
+        let now = Instant::now();
+        let breakers = &self.shared.breakers;
+        let counts = breakers.would_count(&ask.ns, &ask.policy, self.id, now);
+        if self.reads.confirm.is_some() || !counts {
+            self.meter.confirm("skipped");
+            return;
         }
-        self.to_client.push(reply.into_frame());
+        let request_id = self.shared.ids.request_id();
+        let out = ask.message(request_id);
+        let seq = self.peers.send_own(out);
+        self.reads.confirm = Some(Confirm::sent(ask, request_id, seq));
+    }
+
+    /// The reply to the confirming read: judged, counted if it confirms, never relayed.
+    fn on_confirm_reply(&mut self, reply: &Reply) {
+        let Some(c) = self.reads.confirm.take() else {
+            return;
+        };
+        let status = reply.status(self.config.max_message_size).ok();
+        let now = Instant::now();
+        let judged = c.judged(status.as_ref(), now);
+        self.meter.confirm(judged.result);
+        if judged.set_aside {
+            self.meter.ignored("unconfirmed");
+        }
+        if let Some((reason, what)) = &judged.count {
+            let ask = &judged.ask;
+            let counted = Counted {
+                policy: &ask.policy,
+                reason: *reason,
+                what,
+                conn: self.id,
+            };
+            self.shared.breakers.record_failure(&ask.ns, &counted, now);
+        }
+    }
+}
+
+/// A trigger error met by `t`, in the log.
+fn log_failure(t: &Tracked, failure: &Failure<'_>, now: Instant) {
+    let (ns, command) = (&t.ns, &t.command);
+    match failure.evidence {
+        Evidence::Code { code, code_name } => {
+            let elapsed_ms = now.saturating_duration_since(t.started).as_millis() as u64;
+            tracing::info!(ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
+        }
+        Evidence::Slow { elapsed, .. } => {
+            tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
+        }
     }
 }

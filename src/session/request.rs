@@ -1,52 +1,25 @@
-//! The request side past the gates (`gate.rs`): a read some policy governs is classified
-//! from the message as opened, decided on (`policy::decide`, pure) and applied: forwarded as
-//! it arrived, rewritten, sent to the primary, or answered by the proxy.
+//! What happens to a request. It is opened once (`wire::Request`), its requestID checked
+//! against the reads and writes still followed (a reused one closes the client), and sent
+//! through the early gates (`gate.rs`): forwarded untouched, followed as a write (write-stall
+//! watch), refused (legacy OP_QUERY), or governed. A governed read is classified from the
+//! message as opened, decided on (`policy::decide`, pure) and carried out: forwarded as it
+//! arrived, rewritten, sent to the primary, or answered by the proxy; a followed one becomes
+//! a tracked read (`reads`) on the attempt its decision names (`policy::Attempt`).
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::reply::Tracked;
-use super::{tracked_command, Session, SessionError};
+use super::gate::{self, Gate};
+use super::reads::Tracked;
+use super::{Handler, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
-use crate::policy::{self, Admission, AfterPrimary, Decision, ErrorReply, Mode, Rung, Target};
+use crate::policy::{self, Admission, Attempt, Decision, ErrorReply, Mode, Target};
 use crate::rewrite;
+use crate::upstream::LadderPermit;
 use crate::wire::{Request, WireError};
-
-/// One attempt of a followed read: which rung it is, what is still ahead of it, its budget.
-struct Attempt {
-    rung: Rung,
-    /// The primary rung is still ahead.
-    primary: bool,
-    /// The `available` rung is still ahead.
-    retry: bool,
-    /// A sample of an open breaker (`bounded`: under its time bound).
-    sample: bool,
-    bounded: Option<policy::Bounded>,
-    /// Sent with a `maxTimeMS` staleguard wrote.
-    limit_ours: bool,
-    /// The read's whole budget (the next rung spends what this attempt leaves).
-    budget_ms: Option<i64>,
-    /// The upstream's ladder slot (primary rung).
-    permit: Option<crate::upstream::LadderPermit>,
-}
-
-impl Attempt {
-    /// An attempt with nothing ahead of it and no budget (`available` sent at once).
-    fn last(rung: Rung) -> Attempt {
-        Attempt {
-            rung,
-            primary: false,
-            retry: false,
-            sample: false,
-            bounded: None,
-            limit_ours: false,
-            budget_ms: None,
-            permit: None,
-        }
-    }
-}
 
 /// A governed request, with what was decided about it.
 #[derive(Clone, Copy)]
@@ -58,9 +31,90 @@ struct Governed<'r, 'a> {
     now: Instant,
 }
 
-impl Session {
+impl Handler {
+    /// One request from the client. `Some`: a large compressed request to be decompressed
+    /// off the workers (`gate::inflate_aside`) and then handed to [`Handler::on_inflated`].
+    pub(super) fn on_request(&mut self, msg: Bytes) -> Result<Option<Request>, SessionError> {
+        self.refresh_config();
+        let max = self.config.max_message_size;
+        let mut req = Request::new(msg, max).map_err(SessionError::ClientProtocol)?;
+        self.refuse_reused_id(req.request_id())?;
+        match gate::gate(&mut req, &self.config)? {
+            Gate::Inflate => return Ok(Some(req)),
+            gate => self.dispatch(gate, req)?,
+        }
+        Ok(None)
+    }
+
+    /// A request [`Handler::on_request`] set aside, now decompressed.
+    pub(super) fn on_inflated(&mut self, mut req: Request) -> Result<(), SessionError> {
+        let gate = gate::gate_open(&mut req, &self.config)?;
+        self.dispatch(gate, req)
+    }
+
+    /// Picks up a reloaded config, from the next request on.
+    fn refresh_config(&mut self) {
+        let generation = self.shared.config.generation();
+        if generation != self.config_generation {
+            self.config = self.shared.config.load_full();
+            self.config_generation = generation;
+        }
+    }
+
+    /// The first gate: a request that reuses the requestID of a followed read or write
+    /// still waiting for its reply closes the client, since its reply could be taken for
+    /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
+    /// connection's requests in flight.
+    fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
+        if !self.reads.reuses(request_id) {
+            return Ok(());
+        }
+        self.meter.limit("reused_request_id");
+        // The followed reads end unjudged: a sample among them says nothing (a probe gives
+        // its slot back).
+        let now = Instant::now();
+        for t in self.reads.samples() {
+            let unknown = crate::breaker::Sample::Unknown;
+            self.shared
+                .breakers
+                .sampled(&t.ns, &t.policy, unknown, self.id, now);
+        }
+        Err(SessionError::ReusedRequestId(request_id))
+    }
+
+    fn dispatch(&mut self, gate: Gate, mut req: Request) -> Result<(), SessionError> {
+        match gate {
+            Gate::Pass { expects_reply } => self.pass(req.into_frame(), expects_reply),
+            Gate::Write => self.send_write(req.request_id(), req.into_frame()),
+            Gate::Read => self.govern(req)?,
+            Gate::Legacy(refusal) => self.refuse_legacy(req.request_id(), &refusal),
+            // Only from `gate`, handled by the caller; opened here as a last resort.
+            Gate::Inflate => {
+                let gate = gate::gate_open(&mut req, &self.config)?;
+                return self.dispatch(gate, req);
+            }
+        }
+        Ok(())
+    }
+
+    /// Forwards a write untouched and follows it (write-stall watch): it waits from its turn
+    /// at mongos (every earlier request that expects a final reply has had it) until any
+    /// reply to it arrives.
+    fn send_write(&mut self, request_id: i32, frame: Bytes) {
+        self.pass(frame, true);
+        let turn = (
+            request_id,
+            self.peers.next_place() - 1,
+            self.peers.finals_in(),
+        );
+        let (watch, upstream) = (&self.shared.stall, &self.upstream);
+        self.reads
+            .writes
+            .sent(watch, upstream, turn, Instant::now());
+    }
+
     /// A read some policy may govern: classified, resolved, admitted, decided, applied.
-    pub(super) fn govern(&mut self, req: Request) -> Result<(), SessionError> {
+    fn govern(&mut self, req: Request) -> Result<(), SessionError> {
         let info = match command::classify_request(&req) {
             Ok(info) => info,
             Err(ClassifyError::NoCommand) => {
@@ -112,57 +166,19 @@ impl Session {
         self.shared.breakers.admit(ns, &target.policy, now)
     }
 
-    /// Carries out a decision.
+    /// Carries out a decision, counted as decided.
     fn apply(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
-        let Governed {
-            req,
-            info,
-            target,
-            ns,
-            ..
-        } = g;
-        self.counters.request(info.name, decision.name());
+        self.meter.request(g.info.name, decision.name());
+        self.carry_out(decision, g)
+    }
+
+    fn carry_out(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
+        let Governed { req, info, ns, .. } = g;
         match decision {
             Decision::Forward => self.forward(req.frame().clone(), true),
             Decision::Track { .. } => self.track(&decision, g),
-            Decision::Rewrite { .. } => self.send_available(decision, g),
-            Decision::Primary {
-                budget_ms, then, ..
-            } => {
-                // The primary rung, when this upstream's guard has room; else what follows it.
-                if let Some(permit) = self.claim_ladder(ns) {
-                    let retry = matches!(then, AfterPrimary::Available { .. });
-                    if let Some(out) = self.edited(&decision, req, ns, info.name) {
-                        tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
-                        let attempt = Attempt {
-                            retry,
-                            budget_ms,
-                            permit: Some(permit),
-                            ..Attempt::last(Rung::Primary)
-                        };
-                        self.follow(out, g, attempt);
-                        return;
-                    }
-                }
-                match then {
-                    AfterPrimary::Available {
-                        drop_after_cluster_time,
-                    } => {
-                        let cap_ms =
-                            policy::capped_max_time(info.max_time_ms, target.policy.max_time);
-                        let instead = Decision::Rewrite {
-                            drop_after_cluster_time,
-                            cap_ms,
-                        };
-                        self.send_available(instead, g);
-                    }
-                    AfterPrimary::FailFast {
-                        reason,
-                        probe_in,
-                        errors,
-                    } => self.fail_fast(g, reason, probe_in, errors),
-                }
-            }
+            Decision::Rewrite { .. } => self.send_available(&decision, g),
+            Decision::Primary { .. } => self.send_primary(decision, g),
             Decision::FailFast {
                 reason,
                 probe_in,
@@ -170,11 +186,28 @@ impl Session {
             } => self.fail_fast(g, reason, probe_in, errors),
             Decision::Refuse(why) => {
                 let reply = policy::refusal_reply(ns, why);
-                self.counters.refusal(&self.shared.metrics, ns);
+                self.meter.refusal(ns);
                 tracing::debug!(ns = %ns, command = info.name, code = reply.code, why = ?why, "refused");
                 self.reply_error(req.request_id(), &reply);
             }
         }
+    }
+
+    /// The primary rung, when this upstream's guard has room (and the rewrite succeeds);
+    /// else what the decision says follows it (`Decision::refused`).
+    fn send_primary(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
+        let Governed { req, info, ns, .. } = g;
+        if let Some(permit) = self.claim_ladder(ns) {
+            let attempt = decision.attempt();
+            if let (Some(out), Some(attempt)) =
+                (self.edited(&decision, req, ns, info.name), attempt)
+            {
+                tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
+                self.follow(out, g, attempt, Some(permit));
+                return;
+            }
+        }
+        self.carry_out(decision.refused(), g)
     }
 
     /// Answers a strict read whose breaker is open with the fail-fast error, sending nothing.
@@ -187,23 +220,25 @@ impl Session {
     ) {
         let Governed { req, info, ns, .. } = g;
         let reply = policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
-        self.counters.fail_fast(&self.shared.metrics, ns);
+        self.meter.fail_fast(ns);
         tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
         self.reply_error(req.request_id(), &reply);
     }
 
     /// Sends a read rewritten to `available` before it goes (`decision` is a `Rewrite`),
     /// followed for the orphan estimate; as it arrived when the rewrite fails.
-    fn send_available(&mut self, decision: Decision, g: Governed<'_, '_>) {
+    fn send_available(&mut self, decision: &Decision, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
-        match self.edited(&decision, req, ns, info.name) {
-            Some(out) => {
-                self.counters.preemptive_rewrite(&self.shared.metrics, ns);
+        match (
+            self.edited(decision, req, ns, info.name),
+            decision.attempt(),
+        ) {
+            (Some(out), Some(attempt)) => {
+                self.meter.preemptive_rewrite(ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
-                let attempt = Attempt::last(Rung::Available);
-                self.follow(out, g, attempt);
+                self.follow(out, g, attempt, None);
             }
-            None => self.forward(req.frame().clone(), true),
+            _ => self.forward(req.frame().clone(), true),
         }
     }
 
@@ -211,33 +246,17 @@ impl Session {
     /// says so), remembering it with the request as opened for a possible resend.
     fn track(&mut self, decision: &Decision, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
-        let Decision::Track {
-            budget_ms,
-            probe,
-            retry,
-            primary,
-            bounded,
-            ..
-        } = *decision
-        else {
+        let Some(attempt) = decision.attempt() else {
             return self.forward(req.frame().clone(), true);
         };
-        let edited = self.edited(decision, req, ns, info.name);
-        let limit_ours = edited.is_some();
-        let out = edited.unwrap_or_else(|| req.frame().clone());
-        if bounded.is_some() {
+        let (out, attempt) = match self.edited(decision, req, ns, info.name) {
+            Some(out) => (out, attempt),
+            None => (req.frame().clone(), attempt.unedited()),
+        };
+        if attempt.bounded.is_some() {
             tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent bounded by open_time_limit");
         }
-        let first = Attempt {
-            primary,
-            retry,
-            sample: probe,
-            bounded,
-            limit_ours,
-            budget_ms,
-            ..Attempt::last(Rung::First)
-        };
-        if !self.follow(out, g, first) && probe {
+        if !self.follow(out, g, attempt, None) && attempt.sample {
             self.shared.breakers.release_probe(ns);
         }
     }
@@ -245,7 +264,13 @@ impl Session {
     /// Sends `out` (the governed request, as `attempt`) and remembers it for its reply.
     /// Past `max_pending_reads` the read is sent but not followed (false): no next rung and
     /// no evidence from it (its ladder slot is freed at once).
-    fn follow(&mut self, out: Bytes, g: Governed<'_, '_>, attempt: Attempt) -> bool {
+    fn follow(
+        &mut self,
+        out: Bytes,
+        g: Governed<'_, '_>,
+        attempt: Attempt,
+        permit: Option<LadderPermit>,
+    ) -> bool {
         let Governed {
             req,
             info,
@@ -253,17 +278,17 @@ impl Session {
             ns,
             now,
         } = g;
-        if self.pending.len() >= self.config.limits.max_pending_reads {
-            self.shared.metrics.limits.hit("max_pending_reads");
+        if self.reads.full(self.config.limits.max_pending_reads) {
+            self.meter.limit("max_pending_reads");
             tracing::debug!(ns = %ns, command = info.name, "max_pending_reads reached: read forwarded untracked");
             self.forward(out, true);
             return false;
         }
-        let tracked_ns = self.tracked_ns(ns);
+        let tracked_ns = self.reads.ns(ns);
         // mongos serves a connection's requests in order: this read starts now only when
         // nothing sent before it is still waiting for its reply.
-        let began = (self.finals_in == self.sent_finals).then_some(now);
-        self.pending.push(Tracked {
+        let began = self.peers.all_answered().then_some(now);
+        self.reads.track(Tracked {
             request_id: req.request_id(),
             ns: tracked_ns,
             command: tracked_command(info.name),
@@ -271,18 +296,12 @@ impl Session {
             original: req.clone(),
             started: now,
             began,
-            max_time_ms: attempt.budget_ms,
-            limit_ours: attempt.limit_ours,
+            attempt,
             tagged: info.read_pref_tags,
             pref: info.read_pref,
-            sample: attempt.sample,
-            bounded: attempt.bounded,
-            primary: attempt.primary,
-            retry: attempt.retry,
-            rung: attempt.rung,
-            permit: attempt.permit,
+            permit,
             // `forward` below counts it.
-            seq: self.sent_finals + 1,
+            seq: self.peers.next_place(),
             unique_ids: info.unique_ids,
         });
         self.forward(out, true);
@@ -320,33 +339,37 @@ impl Session {
     }
 
     /// Forwards a request no policy looked at.
-    pub(super) fn pass(&mut self, msg: Bytes, expects_reply: bool) {
-        self.counters.forwarded();
+    fn pass(&mut self, msg: Bytes, expects_reply: bool) {
+        self.meter.forwarded();
         self.forward(msg, expects_reply);
     }
 
     fn forward(&mut self, msg: Bytes, expects_reply: bool) {
-        if expects_reply {
-            self.sent_finals += 1;
-            self.outstanding += 1;
-            if self.waiting_since.is_none() {
-                self.waiting_since = Some(Instant::now());
-            }
-        }
-        self.to_upstream.push(msg);
+        self.peers.forward(msg, expects_reply);
     }
 
     /// Answers legacy OP_QUERY `request_id` with the OP_REPLY of `refusal`, sending nothing.
-    pub(super) fn refuse_legacy(&mut self, request_id: i32, refusal: &policy::LegacyRefusal) {
-        self.counters.refusal(&self.shared.metrics, &refusal.ns);
+    fn refuse_legacy(&mut self, request_id: i32, refusal: &policy::LegacyRefusal) {
+        self.meter.refusal(&refusal.ns);
         tracing::debug!(ns = %refusal.ns, code = refusal.reply.code, "refused: legacy OP_QUERY on a database with governed namespaces");
         let out = refusal.to_message(self.shared.ids.request_id(), request_id);
-        self.to_client.push(out);
+        self.peers.answer(out);
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.
-    pub(super) fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
+    fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
         let out = reply.to_message(self.shared.ids.request_id(), request_id);
-        self.to_client.push(out);
+        self.peers.answer(out);
+    }
+}
+
+/// A tracked read's command name without an allocation when the metrics know it (every read
+/// command the policy tracks does).
+fn tracked_command(name: &str) -> Cow<'static, str> {
+    let known = crate::metrics::Metrics::command_label(name);
+    if known == name {
+        Cow::Borrowed(known)
+    } else {
+        Cow::Owned(name.to_string())
     }
 }

@@ -4,7 +4,7 @@
 use toml::Spanned;
 
 use super::{Credentials, Secret};
-use crate::config::spans::Ctx;
+use crate::config::spans::{Ctx, Recorded};
 
 /// The login keys of `[stall_watch.probe]` or `[stall_watch.shards]` (serde cannot flatten
 /// them into a table that denies unknown keys).
@@ -21,7 +21,7 @@ pub(super) fn credentials<T>(
     c: &RawCreds<'_>,
     table: &Spanned<T>,
     prefix: &str,
-) -> Result<Option<Credentials>, ()> {
+) -> Result<Option<Credentials>, Recorded> {
     let key = |k: &str| format!("{prefix}.{k}");
     let Some(user) = c.username else {
         let mut bad = false;
@@ -35,17 +35,17 @@ pub(super) fn credentials<T>(
                 bad = true;
             }
         }
-        return if bad { Err(()) } else { Ok(None) };
+        return if bad { Err(Recorded) } else { Ok(None) };
     };
     if user.get_ref().is_empty() {
         ctx.err(user, &key("username"), "must not be empty".into());
-        return Err(());
+        return Err(Recorded);
     }
     let password = password(ctx, c, table, prefix)?;
     let auth_source = match c.auth_source {
         Some(a) if a.get_ref().is_empty() => {
             ctx.err(a, &key("auth_source"), "must not be empty".into());
-            return Err(());
+            return Err(Recorded);
         }
         Some(a) => a.get_ref().clone(),
         None => "admin".to_string(),
@@ -63,13 +63,13 @@ fn password<T>(
     c: &RawCreds<'_>,
     table: &Spanned<T>,
     prefix: &str,
-) -> Result<Secret, ()> {
+) -> Result<Secret, Recorded> {
     let key = |k: &str| format!("{prefix}.{k}");
     let secret = match (c.password, c.password_env) {
         (Some(p), Some(_)) => {
             let msg = "set either password or password_env, not both".to_string();
             ctx.err(p, &key("password"), msg);
-            return Err(());
+            return Err(Recorded);
         }
         (Some(p), None) => Secret::new(p.get_ref().clone()),
         (None, Some(var)) => match std::env::var(var.get_ref()) {
@@ -77,18 +77,18 @@ fn password<T>(
             Ok(_) => {
                 let msg = format!("environment variable `{}` is empty", var.get_ref());
                 ctx.err(var, &key("password_env"), msg);
-                return Err(());
+                return Err(Recorded);
             }
             Err(_) => {
                 let msg = format!("environment variable `{}` is not set", var.get_ref());
                 ctx.err(var, &key("password_env"), msg);
-                return Err(());
+                return Err(Recorded);
             }
         },
         (None, None) => {
             let msg = "missing; `username` needs `password` or `password_env`".to_string();
             ctx.err(table, &key("password"), msg);
-            return Err(());
+            return Err(Recorded);
         }
     };
     Ok(secret)

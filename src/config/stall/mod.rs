@@ -14,7 +14,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::parse::duration;
-use super::spans::Ctx;
+use super::spans::{Ctx, Recorded};
 use probe::{probe, RawProbe};
 use shards::{shards, RawShards};
 
@@ -196,12 +196,12 @@ pub(super) struct RawStall {
 const NONZERO: Duration = Duration::from_nanos(1);
 
 /// `[stall_watch]`; `fallback_entries` says whether any `[[namespaces]]` entry is fallback.
-/// `Err(())` when invalid (errors recorded).
+/// `Err(Recorded)` when invalid.
 pub(super) fn stall(
     ctx: &mut Ctx,
     raw: Option<&Spanned<RawStall>>,
     fallback_entries: bool,
-) -> Result<StallConfig, ()> {
+) -> Result<StallConfig, Recorded> {
     let Some(table) = raw else {
         return Ok(StallConfig::default());
     };
@@ -227,7 +227,7 @@ pub(super) fn stall(
         action_can_act(ctx, table, fallback_entries);
     }
     if ctx.errors.len() > before {
-        return Err(());
+        return Err(Recorded);
     }
     Ok(c)
 }
