@@ -359,6 +359,7 @@ impl fmt::Display for Evidence<'_> {
 mod tests {
     use super::*;
     use crate::policy::{Causal, Mode};
+    use crate::rewrite::RewriteSpec;
 
     const STALE: i32 = 13388;
     const MAX_TIME: i32 = 50;
