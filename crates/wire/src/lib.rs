@@ -10,6 +10,9 @@
 //! a [`Request`] (header, OP_MSG view, decompression kept for a retry, command name), a
 //! reply as a [`Reply`] (header, then its status when a tracked read needs it).
 
+// These bytes come from untrusted peers: no unsafe code anywhere in the crate.
+#![forbid(unsafe_code)]
+
 pub mod body;
 pub mod codec;
 pub mod compressed;
