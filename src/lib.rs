@@ -71,6 +71,7 @@ pub mod breaker;
 pub mod command;
 pub mod config;
 #[cfg(feature = "sim")]
+#[path = "../crates/demo/src/lib.rs"]
 pub mod demo;
 pub mod handles;
 pub mod health;
