@@ -48,8 +48,8 @@ pub use ops::{
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
 };
-pub use scalars::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
+pub use scalars::MAX_DURATION;
 pub use stall::{
     Credentials, ProbeConfig, Secret, ShardsConfig, StallAction, StallConfig, DEFAULT_STALL_AFTER,
 };
