@@ -25,7 +25,7 @@
 //! down by whoever starts the task that uses it:
 //!
 //! ```text
-//! demo              (beside the proxy) the incident told with numbers, against sim
+//! demo_proxy        (beside the proxy) what the demo (crates/demo) reads of a running proxy
 //! server            accept loop; builds the Handles, starts the tasks, hands each its handles
 //! admin   reload    HTTP (/metrics, /status, the page, /healthz, /readyz) · config reload
 //! session           the relay: request policy, reply judgement, the ladder's rungs, the
@@ -43,6 +43,7 @@
 //!                   splicing · the pretty log's field formatter (client strings escaped)
 //! events            the recent past, bounded: the ring of events, the plots' series
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
+//! demo              the crate beside it: the incident told with numbers, against sim
 //! ```
 //!
 //! `config` turns TOML into the validated `Config` that all of the above read; `reload`
@@ -64,7 +65,8 @@
 //! Beside the proxy, with the `sim` feature (on by default): `sim` (crate `staleguard-sim`) is
 //! a model of a sharded cluster (a mongos front, shards of a primary and two secondaries,
 //! per-node routing tables, stalled primaries, migrations and orphans) that the tests and
-//! `demo` run against; `demo` tells the incident with numbers.
+//! `demo` run against; `demo` (crate `staleguard-demo`) tells the incident with numbers,
+//! through proxies that `demo_proxy` starts.
 
 #![forbid(unsafe_code)]
 
@@ -73,7 +75,7 @@ pub mod breaker;
 pub mod command;
 pub mod config;
 #[cfg(feature = "sim")]
-pub mod demo;
+pub mod demo_proxy;
 pub mod events;
 pub mod handles;
 pub mod health;
@@ -84,6 +86,10 @@ pub mod reload;
 pub mod rewrite;
 pub mod server;
 pub mod session;
+/// `staleguard demo` (crate `staleguard-demo`, `crates/demo`), with the `sim` feature; it
+/// starts its proxies through [`demo_proxy::InProcess`].
+#[cfg(feature = "sim")]
+pub use staleguard_demo as demo;
 /// The simulated sharded cluster (crate `staleguard-sim`, `crates/sim`), with the `sim` feature.
 #[cfg(feature = "sim")]
 pub use staleguard_sim as sim;

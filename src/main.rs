@@ -299,7 +299,7 @@ fn demo(phase: std::time::Duration) -> ExitCode {
         ..Default::default()
     };
     rt.block_on(async move {
-        match staleguard::demo::run(opts, true).await {
+        match staleguard::demo::run(&staleguard::demo_proxy::InProcess, opts, true).await {
             Ok(report) => {
                 println!();
                 print!("{}", staleguard::demo::summary(&report));

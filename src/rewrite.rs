@@ -5,7 +5,7 @@
 use bson::RawDocument;
 use bytes::{Bytes, BytesMut};
 
-use crate::wire::body::{self, checked_header, inner_header, op_msg_crc, RequestBody};
+use crate::wire::body::{inner_header, op_msg_crc};
 use crate::wire::compressed::compress;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::{Header, MsgParts, OpCode, Request, WireError, HEADER_LEN};
@@ -37,62 +37,11 @@ pub fn rewrite_body(body: &RawDocument, spec: &RewriteSpec) -> Result<Vec<u8>, W
     Ok(out)
 }
 
-/// Rewrites the body of a whole request message (header included): OP_MSG, or OP_COMPRESSED
-/// wrapping OP_MSG (recompressed with the same compressor). Lengths are fixed, the CRC-32C is
-/// recomputed when the message carries one, and the result must fit `max_message_size`.
-pub fn rewrite_message(
-    msg: &[u8],
-    spec: &RewriteSpec,
-    max_message_size: usize,
-) -> Result<Bytes, WireError> {
-    let req = body::request_body(msg, max_message_size)?;
-    rewrite_request(msg, &req, spec, max_message_size)
-}
-
-/// [`rewrite_message`] for a message already viewed with [`crate::wire::request_body`],
-/// which saves a second decompression. `msg` must be the message `req` was made from.
-pub fn rewrite_request(
-    msg: &[u8],
-    req: &RequestBody<'_>,
-    spec: &RewriteSpec,
-    max_message_size: usize,
-) -> Result<Bytes, WireError> {
-    let header = checked_header(msg, max_message_size)?;
-    let parts = match req {
-        RequestBody::Msg(m) => MsgParts {
-            payload: &msg[HEADER_LEN..],
-            compressor: None,
-            flags: m.flags,
-            body_range: m.body_range.clone(),
-            sections_end: m.sections_end,
-        },
-        RequestBody::Decompressed {
-            payload,
-            compressor,
-            flags,
-            body_range,
-            sections_end,
-        } => MsgParts {
-            payload,
-            compressor: Some(*compressor),
-            flags: *flags,
-            body_range: body_range.clone(),
-            sections_end: *sections_end,
-        },
-        // There is no "not an OP_MSG" variant; this is the closest.
-        RequestBody::NotCommand => return Err(WireError::BadInnerOpcode(header.op_code)),
-    };
-    rewrite_parts(
-        &header,
-        &parts,
-        spec,
-        max_message_size,
-        &mut BytesMut::new(),
-    )
-}
-
 /// Rewrites a request opened once ([`Request`]): no header read, no decompression (an
-/// OP_COMPRESSED must have been inflated). What the relay uses, for a first send and a retry.
+/// OP_COMPRESSED must have been inflated): OP_MSG, or OP_COMPRESSED wrapping OP_MSG
+/// (compressed again with the same compressor). Lengths are fixed, the CRC-32C is recomputed
+/// when the message carries one, and the result must fit `max_message_size`. What the relay
+/// uses, for a first send and a retry; the only way to rewrite a request.
 pub fn rewrite(
     req: &Request,
     spec: &RewriteSpec,

@@ -2,6 +2,7 @@
 //! input.
 
 use bson::{rawdoc, RawDocument, RawDocumentBuf, Timestamp};
+use bytes::Bytes;
 use proptest::prelude::*;
 use staleguard::command::{
     classify, is_eligible_shape, ClassifyError, CommandInfo, Ns, ReadConcernInfo, ReadPrefMode,
@@ -10,7 +11,7 @@ use staleguard::command::{
 use staleguard::wire::compressed::{self, compress};
 use staleguard::wire::opmsg::CHECKSUM_PRESENT;
 use staleguard::wire::reply::op_msg;
-use staleguard::wire::{inspect_reply, request_body, RequestBody};
+use staleguard::wire::{inspect_reply, Request};
 use staleguard::wire::{WireError, DEFAULT_MAX_MESSAGE_SIZE};
 
 const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;
@@ -663,7 +664,7 @@ fn eligibility_table() {
 }
 
 // ---------------------------------------------------------------------------------------
-// request_body
+// wire::Request
 
 fn find_body() -> RawDocumentBuf {
     rawdoc! {
@@ -706,27 +707,29 @@ fn op_query(cmd: &RawDocument) -> Vec<u8> {
     out
 }
 
+/// A whole message opened as the relay opens it (decompressed when compressed).
+fn open(msg: &[u8], max: usize) -> Result<Request, WireError> {
+    Request::open(Bytes::copy_from_slice(msg), max)
+}
+
 #[test]
-fn request_body_op_msg_borrows() {
+fn request_op_msg_borrows() {
     let body = find_body();
-    let msg = op_msg(7, 0, 0, &body);
-    let req = request_body(&msg, MAX).unwrap();
-    let RequestBody::Msg(ref m) = req else {
-        panic!("expected Msg, got {req:?}")
-    };
+    let msg = Bytes::copy_from_slice(&op_msg(7, 0, 0, &body));
+    let req = Request::open(msg.clone(), MAX).unwrap();
     // The body is a view into the message, not a copy.
-    assert_eq!(m.body.as_bytes().as_ptr(), msg[21..].as_ptr());
+    assert_eq!(req.body().unwrap().as_bytes().as_ptr(), msg[21..].as_ptr());
     assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
-    assert_eq!(req.flags(), 0);
+    assert_eq!((req.flags(), req.compressor()), (0, None));
     let info = classify(req.body().unwrap()).unwrap();
     assert_eq!(info.primary_ns(), Some(ns("demo", "store_inventory")));
 }
 
 #[test]
-fn request_body_checksum() {
+fn request_checksum() {
     let body = find_body();
     let msg = op_msg(7, 0, CHECKSUM_PRESENT, &body);
-    let req = request_body(&msg, MAX).unwrap();
+    let req = open(&msg, MAX).unwrap();
     assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
     assert_eq!(req.flags(), CHECKSUM_PRESENT);
 
@@ -734,20 +737,20 @@ fn request_body_checksum() {
     let n = bad.len();
     bad[n - 1] ^= 0x55;
     assert!(matches!(
-        request_body(&bad, MAX),
+        open(&bad, MAX),
         Err(WireError::ChecksumMismatch { .. })
     ));
     // A flipped byte in the body is caught as well.
     let mut bad = msg.to_vec();
     bad[30] ^= 1;
     assert!(matches!(
-        request_body(&bad, MAX),
+        open(&bad, MAX),
         Err(WireError::ChecksumMismatch { .. })
     ));
 }
 
 #[test]
-fn request_body_compressed_each_compressor() {
+fn request_compressed_each_compressor() {
     let body = find_body();
     for flags in [0, CHECKSUM_PRESENT] {
         let msg = op_msg(9, 0, flags, &body);
@@ -758,20 +761,11 @@ fn request_body_compressed_each_compressor() {
             compressed::ZSTD,
         ] {
             let wrapped = compressed(&msg, c);
-            let req = request_body(&wrapped, MAX).unwrap();
-            match &req {
-                RequestBody::Decompressed {
-                    payload,
-                    compressor,
-                    flags: f,
-                    ..
-                } => {
-                    assert_eq!(*compressor, c);
-                    assert_eq!(*f, flags);
-                    assert_eq!(&payload[..], &msg[16..]);
-                }
-                other => panic!("compressor {c}: {other:?}"),
-            }
+            let req = open(&wrapped, MAX).unwrap();
+            let parts = req.parts().expect("an OP_MSG inside");
+            assert_eq!(parts.compressor, Some(c));
+            assert_eq!(parts.flags, flags);
+            assert_eq!(parts.payload, &msg[16..]);
             assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
             assert_eq!(
                 classify(req.body().unwrap()).unwrap().collection,
@@ -782,45 +776,42 @@ fn request_body_compressed_each_compressor() {
 }
 
 #[test]
-fn request_body_compressed_bad_inner_checksum() {
+fn request_compressed_bad_inner_checksum() {
     let msg = op_msg(9, 0, CHECKSUM_PRESENT, &find_body());
     let mut inner = msg.to_vec();
     let n = inner.len();
     inner[n - 2] ^= 1;
     let wrapped = compressed(&inner, compressed::SNAPPY);
     assert!(matches!(
-        request_body(&wrapped, MAX),
+        open(&wrapped, MAX),
         Err(WireError::ChecksumMismatch { .. })
     ));
 }
 
 #[test]
-fn request_body_not_command_and_bad_frames() {
+fn request_op_query_and_bad_frames() {
     let q = op_query(&rawdoc! { "isMaster": 1, "helloOk": true });
-    assert!(matches!(
-        request_body(&q, MAX).unwrap(),
-        RequestBody::NotCommand
-    ));
-    assert!(request_body(&q, MAX).unwrap().body().is_none());
+    let req = open(&q, MAX).unwrap();
+    assert!(!req.is_command() && req.body().is_none());
+    assert_eq!(req.op_query().unwrap().full_collection_name, "admin.$cmd");
 
-    // OP_COMPRESSED wrapping OP_QUERY.
+    // OP_COMPRESSED wrapping OP_QUERY: opened once, to the same query.
     let mut wrapped = compressed(&q, compressed::ZLIB);
     wrapped[16..20].copy_from_slice(&2004i32.to_le_bytes());
-    assert!(matches!(
-        request_body(&wrapped, MAX).unwrap(),
-        RequestBody::NotCommand
-    ));
+    let req = open(&wrapped, MAX).unwrap();
+    assert!(req.body().is_none());
+    assert_eq!(
+        req.op_query().unwrap().query.as_bytes(),
+        rawdoc! { "isMaster": 1, "helloOk": true }.as_bytes()
+    );
 
     let msg = op_msg(1, 0, 0, &find_body());
     // Header length disagrees with the bytes.
-    assert!(request_body(&msg[..msg.len() - 1], MAX).is_err());
+    assert!(open(&msg[..msg.len() - 1], MAX).is_err());
     // Larger than the limit.
-    assert!(matches!(
-        request_body(&msg, 20),
-        Err(WireError::BadLength { .. })
-    ));
+    assert!(matches!(open(&msg, 20), Err(WireError::BadLength { .. })));
     // Shorter than a header.
-    assert!(request_body(&msg[..10], MAX).is_err());
+    assert!(open(&msg[..10], MAX).is_err());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -853,7 +844,7 @@ fn framed(inner: &[u8]) -> Vec<u8> {
 }
 
 fn exercise_message(msg: &[u8]) {
-    if let Ok(req) = request_body(msg, 1 << 20) {
+    if let Ok(req) = open(msg, 1 << 20) {
         if let Some(body) = req.body() {
             let _ = classify(body);
         }

@@ -16,7 +16,9 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
         rate: 20,
         seed: 11,
     };
-    let report = demo::run(opts, false).await.expect("demo runs");
+    let report = demo::run(&staleguard::demo_proxy::InProcess, opts, false)
+        .await
+        .expect("demo runs");
     let t = |w, p| report.tallies.get(&(w, p)).cloned().expect("tally");
     let inv_direct = t(Workload::Inventory, Path::Direct);
     let inv_guard = t(Workload::Inventory, Path::Staleguard);

@@ -53,7 +53,9 @@ fn seeds_reach_the_deep_paths() {
     let opened = seeds::requests()
         .iter()
         .filter(|m| {
-            staleguard::wire::request_body(m, props::FUZZ_MAX).is_ok_and(|r| r.body().is_some())
+            let frame = bytes::Bytes::copy_from_slice(m);
+            staleguard::wire::Request::open(frame, props::FUZZ_MAX)
+                .is_ok_and(|r| r.body().is_some())
         })
         .count();
     assert!(opened >= 50, "only {opened} seed requests open to a body");

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top, as drawn in `src/lib.rs`. Modules in one layer do not import each other.
 const LAYERS: &[&[&str]] = &[
-    // the crates below the proxy, re-exported
-    &["wire", "sim"],
+    // the workspace's other crates, re-exported: below the proxy (protocol, simulated
+    // cluster), and the demo, which reaches the proxy only through `demo_proxy`
+    &["wire", "sim", "demo"],
     // the recent past (a ring of events, the plots' series): everything that makes an event
     // reaches it through `Metrics::recent`
     &["events"],
@@ -30,8 +31,8 @@ const LAYERS: &[&[&str]] = &[
     &["session"],
     &["admin", "reload"],
     &["server"],
-    // beside the proxy
-    &["demo"],
+    // beside the proxy: what the demo reads of a running proxy
+    &["demo_proxy"],
 ];
 
 fn src() -> PathBuf {

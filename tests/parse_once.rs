@@ -1,6 +1,9 @@
 //! A governed read is opened once: one header read per message the session relays, and at
 //! most one decompression per request, on the retry path too (the resend is rewritten from
-//! the request opened on arrival).
+//! the request opened on arrival). A compressed request is first peeked at (its command name
+//! from a few hundred decompressed bytes); that counts as its one decompression, and opening
+//! it whole goes on from there, with snappy, zlib and zstd alike. A legacy OP_QUERY is read
+//! once too, compressed or not.
 //!
 //! The wire crate counts header reads and decompressions per thread (feature
 //! `parse-counters`, on for tests). The session runs here on the test's own current-thread
@@ -55,17 +58,37 @@ fn op_msg(request_id: i32, response_to: i32, body: &RawDocument) -> Vec<u8> {
     out
 }
 
-/// `msg` wrapped in OP_COMPRESSED (zstd), built by hand: no header read.
-fn wrap(msg: &[u8]) -> Vec<u8> {
-    let data = compressed::compress(compressed::ZSTD, &msg[HEADER_LEN..]).expect("compresses");
+/// The compressors a driver may use.
+const COMPRESSORS: [u8; 3] = [compressed::SNAPPY, compressed::ZLIB, compressed::ZSTD];
+
+/// `msg` wrapped in OP_COMPRESSED with `compressor`, built by hand: no header read.
+fn wrap(msg: &[u8], compressor: u8) -> Vec<u8> {
+    let data = compressed::compress(compressor, &msg[HEADER_LEN..]).expect("compresses");
     let len = (HEADER_LEN + 9 + data.len()) as i32;
     let mut out = Vec::new();
-    for v in [len, i32_at(msg, 4), 0, OpCode::COMPRESSED, OpCode::MSG] {
+    for v in [len, i32_at(msg, 4), 0, OpCode::COMPRESSED, i32_at(msg, 12)] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&((msg.len() - HEADER_LEN) as i32).to_le_bytes());
-    out.push(compressed::ZSTD);
+    out.push(compressor);
     out.extend_from_slice(&data);
+    out
+}
+
+/// An OP_QUERY running `doc` on `ns`, built by hand.
+fn op_query(request_id: i32, ns: &str, doc: &RawDocument) -> Vec<u8> {
+    let mut payload = 0i32.to_le_bytes().to_vec();
+    payload.extend_from_slice(ns.as_bytes());
+    payload.push(0);
+    payload.extend_from_slice(&0i32.to_le_bytes());
+    payload.extend_from_slice(&(-1i32).to_le_bytes());
+    payload.extend_from_slice(doc.as_bytes());
+    let mut out = Vec::new();
+    let len = (HEADER_LEN + payload.len()) as i32;
+    for v in [len, request_id, 0, OpCode::QUERY] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&payload);
     out
 }
 
@@ -104,9 +127,14 @@ struct Steps {
     resent: Vec<u8>,
 }
 
-/// One governed find through a session: mongos answers StaleConfig, the session resends it
-/// with `available`, mongos answers ok, the client gets that answer.
-async fn retried_find(compressed: bool, cap: Option<Duration>) -> Steps {
+/// A session's stop and its task.
+struct Running {
+    stop: CancellationToken,
+    relay: tokio::task::JoinHandle<()>,
+}
+
+/// A session between in-memory pipes: the client's end, mongos's end, and the session.
+fn piped(cap: Option<Duration>) -> (DuplexStream, DuplexStream, Running) {
     let shared = Arc::new(Handles::new(Arc::new(config(cap))));
     let peer: SocketAddr = "127.0.0.1:9".parse().expect("addr");
     let stop = CancellationToken::new();
@@ -117,14 +145,35 @@ async fn retried_find(compressed: bool, cap: Option<Duration>) -> Steps {
         stop.clone(),
         CancellationToken::new(),
     );
-    let (mut client, proxy_client) = tokio::io::duplex(1 << 20);
-    let (proxy_up, mut mongos) = tokio::io::duplex(1 << 20);
+    let (client, proxy_client) = tokio::io::duplex(1 << 20);
+    let (proxy_up, mongos) = tokio::io::duplex(1 << 20);
     let (cr, cw) = tokio::io::split(proxy_client);
     let (ur, uw) = tokio::io::split(proxy_up);
     let relay = tokio::spawn(session.pump(cr, cw, ur, uw));
+    (client, mongos, Running { stop, relay })
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(5), self.relay)
+            .await
+            .expect("the session stops")
+            .expect("session task");
+    }
+}
+
+/// One governed find through a session: mongos answers StaleConfig, the session resends it
+/// with `available`, mongos answers ok, the client gets that answer. `compressor`: the
+/// request comes wrapped in OP_COMPRESSED.
+async fn retried_find(compressor: Option<u8>, cap: Option<Duration>) -> Steps {
+    let (mut client, mut mongos, session) = piped(cap);
 
     let plain = find(41);
-    let request = if compressed { wrap(&plain) } else { plain };
+    let request = match compressor {
+        Some(c) => wrap(&plain, c),
+        None => plain,
+    };
     let stale = op_msg(
         900,
         41,
@@ -155,11 +204,7 @@ async fn retried_find(compressed: bool, cap: Option<Duration>) -> Steps {
         "the resend's answer reaches the client as it came"
     );
 
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(5), relay)
-        .await
-        .expect("the session stops")
-        .expect("session task");
+    session.stop().await;
     Steps {
         request: request_counts,
         error_reply_and_resend,
@@ -193,16 +238,18 @@ fn max_time_ms(msg: &[u8]) -> Option<i64> {
 
 #[tokio::test]
 async fn a_retried_find_is_opened_once() {
-    for compressed in [false, true] {
+    let compressors = std::iter::once(None).chain(COMPRESSORS.map(Some));
+    for compressor in compressors {
         for cap in [None, Some(Duration::from_secs(10))] {
-            let what = format!("compressed: {compressed}, cap: {cap:?}");
-            let s = retried_find(compressed, cap).await;
-            // The request: one header read; decompressed once when it came compressed.
+            let what = format!("compressor: {compressor:?}, cap: {cap:?}");
+            let s = retried_find(compressor, cap).await;
+            // The request: one header read; decompressed once when it came compressed (the
+            // peek at its command name included: opening it whole goes on from there).
             assert_eq!(
                 s.request,
                 Counts {
                     header_parses: 1,
-                    decompressions: u64::from(compressed),
+                    decompressions: u64::from(compressor.is_some()),
                 },
                 "request ({what})"
             );
@@ -245,14 +292,50 @@ async fn a_retried_find_is_opened_once() {
                 "resend maxTimeMS {resent_max_time} within the budget {budget} ({what})"
             );
             if cap.is_none() {
-                let unchanged = if compressed {
-                    wrap(&find(41))
-                } else {
-                    find(41)
+                let unchanged = match compressor {
+                    Some(c) => wrap(&find(41), c),
+                    None => find(41),
                 };
                 assert_eq!(s.sent, unchanged, "forwarded as it arrived ({what})");
             }
         }
+    }
+}
+
+/// A legacy OP_QUERY on a governed database is refused with an OP_REPLY: read once (one header
+/// read, and one decompression when it came compressed), judged from what was read, and
+/// never forwarded.
+#[tokio::test]
+async fn a_refused_op_query_is_read_once() {
+    let query = op_query(
+        51,
+        "demo.$cmd",
+        &rawdoc! {"find": "inventory", "filter": {}},
+    );
+    for compressor in std::iter::once(None).chain(COMPRESSORS.map(Some)) {
+        let (mut client, mut mongos, session) = piped(None);
+        let request = match compressor {
+            Some(c) => wrap(&query, c),
+            None => query.clone(),
+        };
+        let start = counts();
+        client.write_all(&request).await.expect("client writes");
+        let answer = read_frame(&mut client).await;
+        assert_eq!(
+            delta(start),
+            Counts {
+                header_parses: 1,
+                decompressions: u64::from(compressor.is_some()),
+            },
+            "OP_QUERY, compressor {compressor:?}"
+        );
+        assert_eq!(i32_at(&answer, 8), 51, "the refusal answers the query");
+        assert_eq!(i32_at(&answer, 12), OpCode::REPLY, "as an OP_REPLY");
+        let mut nothing = [0u8; 1];
+        let forwarded =
+            tokio::time::timeout(Duration::from_millis(50), mongos.read(&mut nothing)).await;
+        assert!(forwarded.is_err(), "nothing reached mongos");
+        session.stop().await;
     }
 }
 
@@ -261,7 +344,8 @@ fn reply_builders_and_counters_are_independent() {
     // The test's own message building reads no header (else the counts above would be
     // the test's, not the session's).
     let before = counts();
-    let _ = wrap(&find(1));
+    let _ = wrap(&find(1), compressed::ZSTD);
+    let _ = op_query(1, "demo.$cmd", &rawdoc! {"find": "c"});
     let _ = reply::op_msg(1, 2, 0, &rawdoc! {"ok": 1.0});
     assert_eq!(delta(before), Counts::default());
 }

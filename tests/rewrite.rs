@@ -2,15 +2,26 @@
 
 use bson::spec::BinarySubtype;
 use bson::{rawdoc, Binary, Document, RawBsonRef, RawDocument, RawDocumentBuf, Timestamp};
+use bytes::Bytes;
 use staleguard::command::classify;
-use staleguard::rewrite::{rewrite_body, rewrite_message, rewrite_request, RewriteSpec};
+use staleguard::rewrite::{rewrite, rewrite_body, RewriteSpec};
 use staleguard::wire::compressed::{self, compress, Compressed};
 use staleguard::wire::opmsg::{verify_checksum, OpMsg, CHECKSUM_PRESENT};
 use staleguard::wire::reply::{error_reply, op_msg, op_reply};
-use staleguard::wire::{inspect_reply, request_body, ReplyStatus, RequestBody};
+use staleguard::wire::{inspect_reply, ReplyStatus, Request};
 use staleguard::wire::{Header, WireError, DEFAULT_MAX_MESSAGE_SIZE};
 
 const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;
+
+/// A whole message opened as the relay opens it (decompressed when compressed).
+fn open(msg: &[u8], max: usize) -> Result<Request, WireError> {
+    Request::open(Bytes::copy_from_slice(msg), max)
+}
+
+/// A whole message opened, then rewritten, as the relay does for a governed read.
+fn open_and_rewrite(msg: &[u8], spec: &RewriteSpec, max: usize) -> Result<Bytes, WireError> {
+    rewrite(&open(msg, max)?, spec, max)
+}
 
 const AVAILABLE: RewriteSpec = RewriteSpec {
     available: true,
@@ -419,7 +430,7 @@ fn rewrite_message_keeps_sequences_and_header() {
     let (body, before, after) = seq_fixture();
     for flags in [0, CHECKSUM_PRESENT, CHECKSUM_PRESENT | (1 << 16)] {
         let msg = op_msg_with_sequences(flags, &body, &before, &after);
-        let out = rewrite_message(&msg, &BOTH, MAX).unwrap();
+        let out = open_and_rewrite(&msg, &BOTH, MAX).unwrap();
         let h = Header::parse(&out).unwrap();
         assert_eq!(h.length as usize, out.len());
         assert_eq!((h.request_id, h.response_to, h.op_code), (4242, 17, 2013));
@@ -428,7 +439,7 @@ fn rewrite_message_keeps_sequences_and_header() {
             verify_checksum(&out).unwrap();
         }
         // And it reads back as a command.
-        assert!(request_body(&out, MAX).unwrap().body().is_some());
+        assert!(open(&out, MAX).unwrap().body().is_some());
     }
 }
 
@@ -436,7 +447,7 @@ fn rewrite_message_keeps_sequences_and_header() {
 fn rewrite_message_plain_find_with_checksum() {
     let body = find_body();
     let msg = op_msg(5, 0, CHECKSUM_PRESENT, &body);
-    let out = rewrite_message(&msg, &AVAILABLE, MAX).unwrap();
+    let out = open_and_rewrite(&msg, &AVAILABLE, MAX).unwrap();
     verify_checksum(&out).unwrap();
     let m = OpMsg::parse(&out[16..]).unwrap();
     let rewritten = rewrite_body(&body, &AVAILABLE).unwrap();
@@ -459,7 +470,7 @@ fn rewrite_message_each_compressor() {
             compressed::ZSTD,
         ] {
             let wrapped = compressed(&msg, c);
-            let out = rewrite_message(&wrapped, &BOTH, MAX).unwrap();
+            let out = open_and_rewrite(&wrapped, &BOTH, MAX).unwrap();
             let h = Header::parse(&out).unwrap();
             assert_eq!(h.length as usize, out.len());
             assert_eq!((h.request_id, h.response_to, h.op_code), (4242, 17, 2012));
@@ -469,9 +480,9 @@ fn rewrite_message_each_compressor() {
             let inner = comp.decompress(MAX).unwrap();
             assert_eq!(comp.uncompressed_size as usize, inner.len());
             check_payload(&inner, flags, &before, &after);
-            // request_body verifies the inner checksum over the reconstructed header.
-            let req = request_body(&out, MAX).unwrap();
-            assert!(matches!(req, RequestBody::Decompressed { .. }));
+            // Opening verifies the inner checksum over the reconstructed header.
+            let req = open(&out, MAX).unwrap();
+            assert_eq!(req.compressor(), Some(c));
             assert_eq!(
                 classify(req.body().unwrap()).unwrap().read_concern.level,
                 Some("available")
@@ -481,12 +492,13 @@ fn rewrite_message_each_compressor() {
 }
 
 #[test]
-fn rewrite_request_reuses_the_opened_message() {
+fn a_request_opened_once_rewrites_the_same_every_time() {
     let msg = compressed(&op_msg(3, 0, 0, &find_body()), compressed::ZSTD);
-    let req = request_body(&msg, MAX).unwrap();
-    let a = rewrite_request(&msg, &req, &AVAILABLE, MAX).unwrap();
-    let b = rewrite_message(&msg, &AVAILABLE, MAX).unwrap();
+    let req = open(&msg, MAX).unwrap();
+    let a = rewrite(&req, &AVAILABLE, MAX).unwrap();
+    let b = rewrite(&req, &AVAILABLE, MAX).unwrap();
     assert_eq!(a, b);
+    assert_eq!(a, open_and_rewrite(&msg, &AVAILABLE, MAX).unwrap());
 }
 
 #[test]
@@ -494,25 +506,25 @@ fn rewrite_message_limits_and_refusals() {
     let msg = op_msg(5, 0, 0, &find_body());
     // The result would exceed the limit.
     assert!(matches!(
-        rewrite_message(&msg, &AVAILABLE, msg.len()),
+        open_and_rewrite(&msg, &AVAILABLE, msg.len()),
         Err(WireError::BadLength { .. })
     ));
     // `readConcern: {level: "available"}` is 39 bytes: type, "readConcern\0", a 26-byte document.
-    assert!(rewrite_message(&msg, &AVAILABLE, msg.len() + 39).is_ok());
-    assert!(rewrite_message(&msg, &AVAILABLE, msg.len() + 38).is_err());
-    // Not an OP_MSG.
+    assert!(open_and_rewrite(&msg, &AVAILABLE, msg.len() + 39).is_ok());
+    assert!(open_and_rewrite(&msg, &AVAILABLE, msg.len() + 38).is_err());
+    // Not an OP_MSG (a legacy OP_INSERT, relayed as is).
     let mut q = msg.to_vec();
-    q[12..16].copy_from_slice(&2004i32.to_le_bytes());
+    q[12..16].copy_from_slice(&2002i32.to_le_bytes());
     assert_eq!(
-        rewrite_message(&q, &AVAILABLE, MAX),
-        Err(WireError::BadInnerOpcode(2004))
+        open_and_rewrite(&q, &AVAILABLE, MAX),
+        Err(WireError::BadInnerOpcode(2002))
     );
     // A corrupted checksum is not laundered into a valid one.
     let mut bad = op_msg(5, 0, CHECKSUM_PRESENT, &find_body()).to_vec();
     let n = bad.len();
     bad[n - 1] ^= 1;
     assert!(matches!(
-        rewrite_message(&bad, &AVAILABLE, MAX),
+        open_and_rewrite(&bad, &AVAILABLE, MAX),
         Err(WireError::ChecksumMismatch { .. })
     ));
 }
@@ -716,18 +728,18 @@ fn timing_classify_and_rewrite() {
     time("classify(body)", &|| {
         black_box(classify(black_box(&body)).unwrap());
     });
-    time("request_body + classify", &|| {
-        let req = request_body(black_box(&msg), MAX).unwrap();
+    time("Request::open + classify", &|| {
+        let req = open(black_box(&msg), MAX).unwrap();
         black_box(classify(req.body().unwrap()).unwrap().read_pref);
     });
     time("rewrite_body", &|| {
         black_box(rewrite_body(black_box(&body), &spec).unwrap());
     });
-    time("rewrite_message", &|| {
-        black_box(rewrite_message(black_box(&msg), &spec, MAX).unwrap());
+    time("open + rewrite", &|| {
+        black_box(open_and_rewrite(black_box(&msg), &spec, MAX).unwrap());
     });
-    time("rewrite_message with crc", &|| {
-        black_box(rewrite_message(black_box(&crc_msg), &spec, MAX).unwrap());
+    time("open + rewrite with crc", &|| {
+        black_box(open_and_rewrite(black_box(&crc_msg), &spec, MAX).unwrap());
     });
     let reply = op_msg(1, 0, 0, &big_cursor_reply());
     let m = n / 2;
@@ -813,7 +825,7 @@ fn primary_rung_with_max_time_and_no_read_preference() {
 fn primary_rung_whole_message_with_checksum_and_compression() {
     let body = find_body();
     let msg = op_msg(9, 0, CHECKSUM_PRESENT, &body);
-    let out = rewrite_message(&msg, &PRIMARY, MAX).unwrap();
+    let out = open_and_rewrite(&msg, &PRIMARY, MAX).unwrap();
     verify_checksum(&out).unwrap();
     let m = OpMsg::parse(&out[16..]).unwrap();
     untouched_identical(&body, m.body, &["$readPreference"]);
@@ -821,11 +833,9 @@ fn primary_rung_whole_message_with_checksum_and_compression() {
     assert_eq!((h.length as usize, h.request_id), (out.len(), 9));
     for compressor in [1u8, 2, 3] {
         let c = compressed(&op_msg(9, 0, 0, &body), compressor);
-        let out = rewrite_message(&c, &PRIMARY, MAX).unwrap();
-        let RequestBody::Decompressed { .. } = request_body(&out, MAX).unwrap() else {
-            panic!("still compressed");
-        };
-        let rb = request_body(&out, MAX).unwrap();
+        let out = open_and_rewrite(&c, &PRIMARY, MAX).unwrap();
+        let rb = open(&out, MAX).unwrap();
+        assert_eq!(rb.compressor(), Some(compressor), "still compressed");
         let doc = rb.body().unwrap();
         untouched_identical(&body, doc, &["$readPreference"]);
         assert_eq!(
@@ -840,12 +850,11 @@ fn primary_rung_whole_message_with_checksum_and_compression() {
 
 /// A session rewrites into one buffer: once the last rewritten message is dropped (sent),
 /// the next rewrite reuses its allocation, so a governed read's `maxTimeMS` costs no malloc.
-/// Each output is still exactly what `rewrite_message` makes.
+/// Each output is still exactly what `rewrite` makes.
 #[test]
 fn rewrites_into_one_buffer_reuse_its_allocation() {
-    use bytes::{Bytes, BytesMut};
+    use bytes::BytesMut;
     use staleguard::rewrite::rewrite_into;
-    use staleguard::wire::Request;
     let spec = RewriteSpec {
         max_time_ms: Some(500),
         ..RewriteSpec::default()
@@ -854,7 +863,7 @@ fn rewrites_into_one_buffer_reuse_its_allocation() {
     let msg = op_msg(7, 0, 0, &body);
     let req =
         Request::new(Bytes::copy_from_slice(&msg), DEFAULT_MAX_MESSAGE_SIZE).expect("request");
-    let want = rewrite_message(&msg, &spec, DEFAULT_MAX_MESSAGE_SIZE).expect("rewrites");
+    let want = open_and_rewrite(&msg, &spec, DEFAULT_MAX_MESSAGE_SIZE).expect("rewrites");
     let mut buf = BytesMut::new();
     let first = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
     assert_eq!(first, want);

@@ -30,6 +30,10 @@ pub struct Spec {
     pub cpu_pid: Option<u32>,
     /// Also count that process's system calls and context switches (`E2E_COUNT`).
     pub count: bool,
+    /// Offered load in round trips per second over all connections (`E2E_RATE`): each
+    /// connection sends on a schedule of `conns / rate` seconds instead of as soon as its
+    /// last reply arrived (a late reply delays only that connection's next send).
+    pub rate: Option<f64>,
 }
 
 pub struct Outcome {
@@ -40,6 +44,8 @@ pub struct Outcome {
     pub lat_ns: Vec<u32>,
     /// Proxy CPU seconds (user, system) spent during the window.
     pub cpu_secs: Option<(f64, f64)>,
+    /// The load generator's own CPU time in the window (this process, user + system).
+    pub load_cpu_secs: Option<f64>,
     pub unexpected: u64,
     /// System calls and context switches of the proxy in the window, when asked for.
     pub counts: Option<Result<Counts, String>>,
@@ -66,6 +72,12 @@ impl Outcome {
     }
 
     /// The share of the proxy's CPU time spent in the kernel.
+    /// The load generator's CPU per round trip, µs.
+    pub fn load_cpu_us_per_rt(&self) -> Option<f64> {
+        self.load_cpu_secs
+            .map(|c| c * 1e6 / self.round_trips.max(1) as f64)
+    }
+
     pub fn sys_share(&self) -> Option<f64> {
         self.cpu_secs
             .filter(|(u, s)| u + s > 0.0)
@@ -204,32 +216,50 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
     let t0 = Instant::now();
     let warm_end = t0 + spec.warmup;
     let end = warm_end + spec.measure;
-    let (count, measure) = (spec.count, spec.measure);
-    let sampler = spec.cpu_pid.map(|pid| {
-        tokio::spawn(async move {
-            tokio::time::sleep_until(warm_end).await;
-            let window = count.then(|| counts::start(pid, measure));
-            let a = procs::cpu_seconds(pid);
-            tokio::time::sleep_until(end).await;
-            let b = procs::cpu_seconds(pid);
-            let counted = match window {
-                Some(Ok(w)) => Some(
-                    tokio::task::spawn_blocking(move || w.finish())
-                        .await
-                        .unwrap_or_else(|e| Err(e.to_string())),
-                ),
-                Some(Err(e)) => Some(Err(e)),
-                None => None,
-            };
-            (a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1)), counted)
-        })
+    let (count, measure, spec_pid) = (spec.count, spec.measure, spec.cpu_pid);
+    // Each connection's interval between sends at the offered rate, and its first send
+    // spread over one interval so the connections do not send in step.
+    let interval = spec
+        .rate
+        .map(|r| Duration::from_secs_f64(spec.conns as f64 / r.max(1.0)));
+    let n = spec.conns.max(1) as u32;
+    // The proxy's CPU (all its threads) and this process's own (the load generator; the
+    // orchestrator is idle meanwhile), both from /proc/PID/stat at both ends of the window.
+    let me = std::process::id();
+    let sampler = tokio::spawn(async move {
+        tokio::time::sleep_until(warm_end).await;
+        let window = match (count, spec_pid) {
+            (true, Some(pid)) => Some(counts::start(pid, measure)),
+            _ => None,
+        };
+        let a = spec_pid.and_then(procs::cpu_seconds);
+        let la = procs::cpu_seconds(me);
+        tokio::time::sleep_until(end).await;
+        let b = spec_pid.and_then(procs::cpu_seconds);
+        let lb = procs::cpu_seconds(me);
+        let counted = match window {
+            Some(Ok(w)) => Some(
+                tokio::task::spawn_blocking(move || w.finish())
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string())),
+            ),
+            Some(Err(e)) => Some(Err(e)),
+            None => None,
+        };
+        let load = la.zip(lb).map(|(a, b)| (b.0 + b.1) - (a.0 + a.1));
+        (a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1)), load, counted)
     });
     let joins: Vec<_> = clients
         .into_iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let req = spec.request.clone();
             let reply_len = spec.reply_len;
-            tokio::spawn(drive(c, req, reply_len, warm_end, end))
+            let pace = interval.map(|every| Pace {
+                every,
+                next: t0 + every * i as u32 / n,
+            });
+            tokio::spawn(drive(c, req, reply_len, warm_end, end, pace))
         })
         .collect();
     let mut lat_ns = Vec::new();
@@ -239,19 +269,23 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         lat_ns.extend_from_slice(&r.lat_ns);
         unexpected += r.unexpected;
     }
-    let (cpu_secs, counts) = match sampler {
-        Some(s) => s.await.map_err(|e| e.to_string())?,
-        None => (None, None),
-    };
+    let (cpu_secs, load_cpu_secs, counts) = sampler.await.map_err(|e| e.to_string())?;
     lat_ns.sort_unstable();
     Ok(Outcome {
         round_trips: lat_ns.len() as u64,
         secs: spec.measure.as_secs_f64(),
         lat_ns,
         cpu_secs,
+        load_cpu_secs,
         unexpected,
         counts,
     })
+}
+
+/// A connection's send schedule at a fixed offered rate.
+struct Pace {
+    every: Duration,
+    next: Instant,
 }
 
 async fn drive(
@@ -260,12 +294,20 @@ async fn drive(
     reply_len: usize,
     warm_end: Instant,
     end: Instant,
+    mut pace: Option<Pace>,
 ) -> Result<ConnResult, String> {
     let mut r = ConnResult {
         lat_ns: Vec::with_capacity(4096),
         unexpected: 0,
     };
     loop {
+        if let Some(p) = &mut pace {
+            if p.next >= end {
+                break;
+            }
+            tokio::time::sleep_until(p.next).await;
+            p.next += p.every;
+        }
         let start = Instant::now();
         if start >= end {
             break;

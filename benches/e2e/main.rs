@@ -4,13 +4,15 @@
 //! main (orchestrator)          load generator (this process) ─┐
 //!   ├─ --role upstream         fast fake mongos (own process) <┼─ direct
 //!   ├─ --role forwarder        copy_bidirectional floor       <┼─ floor
-//!   ├─ haproxy -f <tmp cfg>    tcp mode, nbthread 2           <┼─ haproxy
+//!   ├─ haproxy -f <tmp cfg>    tcp mode, nbthread = cores     <┼─ haproxy
 //!   └─ staleguard run          the release binary             <┴─ staleguard, -governed, -rewrite
 //! ```
 //!
 //! For each connection count, rounds of every target in turn (rotated each round); medians
 //! of throughput, latency percentiles and proxy CPU per round trip; ratios to the floor;
-//! then RSS per idle connection pair; then PASS/MISS against the targets of issue 6.
+//! the CPU per round trip against HAProxy's, the proxy's alone and with the load
+//! generator's; then RSS per idle connection pair; then PASS/MISS against the targets of
+//! issue 6.
 
 mod counts;
 mod forwarder;
@@ -59,6 +61,12 @@ struct Opts {
     /// The fake mongos answers each `find` with about this many bytes (`E2E_REPLY_BYTES`;
     /// 0: the 229-byte one-document reply).
     reply_bytes: usize,
+    /// HAProxy's `nbthread` (`E2E_HAPROXY_THREADS`; default: the machine's cores, the number
+    /// of worker threads staleguard's runtime starts).
+    haproxy_threads: usize,
+    /// Offered load, round trips per second over all connections (`E2E_RATE`); unset: each
+    /// connection sends as soon as its last reply arrived (closed loop).
+    rate: Option<f64>,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -118,6 +126,14 @@ impl Opts {
             memory: !has("--no-memory"),
             count: std::env::var("E2E_COUNT").is_ok_and(|v| !v.is_empty() && v != "0"),
             reply_bytes: env_or("E2E_REPLY_BYTES", 0),
+            haproxy_threads: env_or(
+                "E2E_HAPROXY_THREADS",
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
+            rate: std::env::var("E2E_RATE")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| v.parse().expect("E2E_RATE: round trips per second")),
         }
     }
 }
@@ -174,12 +190,17 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
     println!("{}", report::machine());
     println!(
         "settings: warm-up {:?}, window {:?}, rounds {}, connections {:?}, client threads {}, \
-         staleguard log level {}, staleguard layout {}, RLIMIT_NOFILE {nofile}\n",
+         load {}, HAProxy nbthread {}, staleguard log level {}, staleguard layout {}, \
+         RLIMIT_NOFILE {nofile}\n",
         opts.warmup,
         opts.measure,
         opts.rounds,
         opts.conns,
         opts.client_threads,
+        opts.rate.map_or("closed loop".to_string(), |r| format!(
+            "{r} round trips/s offered"
+        )),
+        opts.haproxy_threads,
         opts.sg_log_level,
         opts.sg_layout.as_deref().unwrap_or("its default")
     );
@@ -267,7 +288,13 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
     let floor_percore = other_floor("floor-percore", "forwarder", &["--per-core"]);
     let floor_uring = other_floor("floor-uring", "forwarder-uring", &[]);
     let haproxy = if wants("haproxy") {
-        match start_haproxy(tmp.path(), upstream.addr, 4096, "haproxy") {
+        match start_haproxy(
+            tmp.path(),
+            upstream.addr,
+            4096,
+            opts.haproxy_threads,
+            "haproxy",
+        ) {
             Ok(p) => Some(p),
             Err(e) => {
                 let note = format!("haproxy skipped: {e}");
@@ -315,12 +342,13 @@ fn start_haproxy(
     dir: &Path,
     upstream: SocketAddr,
     maxconn: usize,
+    threads: usize,
     name: &str,
 ) -> Result<Proc, String> {
     let bin = procs::find_or_install_haproxy()?;
     let port = procs::free_port()?;
     let cfg = format!(
-        "global\n  nbthread 2\n  maxconn {maxconn}\n\n\
+        "global\n  nbthread {threads}\n  maxconn {maxconn}\n\n\
          defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n\n\
          frontend fe\n  bind 127.0.0.1:{port}\n  maxconn {maxconn}\n  default_backend be\n\n\
          backend be\n  server mongos {upstream}\n"
@@ -499,6 +527,7 @@ async fn latency_runs(
                     reply_len,
                     cpu_pid: t.cpu_pid,
                     count: opts.count,
+                    rate: opts.rate,
                 };
                 let out = load::run(&spec)
                     .await
@@ -560,7 +589,7 @@ fn memory_runs(
         // maxconn leaves HAProxy inside the descriptor limit (two per pair).
         (
             "haproxy",
-            Box::new(|| start_haproxy(&dir, up, pairs + 10, "haproxy-mem")),
+            Box::new(|| start_haproxy(&dir, up, pairs + 10, opts.haproxy_threads, "haproxy-mem")),
         ),
     ];
     for (name, start) in starters {

@@ -16,6 +16,8 @@ pub struct Sample {
     pub p99: f64,
     pub p999: f64,
     pub cpu_us: Option<f64>,
+    /// The load generator's own CPU per round trip, µs.
+    pub load_cpu_us: Option<f64>,
     /// Kernel share of the proxy's CPU time.
     pub sys: Option<f64>,
     pub unexpected: u64,
@@ -35,6 +37,7 @@ impl Sample {
             p99: o.quantile_us(0.99),
             p999: o.quantile_us(0.999),
             cpu_us: o.cpu_us_per_rt(),
+            load_cpu_us: o.load_cpu_us_per_rt(),
             sys: o.sys_share(),
             unexpected: o.unexpected,
             rewritten: None,
@@ -56,6 +59,9 @@ impl Sample {
         );
         if let (Some(c), Some(k)) = (self.cpu_us, self.sys) {
             let _ = write!(s, "  cpu {c:>5.1} µs/rt ({:.0}% sys)", k * 100.0);
+        }
+        if let Some(l) = self.load_cpu_us {
+            let _ = write!(s, "  load gen {l:>5.1} µs/rt");
         }
         if self.unexpected > 0 {
             let _ = write!(s, "  UNEXPECTED REPLIES {}", self.unexpected);
@@ -102,6 +108,7 @@ struct Med {
     p99: f64,
     p999: f64,
     cpu_us: f64,
+    load_cpu_us: f64,
     sys: f64,
 }
 
@@ -113,6 +120,7 @@ fn med(samples: &[Sample]) -> Med {
         p99: m(|s| s.p99),
         p999: m(|s| s.p999),
         cpu_us: m(|s| s.cpu_us.unwrap_or(f64::NAN)),
+        load_cpu_us: m(|s| s.load_cpu_us.unwrap_or(f64::NAN)),
         sys: m(|s| s.sys.unwrap_or(f64::NAN)),
     }
 }
@@ -204,6 +212,7 @@ impl Summary {
         let mut out = String::new();
         if !self.rows.is_empty() {
             self.render_latency(&mut out);
+            self.render_vs_haproxy(&mut out);
             self.render_counts(&mut out);
         }
         if !self.memory.is_empty() {
@@ -302,6 +311,61 @@ impl Summary {
                 if a == f && f > 0 { " (all)." } else { ": **NOT ALL REWRITTEN**." }
             );
         }
+        out.push('\n');
+    }
+
+    /// CPU per round trip against HAProxy's at each connection count: the proxy's own (what
+    /// the targets judge) and with the load generator's added (what a harness that counts the
+    /// whole machine's CPU sees; the same load generator's cost is added to both sides, so
+    /// that ratio is closer to 1). The medians of each column are taken over the rounds
+    /// apart.
+    fn render_vs_haproxy(&self, out: &mut String) {
+        let mut rows = String::new();
+        let conns: Vec<usize> = {
+            let mut c: Vec<usize> = self.rows.keys().map(|(n, _)| *n).collect();
+            c.dedup();
+            c
+        };
+        for &n in &conns {
+            let Some(h) = self.cell(n, "haproxy") else {
+                continue;
+            };
+            for t in ORDER
+                .iter()
+                .filter(|t| t.starts_with("staleguard") || **t == "haproxy")
+            {
+                let Some(m) = self.cell(n, t) else { continue };
+                let (own, both) = if *t == "haproxy" {
+                    (String::new(), String::new())
+                } else {
+                    (
+                        ratio(m.cpu_us, h.cpu_us),
+                        ratio(m.cpu_us + m.load_cpu_us, h.cpu_us + h.load_cpu_us),
+                    )
+                };
+                let _ = writeln!(
+                    rows,
+                    "| {t} | {n} | {} | {} | {} | {} | {own} | {both} |",
+                    num(m.rps, 0),
+                    num(m.cpu_us, 1),
+                    num(m.load_cpu_us, 1),
+                    num(m.cpu_us + m.load_cpu_us, 1),
+                );
+            }
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "## CPU per round trip against HAProxy (µs; proxy: the proxy process, user + system, all threads; load gen: this process)\n"
+        );
+        let _ = writeln!(
+            out,
+            "| target | conns | req/s | proxy | load gen | proxy + load gen | proxy vs HAProxy | proxy + load gen vs HAProxy |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        out.push_str(&rows);
         out.push('\n');
     }
 

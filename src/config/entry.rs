@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::parse::duration;
+use super::scalars::duration;
 use super::spans::Ctx;
 use super::values::{count, ladder, read_preferences, threshold, trigger_codes, Ladder};
 use crate::policy::{Causal, NsPolicy, OnOpen, MAX_MIN_CONNECTIONS, MAX_PER_CONNECTION};

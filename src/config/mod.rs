@@ -38,6 +38,7 @@ mod namespaces;
 mod ops;
 mod parse;
 mod render;
+mod scalars;
 mod spans;
 mod stall;
 mod values;
@@ -48,8 +49,8 @@ pub use ops::{
     DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_HISTORY_INTERVAL,
 };
-pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
+pub use scalars::MAX_DURATION;
 pub use stall::{
     Credentials, ProbeConfig, Secret, ShardsConfig, StallAction, StallConfig, DEFAULT_STALL_AFTER,
 };

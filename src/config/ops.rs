@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::parse::{check_addr, duration};
+use super::scalars::{check_addr, duration};
 use super::spans::{Ctx, Recorded};
 use crate::tls::{ServerTls, TlsError, UpstreamTls};
 

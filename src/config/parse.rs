@@ -2,7 +2,6 @@
 //! `validate` checks every value, collecting all problems with their file:line:key. The
 //! top-level settings are checked here; the sections in their own modules.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use toml::Spanned;
 
 use super::entry::RawEntry;
 use super::namespaces;
+use super::scalars::{check_addr, duration};
 use super::spans::{key_at, Ctx};
 use super::{ops, stall, Config, ConfigError, LadderGuardConfig, Layout, Limits};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
@@ -317,36 +317,6 @@ fn count(ctx: &mut Ctx, v: &Spanned<i64>, key: &str, max: usize) -> Option<usize
     }
 }
 
-/// `host:port` (or a socket address); port 0 only where `listen_side` (bind any port).
-pub(super) fn check_addr(ctx: &mut Ctx, v: &Spanned<String>, key: &str, listen_side: bool) -> bool {
-    let s = v.get_ref();
-    let port = match s.parse::<SocketAddr>() {
-        Ok(a) => Ok(a.port()),
-        Err(_) => match s.rsplit_once(':') {
-            None => Err("expected `host:port`".to_string()),
-            Some(("", _)) => Err("empty host".to_string()),
-            Some((host, _)) if host.contains(|c: char| c == ':' || c.is_whitespace()) => Err(
-                format!("invalid host `{host}` (write IPv6 as `[addr]:port`)"),
-            ),
-            Some((_, port)) => port
-                .parse::<u16>()
-                .map_err(|_| format!("invalid port `{port}` (0..=65535)")),
-        },
-    };
-    let problem = match port {
-        Ok(0) if !listen_side => Some("port 0 cannot be connected to".to_string()),
-        Ok(_) => None,
-        Err(e) => Some(e),
-    };
-    match problem {
-        Some(p) => {
-            ctx.err(v, key, format!("`{s}`: {p}"));
-            false
-        }
-        None => true,
-    }
-}
-
 fn upstreams(ctx: &mut Ctx, v: Option<&Spanned<Vec<Spanned<String>>>>) -> Vec<String> {
     let Some(list) = v else {
         return vec![DEFAULT_UPSTREAM.to_string()];
@@ -378,48 +348,5 @@ fn max_message_size(ctx: &mut Ctx, v: Option<&Spanned<i64>>) -> Option<usize> {
             ctx.err(v, "max_message_size", msg);
             None
         }
-    }
-}
-
-/// The longest duration any setting accepts: deadlines are computed as `Instant + d`, which
-/// must not overflow, and nothing the proxy waits for needs longer.
-pub const MAX_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// A humantime duration of at least `min` (`min` of 1ns means "not zero") and at most
-/// [`MAX_DURATION`].
-pub(super) fn duration(
-    ctx: &mut Ctx,
-    v: &Spanned<String>,
-    key: &str,
-    min: Duration,
-) -> Option<Duration> {
-    match humantime::parse_duration(v.get_ref()) {
-        Err(e) => {
-            let msg = format!(
-                "invalid duration `{}`: {e} (write e.g. \"250ms\", \"10s\", \"2m\")",
-                v.get_ref()
-            );
-            ctx.err(v, key, msg);
-            None
-        }
-        Ok(d) if d < min && min == Duration::from_nanos(1) => {
-            ctx.err(v, key, "must be greater than zero".into());
-            None
-        }
-        Ok(d) if d < min => {
-            let msg = format!("must be at least {}", humantime::format_duration(min));
-            ctx.err(v, key, msg);
-            None
-        }
-        Ok(d) if d > MAX_DURATION => {
-            let msg = format!(
-                "`{}` is longer than the largest accepted duration, {}",
-                v.get_ref(),
-                humantime::format_duration(MAX_DURATION)
-            );
-            ctx.err(v, key, msg);
-            None
-        }
-        Ok(d) => Some(d),
     }
 }

@@ -5,7 +5,7 @@
 
 use super::outcome::{legacy_refusal_reply, ErrorReply};
 use super::table::PolicyTable;
-use crate::wire::legacy::{self, OpQuery};
+use crate::wire::legacy::OpQuery;
 use crate::wire::WireError;
 
 /// The OP_QUERY commands servers accept from 5.1 on (the rest get UnsupportedOpQueryCommand):
@@ -43,24 +43,15 @@ impl LegacyRefusal {
     }
 }
 
-/// Judges a whole request message: `Some` when it is an OP_QUERY (plain or compressed)
-/// that must be refused. Any other message, and an OP_QUERY on databases without fallback
-/// or strict namespaces, is `None` (relayed as before). A malformed OP_QUERY is an error
-/// (the client is closed, as for a malformed OP_MSG).
+/// Judges an OP_QUERY (plain or unwrapped from OP_COMPRESSED, as [`crate::wire::Request`]
+/// opened it): `Some` when it must be refused. An OP_QUERY on databases without fallback or
+/// strict namespaces, or running a handshake or authentication command, is `None` (relayed
+/// as before). A query whose BSON cannot be read is an error (the client is closed, as for
+/// a malformed OP_MSG).
 pub fn judge_op_query(
-    msg: &[u8],
+    q: &OpQuery<'_>,
     table: &PolicyTable,
-    max_message_size: usize,
 ) -> Result<Option<LegacyRefusal>, WireError> {
-    let Some(payload) = legacy::query_payload(msg, max_message_size)? else {
-        return Ok(None);
-    };
-    let q = OpQuery::parse(&payload)?;
-    judge(&q, table)
-}
-
-/// The judgement on one parsed OP_QUERY.
-pub fn judge(q: &OpQuery<'_>, table: &PolicyTable) -> Result<Option<LegacyRefusal>, WireError> {
     let readings = q.readings()?;
     let mut dbs = std::iter::once(q.database()).chain(readings.dbs.iter().copied());
     let Some(db) = dbs.find(|db| table.acting_in_db(db, false).is_some()) else {
@@ -121,7 +112,7 @@ mod tests {
 
     fn verdict(ns: &str, doc: &RawDocument) -> Option<LegacyRefusal> {
         let p = payload(ns, doc);
-        judge(&OpQuery::parse(&p).expect("op_query"), &table()).expect("judged")
+        judge_op_query(&OpQuery::parse(&p).expect("op_query"), &table()).expect("judged")
     }
 
     #[test]

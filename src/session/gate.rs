@@ -45,7 +45,7 @@ pub(super) fn gate(req: &mut Request, config: &Config) -> Result<Gate, SessionEr
             expects_reply: !req.more_to_come(),
         });
     }
-    if let Some(gate) = gate_compressed(req, policy_active, watch_writes)? {
+    if let Some(gate) = gate_compressed(req, config, policy_active, watch_writes)? {
         return Ok(gate);
     }
     if req
@@ -65,9 +65,10 @@ pub(super) fn gate_open(req: &mut Request, config: &Config) -> Result<Gate, Sess
     let max = config.max_message_size;
     req.inflate(max).map_err(SessionError::ClientProtocol)?;
     if !req.is_command() {
-        // A legacy opcode, or OP_COMPRESSED wrapping one (not decompressed by `inflate`).
-        if policy_active {
-            let judged = policy::judge_op_query(req.frame(), &config.policy, max);
+        // A legacy opcode, or OP_COMPRESSED wrapping one.
+        // An OP_QUERY (plain, or unwrapped by `inflate`) was read on arrival.
+        if let (true, Some(q)) = (policy_active, req.op_query()) {
+            let judged = policy::judge_op_query(&q, &config.policy);
             if let Some(r) = judged.map_err(SessionError::ClientProtocol)? {
                 return Ok(Gate::Legacy(r));
             }
@@ -95,25 +96,24 @@ pub(super) fn gate_open(req: &mut Request, config: &Config) -> Result<Gate, Sess
 
 /// A compressed request's gate from the first few hundred decompressed bytes: only a
 /// command some policy may act on is decompressed whole (a small message declaring tens of
-/// megabytes must not cost that much work to be told apart). `None`: open it whole.
+/// megabytes must not cost that much work to be told apart). The peek's decompression is
+/// kept in `req`: opening it whole goes on from there. `None`: open it whole.
 fn gate_compressed(
-    req: &Request,
+    req: &mut Request,
+    config: &Config,
     policy_active: bool,
     watch_writes: bool,
 ) -> Result<Option<Gate>, SessionError> {
-    let prefix = match req.compressed_prefix(crate::wire::body::COMMAND_PREFIX) {
+    let max = config.max_message_size;
+    let peek = match req.peek(max, INLINE_INFLATE) {
         Ok(Some(p)) => p,
         Ok(None) => return Ok(None),
         Err(e) => return Err(SessionError::ClientProtocol(e)),
     };
-    let Some(name) = crate::wire::body::command_name_in_prefix(&prefix) else {
-        return Ok(None);
-    };
-    let flags = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
-    let expects_reply = flags & crate::wire::opmsg::MORE_TO_COME == 0;
+    let expects_reply = !peek.more_to_come();
     Ok(Some(if !expects_reply {
         Gate::Pass { expects_reply }
-    } else if watch_writes && stall::is_write_command(name) {
+    } else if watch_writes && stall::is_write_command(peek.command_name) {
         Gate::Write
     } else if policy_active {
         // Every non-write command is classified under an acting policy (a repeated

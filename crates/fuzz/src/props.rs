@@ -15,13 +15,13 @@
 //!   replies exactly, in every envelope.
 
 use bson::raw::{CStr, RawArray, RawArrayBuf, RawBson, RawBsonRef, RawDocument, RawDocumentBuf};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use staleguard::command::{self, ReadPrefMode, MAX_PIPELINE_DEPTH};
-use staleguard::rewrite::{rewrite_body, rewrite_message, RewriteSpec};
+use staleguard::rewrite::{rewrite_body, RewriteSpec};
 use staleguard::wire::compressed::compress;
 use staleguard::wire::opmsg::CHECKSUM_PRESENT;
 use staleguard::wire::{
-    inspect_reply, reply, request_body, Header, MessageCodec, OpCode, RequestBody, HEADER_LEN,
+    inspect_reply, reply, Header, MessageCodec, OpCode, Request, WireError, HEADER_LEN,
 };
 use tokio_util::codec::Decoder;
 
@@ -176,18 +176,32 @@ fn declared_len(b: &[u8]) -> Option<i64> {
     Some(i32::from_le_bytes([h[0], h[1], h[2], h[3]]) as i64)
 }
 
+/// A whole message opened as the relay opens it (`wire::Request`, decompressed when
+/// compressed).
+fn open(msg: &[u8]) -> Result<Request, WireError> {
+    Request::open(Bytes::copy_from_slice(msg), FUZZ_MAX)
+}
+
+/// A whole message opened, then rewritten, as the relay does for a governed read.
+fn open_and_rewrite(msg: &[u8], spec: &RewriteSpec) -> Result<Bytes, WireError> {
+    staleguard::rewrite::rewrite(&open(msg)?, spec, FUZZ_MAX)
+}
+
 /// Everything the proxy does with a whole client message, each step without a panic; a
 /// rewrite of a message that opens must open again to the rewritten body.
 pub fn open_message(msg: &[u8]) {
     let _ = inspect_reply(msg, FUZZ_MAX);
-    let Ok(req) = request_body(msg, FUZZ_MAX) else {
+    let Ok(req) = open(msg) else {
         return;
     };
-    let body = match (&req, req.body()) {
-        (RequestBody::NotCommand, None) => return,
-        (RequestBody::NotCommand, Some(_)) => panic!("NotCommand has a body"),
-        (_, None) => panic!("an opened OP_MSG has no body"),
-        (_, Some(body)) => body,
+    if let Some(q) = req.op_query() {
+        let _ = q.readings();
+    }
+    let body = match (req.is_command(), req.body()) {
+        (false, None) => return,
+        (false, Some(_)) => panic!("a message that is not an OP_MSG has a body"),
+        (true, None) => panic!("an opened OP_MSG has no body"),
+        (true, Some(body)) => body,
     };
     let classified = command::classify(body);
     if let Ok(info) = &classified {
@@ -207,12 +221,12 @@ pub fn open_message(msg: &[u8]) {
             primary: false,
         },
     ] {
-        let Ok(out) = staleguard::rewrite::rewrite_request(msg, &req, &spec, FUZZ_MAX) else {
+        let Ok(out) = staleguard::rewrite::rewrite(&req, &spec, FUZZ_MAX) else {
             continue;
         };
-        let again = request_body(&out, FUZZ_MAX).expect("a rewritten message opens");
+        let again = open(&out).expect("a rewritten message opens");
         let new_body = again.body().expect("a rewritten message has a body");
-        let expected = rewrite_body(body, &spec).expect("rewrite_request did, so this does");
+        let expected = rewrite_body(body, &spec).expect("rewrite did, so this does");
         assert_eq!(new_body.as_bytes(), &expected[..], "rewritten body");
         assert_eq!(&out[4..12], &msg[4..12], "requestID and responseTo kept");
     }
@@ -757,7 +771,7 @@ fn check_max_time(got: RawBsonRef<'_>, old: Option<RawBsonRef<'_>>, spec: &Rewri
 }
 
 /// The body inside an OP_MSG (checksum and a document sequence as `envelope` says), maybe
-/// compressed: `rewrite_message` must give a message that opens to `rewrite_body`'s output,
+/// compressed: opening and rewriting it must give a message that opens to `rewrite_body`'s output,
 /// with the header ids and the sequence unchanged.
 fn check_rewrite_message(body: &RawDocument, spec: &RewriteSpec, envelope: u8) {
     let crc = envelope & 1 == 1;
@@ -777,35 +791,28 @@ fn check_rewrite_message(body: &RawDocument, spec: &RewriteSpec, envelope: u8) {
         return;
     }
     let Ok(expected) = rewrite_body(body, spec) else {
-        assert!(rewrite_message(&msg, spec, FUZZ_MAX).is_err());
+        assert!(open_and_rewrite(&msg, spec).is_err());
         return;
     };
-    let out = match rewrite_message(&msg, spec, FUZZ_MAX) {
+    let out = match open_and_rewrite(&msg, spec) {
         Ok(out) => out,
         Err(e) => {
             // Only a message that no longer fits may fail (compression can grow it a little).
             let at_least = HEADER_LEN + 5 + expected.len() + if crc { 4 } else { 0 };
-            assert!(at_least + 512 > FUZZ_MAX, "rewrite_message failed: {e}");
+            assert!(at_least + 512 > FUZZ_MAX, "open and rewrite failed: {e}");
             return;
         }
     };
     assert_eq!(&out[4..12], &msg[4..12], "requestID and responseTo kept");
-    let req = request_body(&out, FUZZ_MAX).expect("the rewritten message opens");
+    let req = open(&out).expect("the rewritten message opens");
     assert_eq!(
         req.body().expect("it has a body").as_bytes(),
         &expected[..],
         "message and body rewrites agree"
     );
-    let (payload, body_end, sections_end) = match &req {
-        RequestBody::Msg(m) => (&out[HEADER_LEN..], m.body_range.end, m.sections_end),
-        RequestBody::Decompressed {
-            payload,
-            body_range,
-            sections_end,
-            ..
-        } => (&payload[..], body_range.end, *sections_end),
-        RequestBody::NotCommand => panic!("the rewrite is not an OP_MSG any more"),
-    };
+    let parts = req.parts().expect("the rewrite is still an OP_MSG");
+    let (payload, body_end, sections_end) =
+        (parts.payload, parts.body_range.end, parts.sections_end);
     let tail: &[u8] = if sequence { SEQUENCE_TAIL } else { &[] };
     assert_eq!(
         &payload[body_end..sections_end],

@@ -107,7 +107,7 @@ impl Conn {
                 m = self.next() => m,
             };
             let Some(msg) = msg else { break };
-            let req = match Request::decode(&msg, DEFAULT_MAX_MESSAGE_SIZE) {
+            let req = match Request::decode(msg, DEFAULT_MAX_MESSAGE_SIZE) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::debug!(error = %e, "closing sim connection");

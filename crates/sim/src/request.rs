@@ -1,11 +1,12 @@
-//! Raw message → [`Request`]: OP_MSG (checksum verified), OP_COMPRESSED (decompressed by
-//! the crate's `command::request_body`), kind-1 document sequences, legacy OP_QUERY.
+//! Raw message → [`Request`]: opened by the wire crate's `Request` (OP_MSG with its checksum
+//! verified, OP_COMPRESSED decompressed once, legacy OP_QUERY), then the body and the kind-1
+//! document sequences decoded.
 
 use bson::{Bson, Document, RawDocument};
+use bytes::Bytes;
 
 use staleguard_wire::legacy::OpQuery;
-use staleguard_wire::{request_body, RequestBody};
-use staleguard_wire::{Header, OpCode, HEADER_LEN};
+use staleguard_wire::Request as Message;
 
 use super::SimError;
 
@@ -31,54 +32,41 @@ pub struct Request {
 pub struct DecodeError(pub String);
 
 impl Request {
-    pub fn decode(msg: &[u8], max: usize) -> Result<Request, DecodeError> {
-        let err = |e: &dyn std::fmt::Display| DecodeError(e.to_string());
-        let header = Header::parse(msg).ok_or_else(|| DecodeError("short header".into()))?;
-        if header.op_code == OpCode::QUERY {
-            return Request::decode_query(&header, msg);
+    /// Opens `msg` once, as the proxy does (`staleguard_wire::Request`), and decodes the
+    /// command it carries.
+    pub fn decode(msg: Bytes, max: usize) -> Result<Request, DecodeError> {
+        let m = Message::open(msg, max).map_err(|e| DecodeError(e.to_string()))?;
+        if let Some(q) = m.op_query() {
+            return Request::from_query(m.request_id(), &q);
         }
-        let rb = request_body(msg, max).map_err(|e| err(&e))?;
-        let (payload, end, compressor): (&[u8], usize, Option<u8>) = match &rb {
-            RequestBody::Msg(m) => (
-                msg.get(HEADER_LEN..).unwrap_or_default(),
-                m.sections_end,
-                None,
-            ),
-            RequestBody::Decompressed {
-                payload,
-                sections_end,
-                compressor,
-                ..
-            } => (payload.as_slice(), *sections_end, Some(*compressor)),
-            RequestBody::NotCommand => {
-                return Err(DecodeError(format!(
-                    "opcode {} is not served",
-                    header.op_code
-                )))
-            }
+        let Some(parts) = m.parts() else {
+            return Err(DecodeError(format!(
+                "opcode {} is not served",
+                m.header().op_code
+            )));
         };
-        let raw = rb.body().ok_or_else(|| DecodeError("no body".into()))?;
+        let raw = m.body().ok_or_else(|| DecodeError("no body".into()))?;
         Ok(Request {
-            request_id: header.request_id,
-            compressor,
+            request_id: m.request_id(),
+            compressor: parts.compressor,
             legacy: false,
-            flags: rb.flags(),
+            flags: parts.flags,
             body: to_document(raw)?,
-            sequences: sequences(payload.get(..end).unwrap_or_default())?,
+            sequences: sequences(parts.payload.get(..parts.sections_end).unwrap_or_default())?,
             legacy_db: None,
         })
     }
 
-    fn decode_query(header: &Header, msg: &[u8]) -> Result<Request, DecodeError> {
-        let q = OpQuery::parse(msg.get(HEADER_LEN..).unwrap_or_default())
-            .map_err(|e| DecodeError(e.to_string()))?;
+    /// An OP_QUERY (plain or unwrapped from OP_COMPRESSED), answered with an uncompressed
+    /// OP_REPLY.
+    fn from_query(request_id: i32, q: &OpQuery<'_>) -> Result<Request, DecodeError> {
         let mut body = to_document(q.command())?;
         if let Ok(rp) = q.query.get_document("$readPreference") {
             body.insert("$readPreference", to_document(rp)?);
         }
         let db = q.full_collection_name.split('.').next().unwrap_or("admin");
         Ok(Request {
-            request_id: header.request_id,
+            request_id,
             compressor: None,
             legacy: true,
             flags: 0,

@@ -1,58 +1,9 @@
-//! The command body of a whole request message: OP_MSG viewed in place, OP_COMPRESSED
-//! wrapping OP_MSG decompressed (bounded) and checked, anything else opaque.
+//! What the request and reply views share about a whole message: its header's length checks,
+//! an OP_MSG's CRC-32C (over a reconstructed header for a decompressed one), and the command
+//! name read from the first bytes of a compressed OP_MSG.
 
-use std::ops::Range;
-
-use bson::RawDocument;
-
-use crate::compressed::Compressed;
-use crate::opmsg::{self, OpMsg};
+use crate::opmsg;
 use crate::{Header, OpCode, WireError, HEADER_LEN};
-
-/// The command body of a whole request message.
-#[derive(Debug, Clone)]
-pub enum RequestBody<'a> {
-    /// A plain OP_MSG, viewed in place (no copy).
-    Msg(OpMsg<'a>),
-    /// OP_COMPRESSED wrapping OP_MSG: the decompressed OP_MSG payload (the bytes after the
-    /// wrapped message's header), already validated.
-    Decompressed {
-        payload: Vec<u8>,
-        compressor: u8,
-        flags: u32,
-        /// Where the body document sits in `payload`.
-        body_range: Range<usize>,
-        /// Where the sections end in `payload` (the checksum, if any, follows).
-        sections_end: usize,
-    },
-    /// Anything else (OP_QUERY handshakes, legacy opcodes, OP_COMPRESSED wrapping those):
-    /// relayed as is.
-    NotCommand,
-}
-
-impl RequestBody<'_> {
-    /// The kind-0 body, `None` for [`RequestBody::NotCommand`].
-    pub fn body(&self) -> Option<&RawDocument> {
-        match self {
-            RequestBody::Msg(m) => Some(m.body),
-            RequestBody::Decompressed {
-                payload,
-                body_range,
-                ..
-            } => RawDocument::from_bytes(payload.get(body_range.clone())?).ok(),
-            RequestBody::NotCommand => None,
-        }
-    }
-
-    /// The OP_MSG flag bits (0 for `NotCommand`).
-    pub fn flags(&self) -> u32 {
-        match self {
-            RequestBody::Msg(m) => m.flags,
-            RequestBody::Decompressed { flags, .. } => *flags,
-            RequestBody::NotCommand => 0,
-        }
-    }
-}
 
 /// Reads the header of a whole message and checks `16 <= messageLength <= max` and that it
 /// matches the bytes we have.
@@ -90,68 +41,30 @@ pub fn op_msg_crc(header: &Header, payload_before_crc: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&head), payload_before_crc)
 }
 
-/// The command body of a whole request message (header included). OP_MSG is viewed in place
-/// and its checksum verified; OP_COMPRESSED wrapping OP_MSG is decompressed (size bounded by
-/// `max_message_size`) and checked the same way; anything else is `NotCommand`.
-pub fn request_body(msg: &[u8], max_message_size: usize) -> Result<RequestBody<'_>, WireError> {
-    let header = checked_header(msg, max_message_size)?;
-    let payload = &msg[HEADER_LEN..];
-    match header.op_code {
-        OpCode::MSG => {
-            let m = OpMsg::parse(payload)?;
-            if m.checksum_present() {
-                opmsg::verify_checksum(msg)?;
-            }
-            Ok(RequestBody::Msg(m))
-        }
-        OpCode::COMPRESSED => {
-            let c = Compressed::parse(payload)?;
-            if c.original_opcode != OpCode::MSG {
-                return Ok(RequestBody::NotCommand);
-            }
-            let inner = decompress_op_msg(&header, &c, max_message_size)?;
-            let m = OpMsg::parse(&inner)?;
-            let (flags, body_range, sections_end) = (m.flags, m.body_range.clone(), m.sections_end);
-            Ok(RequestBody::Decompressed {
-                payload: inner,
-                compressor: c.compressor,
-                flags,
-                body_range,
-                sections_end,
-            })
-        }
-        _ => Ok(RequestBody::NotCommand),
-    }
-}
-
-/// Decompresses an OP_COMPRESSED that wraps an OP_MSG and verifies the inner checksum, if
-/// any, over the reconstructed header (as the server does).
-pub fn decompress_op_msg(
-    header: &Header,
-    c: &Compressed<'_>,
-    max_message_size: usize,
-) -> Result<Vec<u8>, WireError> {
-    let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
+/// Verifies the checksum, if any, of an OP_MSG payload an OP_COMPRESSED wrapped (the bytes
+/// after the wrapped message's header), over the header the server reconstructs from `outer`.
+pub fn verify_inner_checksum(outer: &Header, inner: &[u8]) -> Result<(), WireError> {
     let flags = inner
         .get(..4)
         .map_or(0, |f| u32::from_le_bytes([f[0], f[1], f[2], f[3]]));
-    if flags & opmsg::CHECKSUM_PRESENT != 0 {
-        let split = inner
-            .len()
-            .checked_sub(4)
-            .ok_or(WireError::Truncated("op_msg checksum"))?;
-        let stated = u32::from_le_bytes([
-            inner[split],
-            inner[split + 1],
-            inner[split + 2],
-            inner[split + 3],
-        ]);
-        let computed = op_msg_crc(&inner_header(header, inner.len()), &inner[..split]);
-        if stated != computed {
-            return Err(WireError::ChecksumMismatch { stated, computed });
-        }
+    if flags & opmsg::CHECKSUM_PRESENT == 0 {
+        return Ok(());
     }
-    Ok(inner)
+    let split = inner
+        .len()
+        .checked_sub(4)
+        .ok_or(WireError::Truncated("op_msg checksum"))?;
+    let stated = u32::from_le_bytes([
+        inner[split],
+        inner[split + 1],
+        inner[split + 2],
+        inner[split + 3],
+    ]);
+    let computed = op_msg_crc(&inner_header(outer, inner.len()), &inner[..split]);
+    if stated != computed {
+        return Err(WireError::ChecksumMismatch { stated, computed });
+    }
+    Ok(())
 }
 
 /// The header of the message an OP_COMPRESSED wraps, as the server reconstructs it.
@@ -188,8 +101,25 @@ pub fn command_name_in_prefix(prefix: &[u8]) -> Option<&str> {
 
 #[cfg(test)]
 mod prefix_tests {
+    use bytes::Bytes;
+
     use super::*;
-    use crate::compressed::{compress, Compressed, ZLIB, ZSTD};
+    use crate::compressed::{compress, SNAPPY, ZLIB, ZSTD};
+    use crate::Request;
+
+    /// `payload` (an OP_MSG after its header) as a whole OP_COMPRESSED message.
+    fn wrapped(compressor: u8, payload: &[u8]) -> Bytes {
+        let data = compress(compressor, payload).unwrap();
+        let mut wire = Vec::new();
+        let len = (HEADER_LEN + 9 + data.len()) as i32;
+        for v in [len, 7, 0, OpCode::COMPRESSED, OpCode::MSG] {
+            wire.extend_from_slice(&v.to_le_bytes());
+        }
+        wire.extend_from_slice(&(payload.len() as i32).to_le_bytes());
+        wire.push(compressor);
+        wire.extend_from_slice(&data);
+        Bytes::from(wire)
+    }
 
     #[test]
     fn command_name_from_a_prefix_of_a_bomb() {
@@ -209,22 +139,24 @@ mod prefix_tests {
         payload.extend_from_slice(&elems);
         payload.push(0);
         for compressor in [ZLIB, ZSTD] {
-            let data = compress(compressor, &payload).unwrap();
-            let mut wire = Vec::new();
-            wire.extend_from_slice(&crate::OpCode::MSG.to_le_bytes());
-            wire.extend_from_slice(&(payload.len() as i32).to_le_bytes());
-            wire.push(compressor);
-            wire.extend_from_slice(&data);
-            let c = Compressed::parse(&wire).unwrap();
-            let prefix = c.decompress_prefix(COMMAND_PREFIX).unwrap();
-            assert_eq!(prefix.len(), COMMAND_PREFIX);
-            assert_eq!(command_name_in_prefix(&prefix), Some("insert"));
+            let mut req = Request::new(wrapped(compressor, &payload), 48_000_000).unwrap();
+            let peek = req.peek(48_000_000, 64 * 1024).unwrap().unwrap();
+            assert_eq!(peek.command_name, "insert");
+            assert!(!peek.more_to_come());
+            // Opening it afterwards goes on from the prefix to the same whole message.
+            req.inflate(48_000_000).unwrap();
+            assert_eq!(req.command_name().unwrap(), Some("insert"));
+            assert_eq!(req.parts().unwrap().payload, &payload[..]);
         }
+        // Snappy cannot stop early: past `inline` it is not peeked at.
+        let mut req = Request::new(wrapped(SNAPPY, &payload), 48_000_000).unwrap();
+        assert_eq!(req.peek(48_000_000, 64 * 1024).unwrap(), None);
+        assert!(req.needs_inflate());
     }
 
     #[test]
     fn a_snappy_length_past_snappys_ratio_is_refused_before_allocating() {
-        use crate::compressed::SNAPPY;
+        use crate::compressed::Compressed;
         // Varint 48,000,000 then one literal byte: snappy cannot expand 6 bytes that far.
         let mut data = Vec::new();
         let mut n = 48_000_000u32;
@@ -244,8 +176,15 @@ mod prefix_tests {
             c.decompress(48_000_000),
             Err(WireError::Decompress(_))
         ));
+        let mut frame = Vec::new();
+        let len = (HEADER_LEN + wire.len()) as i32;
+        for v in [len, 7, 0, OpCode::COMPRESSED] {
+            frame.extend_from_slice(&v.to_le_bytes());
+        }
+        frame.extend_from_slice(&wire);
+        let mut req = Request::new(Bytes::from(frame), 64_000_000).unwrap();
         assert!(matches!(
-            c.decompress_prefix(COMMAND_PREFIX),
+            req.peek(64_000_000, 64_000_000),
             Err(WireError::Decompress(_))
         ));
     }

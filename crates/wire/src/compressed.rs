@@ -3,6 +3,8 @@
 
 use std::io::Read;
 
+use bytes::{Buf, Bytes};
+
 use super::{read_i32, OpCode, WireError};
 
 pub const NOOP: u8 = 0;
@@ -107,38 +109,138 @@ fn snappy_len(data: &[u8]) -> Result<usize, WireError> {
     Ok(n)
 }
 
-impl Compressed<'_> {
-    /// The first `n` bytes of the wrapped payload (fewer when it is shorter), decompressing
-    /// no further than that for zlib and zstd: reading a command name must not cost the
-    /// whole message. Snappy blocks are decompressed whole (bounded by snappy's own ratio,
-    /// [`SNAPPY_MAX_RATIO`]) and cut.
-    pub fn decompress_prefix(&self, n: usize) -> Result<Vec<u8>, WireError> {
-        let declared = self.uncompressed_size;
-        if declared < 0 {
+/// A decompression of an OP_COMPRESSED's payload that can stop after a prefix and go on to
+/// the whole later, from where it stopped: the bytes decompressed so far are kept, and so is
+/// the decoder. Reading a command name costs a few hundred bytes of zlib or zstd, and
+/// opening the whole message afterwards decompresses nothing twice. A snappy block is
+/// decompressed whole at once (bounded by its declared size and snappy's own ratio).
+pub struct Inflater {
+    compressor: u8,
+    declared: usize,
+    out: Vec<u8>,
+    decoder: Decoder,
+}
+
+enum Decoder {
+    Zlib(flate2::bufread::ZlibDecoder<bytes::buf::Reader<Bytes>>),
+    Zstd(zstd::stream::read::Decoder<'static, bytes::buf::Reader<Bytes>>),
+    /// Nothing more to read (noop and snappy, decompressed at once; a stream read to its end).
+    Done,
+}
+
+impl std::fmt::Debug for Inflater {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inflater")
+            .field("compressor", &self.compressor)
+            .field("declared", &self.declared)
+            .field("decompressed", &self.out.len())
+            .field("done", &matches!(self.decoder, Decoder::Done))
+            .finish()
+    }
+}
+
+impl Inflater {
+    /// Begins decompressing `data` (the compressed bytes of an OP_COMPRESSED whose fixed part
+    /// declared `declared` bytes and `compressor`) and decompresses its first `n` bytes (all
+    /// of it for noop and snappy). `declared` above `max` is refused before anything is
+    /// decompressed. Counted as one decompression (`counters`), however far it goes later.
+    pub fn begin(
+        compressor: u8,
+        declared: i32,
+        data: Bytes,
+        n: usize,
+        max: usize,
+    ) -> Result<Inflater, WireError> {
+        crate::counters::decompressed();
+        if declared < 0 || declared as i64 > max as i64 {
             return Err(WireError::BadLength {
                 len: declared as i64,
-                max: n,
+                max,
             });
         }
-        let n = n.min(declared as usize);
-        let mut out = match self.compressor {
-            NOOP => self.data[..n.min(self.data.len())].to_vec(),
+        let want = declared as usize;
+        let compressed_len = data.len();
+        let (out, decoder) = match compressor {
+            NOOP => (data.to_vec(), Decoder::Done),
             SNAPPY => {
-                snappy_len(self.data)?;
-                snap::raw::Decoder::new()
-                    .decompress_vec(self.data)
-                    .map_err(|e| WireError::Decompress(e.to_string()))?
-            }
-            ZLIB => read_bounded(flate2::read::ZlibDecoder::new(self.data), n, 0)?,
-            ZSTD => {
-                let dec = zstd::stream::read::Decoder::with_buffer(self.data)
+                let n = snappy_len(&data)?;
+                if n != want {
+                    return Err(WireError::SizeMismatch {
+                        declared: declared as i64,
+                        actual: n,
+                    });
+                }
+                let out = snap::raw::Decoder::new()
+                    .decompress_vec(&data)
                     .map_err(|e| WireError::Decompress(e.to_string()))?;
-                read_bounded(dec, n, 0)?
+                (out, Decoder::Done)
+            }
+            ZLIB => (
+                Vec::new(),
+                Decoder::Zlib(flate2::bufread::ZlibDecoder::new(data.reader())),
+            ),
+            ZSTD => {
+                let dec = zstd::stream::read::Decoder::with_buffer(data.reader())
+                    .map_err(|e| WireError::Decompress(e.to_string()))?;
+                (Vec::new(), Decoder::Zstd(dec))
             }
             other => return Err(WireError::UnknownCompressor(other)),
         };
-        out.truncate(n);
-        Ok(out)
+        let mut inflater = Inflater {
+            compressor,
+            declared: want,
+            out,
+            decoder,
+        };
+        // The first allocation is sized from the compressed input, not from the peer's
+        // declared size, so that a tiny message cannot make us allocate the maximum up front.
+        inflater
+            .out
+            .reserve(n.min(want).min(compressed_len.saturating_mul(8) + 4096));
+        inflater.read_to(n.min(want))?;
+        Ok(inflater)
+    }
+
+    /// What has been decompressed so far (at least the `n` bytes asked of [`Inflater::begin`]
+    /// unless the payload is shorter).
+    pub fn prefix(&self) -> &[u8] {
+        &self.out
+    }
+
+    pub fn compressor(&self) -> u8 {
+        self.compressor
+    }
+
+    /// Goes on to the end and returns the whole payload, which must be exactly the declared
+    /// size.
+    pub fn finish(mut self) -> Result<Vec<u8>, WireError> {
+        // One byte past the declared size tells a longer stream apart.
+        self.read_to(self.declared + 1)?;
+        if self.out.len() != self.declared {
+            return Err(WireError::SizeMismatch {
+                declared: self.declared as i64,
+                actual: self.out.len(),
+            });
+        }
+        Ok(self.out)
+    }
+
+    /// Decompresses until `out` holds `upto` bytes or the stream ends.
+    fn read_to(&mut self, upto: usize) -> Result<(), WireError> {
+        let more = upto.saturating_sub(self.out.len()) as u64;
+        if more == 0 {
+            return Ok(());
+        }
+        let read = match &mut self.decoder {
+            Decoder::Zlib(d) => d.take(more).read_to_end(&mut self.out),
+            Decoder::Zstd(d) => d.take(more).read_to_end(&mut self.out),
+            Decoder::Done => return Ok(()),
+        };
+        let got = read.map_err(|e| WireError::Decompress(e.to_string()))?;
+        if (got as u64) < more {
+            self.decoder = Decoder::Done;
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,9 @@
 pub struct Counts {
     /// Calls of [`crate::Header::parse`] (every header read goes through it).
     pub header_parses: u64,
-    /// Calls of [`crate::compressed::Compressed::decompress`].
+    /// Decompressions begun: calls of [`crate::compressed::Compressed::decompress`] and of
+    /// [`crate::compressed::Inflater::begin`] (a peek at a request's first bytes that the
+    /// whole request then goes on from counts once).
     pub decompressions: u64,
 }
 

@@ -1,38 +1,12 @@
 //! Legacy OP_QUERY (2004) and OP_REPLY (1), understood enough for old drivers' handshakes
 //! and for the proxy to tell which database an OP_QUERY reaches and which command it runs.
 
-use std::borrow::Cow;
+use std::ops::Range;
 
 use bson::RawDocument;
 
-use super::body::checked_header;
-use super::compressed::Compressed;
 use super::scan::{self, Elements};
-use super::{read_cstr, read_doc, read_i32, OpCode, WireError, HEADER_LEN};
-
-/// The OP_QUERY payload (the bytes after the header) of a whole request message: in place
-/// for OP_QUERY, decompressed (bounded by `max_message_size`) for OP_COMPRESSED wrapping
-/// OP_QUERY, `None` for anything else. Only the fixed part of an OP_COMPRESSED is read to
-/// tell, so compressed OP_MSG costs nothing here.
-pub fn query_payload(
-    msg: &[u8],
-    max_message_size: usize,
-) -> Result<Option<Cow<'_, [u8]>>, WireError> {
-    let header = checked_header(msg, max_message_size)?;
-    let payload = &msg[HEADER_LEN..];
-    match header.op_code {
-        OpCode::QUERY => Ok(Some(Cow::Borrowed(payload))),
-        OpCode::COMPRESSED => {
-            let c = Compressed::parse(payload)?;
-            if c.original_opcode != OpCode::QUERY {
-                return Ok(None);
-            }
-            let inner = c.decompress(max_message_size.saturating_sub(HEADER_LEN))?;
-            Ok(Some(Cow::Owned(inner)))
-        }
-        _ => Ok(None),
-    }
-}
+use super::{read_cstr, read_doc, read_i32, WireError};
 
 /// What an OP_QUERY may run, under every reading a server may give it: servers unwrap a
 /// first key `$query` or `query` into the command (with `$readPreference` beside it), and a
@@ -141,6 +115,45 @@ impl<'a> OpQuery<'a> {
             Ok(inner) => inner,
             Err(_) => self.query,
         }
+    }
+}
+
+/// Where an OP_QUERY's fields are in its payload, found once by [`QueryLayout::of`] (which
+/// validates it as [`OpQuery::parse`] does), so that a [`crate::Request`] gives its
+/// [`OpQuery`] without reading it again.
+#[derive(Debug, Clone)]
+pub(crate) struct QueryLayout {
+    flags: i32,
+    name_end: usize,
+    number_to_skip: i32,
+    number_to_return: i32,
+    query: Range<usize>,
+}
+
+impl QueryLayout {
+    pub(crate) fn of(payload: &[u8]) -> Result<QueryLayout, WireError> {
+        let q = OpQuery::parse(payload)?;
+        // flags (4), the name and its NUL, skip and return (8), then the query document.
+        let name_end = 4 + q.full_collection_name.len();
+        let start = name_end + 1 + 8;
+        Ok(QueryLayout {
+            flags: q.flags,
+            name_end,
+            number_to_skip: q.number_to_skip,
+            number_to_return: q.number_to_return,
+            query: start..start + q.query.as_bytes().len(),
+        })
+    }
+
+    /// The OP_QUERY of `payload`, the payload this layout was made from (`None` otherwise).
+    pub(crate) fn view<'a>(&self, payload: &'a [u8]) -> Option<OpQuery<'a>> {
+        Some(OpQuery {
+            flags: self.flags,
+            full_collection_name: std::str::from_utf8(payload.get(4..self.name_end)?).ok()?,
+            number_to_skip: self.number_to_skip,
+            number_to_return: self.number_to_return,
+            query: RawDocument::from_bytes(payload.get(self.query.clone())?).ok()?,
+        })
     }
 }
 

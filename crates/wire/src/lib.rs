@@ -7,8 +7,13 @@
 //! Everything here works on borrowed bytes of a whole received message (header included).
 //! Views check every declared length against the enclosing one and never copy; only
 //! decompression and the builders allocate. The relay opens each message once: a request as
-//! a [`Request`] (header, OP_MSG view, decompression kept for a retry, command name), a
-//! reply as a [`Reply`] (header, then its status when a tracked read needs it).
+//! a [`Request`] (header, OP_MSG or OP_QUERY view, a compressed one's decompression kept,
+//! from a peek at its command name to a retry, command name), a reply as a [`Reply`]
+//! (header, then its status when a tracked read needs it). `Request` is the only way this
+//! crate opens a request.
+
+// These bytes come from untrusted peers: no unsafe code anywhere in the crate.
+#![forbid(unsafe_code)]
 
 pub mod body;
 pub mod codec;
@@ -24,11 +29,10 @@ pub mod request;
 pub mod scan;
 pub mod status;
 
-pub use body::{request_body, RequestBody};
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};
 pub use replies::{Head, Incoming, ReplyCodec};
-pub use request::{MsgParts, Request};
+pub use request::{MsgParts, Peek, Request};
 pub use status::{inspect_reply, Reply, ReplyStatus};
 
 /// Default for `max_message_size`: mongos's `maxMessageSizeBytes`.

@@ -1,44 +1,72 @@
 //! A request opened once: the header read and checked, an OP_MSG validated in place (its
-//! checksum verified), an OP_COMPRESSED decompressed at most once (when asked) and kept, and
-//! the command name (the body's first key) found once. Everything the relay asks of a request
-//! comes from here, and a retry is rewritten from it: nothing reads the header or
-//! decompresses the body again.
+//! checksum verified), an OP_QUERY parsed in place, an OP_COMPRESSED decompressed at most once
+//! (when asked) and kept, and the command name (the body's first key) found once. A compressed
+//! OP_MSG may first be peeked at (flags and command name from a few hundred decompressed
+//! bytes): that decompression is kept and goes on from where it stopped if the whole message
+//! is opened later. Everything the relay asks of a request comes from here, and a retry is
+//! rewritten from it: nothing reads the header or decompresses the body again.
 
 use std::ops::Range;
 
 use bson::RawDocument;
 use bytes::Bytes;
 
-use crate::body::{check_length, decompress_op_msg};
-use crate::compressed::Compressed;
+use crate::body::{check_length, command_name_in_prefix, verify_inner_checksum, COMMAND_PREFIX};
+use crate::compressed::{Compressed, Inflater, SNAPPY};
+use crate::legacy::{OpQuery, QueryLayout};
 use crate::opmsg::{self, OpMsg, CHECKSUM_PRESENT, MORE_TO_COME};
 use crate::scan::{self, Elem, Elements, Malformed};
 use crate::{Header, OpCode, WireError, HEADER_LEN};
 
 /// One request message as it arrived (`frame`, forwarded as is unless rewritten) and what
-/// has been read from it. Cloning costs two reference counts, never a copy.
-#[derive(Debug, Clone)]
+/// has been read from it. Cloning an opened request costs two reference counts, never a copy
+/// (a peeked one is cloned unpeeked: a decompression in progress is not shared).
+#[derive(Debug)]
 pub struct Request {
     frame: Bytes,
     header: Header,
     state: State,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 enum State {
-    /// OP_MSG, validated in place.
-    Msg(Layout),
+    /// An OP_MSG or OP_QUERY, in place, or unwrapped from an OP_COMPRESSED (`inflated`: the
+    /// wrapped payload after its header, decompressed once, and the compressor).
+    Open {
+        inflated: Option<(Bytes, u8)>,
+        inner: Inner,
+    },
     /// OP_COMPRESSED, not decompressed (yet).
     Compressed,
-    /// OP_COMPRESSED wrapping OP_MSG: the wrapped payload (after its header), decompressed
-    /// once and validated.
-    Inflated {
-        payload: Bytes,
-        compressor: u8,
-        layout: Layout,
-    },
-    /// Anything else (legacy opcodes, OP_COMPRESSED wrapping one): relayed as is.
+    /// OP_COMPRESSED wrapping OP_MSG whose first bytes were decompressed for a peek; the
+    /// decompression goes on from there when the message is opened.
+    Peeked(Box<Inflater>),
+    /// Anything else (other legacy opcodes, OP_COMPRESSED wrapping one): relayed as is.
     Opaque,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    Msg(Layout),
+    Query(QueryLayout),
+}
+
+impl Clone for Request {
+    fn clone(&self) -> Request {
+        let state = match &self.state {
+            State::Open { inflated, inner } => State::Open {
+                inflated: inflated.clone(),
+                inner: inner.clone(),
+            },
+            State::Compressed | State::Peeked(_) => State::Compressed,
+            State::Opaque => State::Opaque,
+        };
+        Request {
+            frame: self.frame.clone(),
+            header: self.header,
+            state,
+        }
+    }
 }
 
 /// Where things are in an OP_MSG payload (the bytes after the header).
@@ -74,10 +102,25 @@ pub struct MsgParts<'r> {
     pub sections_end: usize,
 }
 
+/// What a peek at a compressed OP_MSG tells: its flags and command name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peek<'r> {
+    pub flags: u32,
+    pub command_name: &'r str,
+}
+
+impl Peek<'_> {
+    /// The client expects no reply (OP_MSG `moreToCome`).
+    pub fn more_to_come(&self) -> bool {
+        self.flags & MORE_TO_COME != 0
+    }
+}
+
 impl Request {
-    /// Reads the header (`16 <= messageLength <= max`, and the frame's length) and, for an
-    /// OP_MSG, validates its sections and flags and verifies its checksum. OP_COMPRESSED is
-    /// left for [`Request::inflate`]; other opcodes are opaque.
+    /// Reads the header (`16 <= messageLength <= max`, and the frame's length); an OP_MSG has
+    /// its sections and flags validated and its checksum verified, an OP_QUERY its fields
+    /// read. OP_COMPRESSED is left for [`Request::peek`] and [`Request::inflate`]; other
+    /// opcodes are opaque.
     pub fn new(frame: Bytes, max: usize) -> Result<Request, WireError> {
         let header = Header::parse(&frame).ok_or(WireError::Truncated("message header"))?;
         check_length(&header, frame.len(), max)?;
@@ -87,8 +130,15 @@ impl Request {
                 if m.checksum_present() {
                     opmsg::verify_checksum(&frame)?;
                 }
-                State::Msg(Layout::of(&m))
+                State::Open {
+                    inflated: None,
+                    inner: Inner::Msg(Layout::of(&m)),
+                }
             }
+            OpCode::QUERY => State::Open {
+                inflated: None,
+                inner: Inner::Query(QueryLayout::of(&frame[HEADER_LEN..])?),
+            },
             OpCode::COMPRESSED => State::Compressed,
             _ => State::Opaque,
         };
@@ -99,51 +149,97 @@ impl Request {
         })
     }
 
-    /// Decompresses an OP_COMPRESSED wrapping an OP_MSG (at most `max` bytes) and validates
-    /// the wrapped message as [`Request::new`] does an OP_MSG, checking its checksum over the
-    /// reconstructed header. Once: the result is kept and later calls do nothing. An
-    /// OP_COMPRESSED wrapping anything else becomes opaque; other opcodes are left alone.
+    /// [`Request::new`] then [`Request::inflate`]: the message opened whole, for callers
+    /// that want every request's body at once (the simulated cluster, tests, benchmarks).
+    pub fn open(frame: Bytes, max: usize) -> Result<Request, WireError> {
+        let mut req = Request::new(frame, max)?;
+        req.inflate(max)?;
+        Ok(req)
+    }
+
+    /// For an OP_COMPRESSED wrapping an OP_MSG not opened yet: its flags and command name,
+    /// from the first few hundred decompressed bytes when the body comes first and its first
+    /// key fits in them. The decompression is kept and [`Request::inflate`] goes on from
+    /// where it stopped. A snappy block cannot be decompressed in part: one that declares
+    /// more than `inline` bytes is not peeked at (`None`; open it whole, where large work
+    /// belongs), a smaller one is decompressed whole and kept. `None` for anything else.
+    /// Refused: a declared size over `max`, a malformed compressed message.
+    pub fn peek(&mut self, max: usize, inline: usize) -> Result<Option<Peek<'_>>, WireError> {
+        if matches!(self.state, State::Compressed) {
+            let c = Compressed::parse(&self.frame[HEADER_LEN..])?;
+            if c.original_opcode != OpCode::MSG {
+                return Ok(None);
+            }
+            if c.compressor == SNAPPY && c.uncompressed_size as i64 > inline as i64 {
+                return Ok(None);
+            }
+            let data = self.frame.slice(HEADER_LEN + 9..);
+            let max = max.saturating_sub(HEADER_LEN);
+            let inflater =
+                Inflater::begin(c.compressor, c.uncompressed_size, data, COMMAND_PREFIX, max)?;
+            self.state = State::Peeked(Box::new(inflater));
+        }
+        let State::Peeked(inflater) = &self.state else {
+            return Ok(None);
+        };
+        let prefix = inflater.prefix();
+        let Some(command_name) = command_name_in_prefix(prefix) else {
+            return Ok(None);
+        };
+        let flags = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        Ok(Some(Peek {
+            flags,
+            command_name,
+        }))
+    }
+
+    /// Decompresses an OP_COMPRESSED wrapping an OP_MSG or an OP_QUERY (at most `max` bytes;
+    /// from where a peek stopped, if there was one) and opens the wrapped message as
+    /// [`Request::new`] does, checking an OP_MSG's checksum over the reconstructed header.
+    /// Once: the result is kept and later calls do nothing. An OP_COMPRESSED wrapping any
+    /// other opcode becomes opaque; other opcodes are left alone.
     pub fn inflate(&mut self, max: usize) -> Result<(), WireError> {
-        if !matches!(self.state, State::Compressed) {
-            return Ok(());
-        }
-        let c = Compressed::parse(&self.frame[HEADER_LEN..])?;
-        if c.original_opcode != OpCode::MSG {
-            self.state = State::Opaque;
-            return Ok(());
-        }
-        let payload = Bytes::from(decompress_op_msg(&self.header, &c, max)?);
-        let layout = Layout::of(&OpMsg::parse(&payload)?);
-        self.state = State::Inflated {
-            payload,
-            compressor: c.compressor,
-            layout,
+        let inflater = match std::mem::replace(&mut self.state, State::Opaque) {
+            State::Compressed => {
+                let c = Compressed::parse(&self.frame[HEADER_LEN..])?;
+                if !matches!(c.original_opcode, OpCode::MSG | OpCode::QUERY) {
+                    return Ok(());
+                }
+                let data = self.frame.slice(HEADER_LEN + 9..);
+                let max = max.saturating_sub(HEADER_LEN);
+                Inflater::begin(c.compressor, c.uncompressed_size, data, 0, max)?
+            }
+            State::Peeked(inflater) => *inflater,
+            other => {
+                self.state = other;
+                return Ok(());
+            }
+        };
+        let compressor = inflater.compressor();
+        let payload = Bytes::from(inflater.finish()?);
+        // The opcode is read again from the fixed part (nine bytes, already checked).
+        let inner = match Compressed::parse(&self.frame[HEADER_LEN..])?.original_opcode {
+            OpCode::MSG => {
+                verify_inner_checksum(&self.header, &payload)?;
+                Inner::Msg(Layout::of(&OpMsg::parse(&payload)?))
+            }
+            _ => Inner::Query(QueryLayout::of(&payload)?),
+        };
+        self.state = State::Open {
+            inflated: Some((payload, compressor)),
+            inner,
         };
         Ok(())
     }
 
-    /// For an OP_COMPRESSED not inflated yet: the uncompressed size it declares (which
+    /// For an OP_COMPRESSED not opened yet: the uncompressed size it declares (which
     /// [`Request::inflate`] holds it to). `None` for anything else, or a negative size.
     pub fn declared_inflated_len(&self) -> Option<usize> {
-        if !matches!(self.state, State::Compressed) {
+        if !matches!(self.state, State::Compressed | State::Peeked(_)) {
             return None;
         }
         let c = Compressed::parse(&self.frame[HEADER_LEN..]).ok()?;
         usize::try_from(c.uncompressed_size).ok()
-    }
-
-    /// For an OP_COMPRESSED wrapping an OP_MSG not inflated yet: the first `n` bytes of the
-    /// wrapped payload, decompressing no further (see [`Compressed::decompress_prefix`]).
-    /// `None` for anything else.
-    pub fn compressed_prefix(&self, n: usize) -> Result<Option<Vec<u8>>, WireError> {
-        if !matches!(self.state, State::Compressed) {
-            return Ok(None);
-        }
-        let c = Compressed::parse(&self.frame[HEADER_LEN..])?;
-        if c.original_opcode != OpCode::MSG {
-            return Ok(None);
-        }
-        c.decompress_prefix(n).map(Some)
     }
 
     /// The message as it arrived.
@@ -172,15 +268,18 @@ impl Request {
         self.payload().is_some()
     }
 
-    /// An OP_COMPRESSED not decompressed yet.
+    /// An OP_COMPRESSED not opened yet (peeked at or not).
     pub fn needs_inflate(&self) -> bool {
-        matches!(self.state, State::Compressed)
+        matches!(self.state, State::Compressed | State::Peeked(_))
     }
 
     /// The compressor id, once an OP_COMPRESSED has been inflated.
     pub fn compressor(&self) -> Option<u8> {
         match &self.state {
-            State::Inflated { compressor, .. } => Some(*compressor),
+            State::Open {
+                inflated: Some((_, c)),
+                ..
+            } => Some(*c),
             _ => None,
         }
     }
@@ -198,6 +297,17 @@ impl Request {
     /// The OP_MSG carries a CRC-32C (already verified).
     pub fn checksum_present(&self) -> bool {
         self.flags() & CHECKSUM_PRESENT != 0
+    }
+
+    /// The OP_QUERY, when the message is (or wraps, once inflated) one.
+    pub fn op_query(&self) -> Option<OpQuery<'_>> {
+        match &self.state {
+            State::Open {
+                inflated,
+                inner: Inner::Query(q),
+            } => q.view(self.inner_payload(inflated)),
+            _ => None,
+        }
     }
 
     /// The kind-0 body, when the message is (or wraps, once inflated) an OP_MSG.
@@ -245,11 +355,18 @@ impl Request {
 
     fn payload(&self) -> Option<(&[u8], &Layout)> {
         match &self.state {
-            State::Msg(layout) => Some((&self.frame[HEADER_LEN..], layout)),
-            State::Inflated {
-                payload, layout, ..
-            } => Some((payload, layout)),
-            State::Compressed | State::Opaque => None,
+            State::Open {
+                inflated,
+                inner: Inner::Msg(layout),
+            } => Some((self.inner_payload(inflated), layout)),
+            _ => None,
+        }
+    }
+
+    fn inner_payload<'r>(&'r self, inflated: &'r Option<(Bytes, u8)>) -> &'r [u8] {
+        match inflated {
+            Some((payload, _)) => payload,
+            None => &self.frame[HEADER_LEN..],
         }
     }
 }
@@ -353,6 +470,77 @@ mod tests {
         assert_eq!(&parts.payload[parts.body_range], body.as_bytes());
         req.inflate(MAX).unwrap();
         assert_eq!(req.command_name().unwrap(), Some("aggregate"));
+    }
+
+    /// An OP_QUERY payload (after the header).
+    fn op_query_payload(ns: &str, doc: &RawDocument) -> Vec<u8> {
+        let mut out = 4i32.to_le_bytes().to_vec();
+        out.extend_from_slice(ns.as_bytes());
+        out.push(0);
+        out.extend_from_slice(&0i32.to_le_bytes());
+        out.extend_from_slice(&(-1i32).to_le_bytes());
+        out.extend_from_slice(doc.as_bytes());
+        out
+    }
+
+    #[test]
+    fn op_query_is_opened_in_place_or_once_decompressed() {
+        let doc = rawdoc! {"isMaster": 1, "$db": "admin"};
+        let payload = op_query_payload("admin.$cmd", &doc);
+        let mut plain = Vec::new();
+        let len = (HEADER_LEN + payload.len()) as i32;
+        for v in [len, 9, 0, OpCode::QUERY] {
+            plain.extend_from_slice(&v.to_le_bytes());
+        }
+        plain.extend_from_slice(&payload);
+        let req = Request::new(Bytes::from(plain.clone()), MAX).unwrap();
+        let q = req.op_query().unwrap();
+        assert_eq!((q.flags, q.full_collection_name), (4, "admin.$cmd"));
+        assert_eq!((q.number_to_skip, q.number_to_return), (0, -1));
+        assert_eq!(q.query.as_bytes(), doc.as_bytes());
+        assert!(!req.is_command() && req.body().is_none());
+
+        let data = compress(ZLIB, &payload).unwrap();
+        let mut wrapped = Vec::new();
+        let len = (HEADER_LEN + 9 + data.len()) as i32;
+        for v in [len, 9, 0, OpCode::COMPRESSED, OpCode::QUERY] {
+            wrapped.extend_from_slice(&v.to_le_bytes());
+        }
+        wrapped.extend_from_slice(&(payload.len() as i32).to_le_bytes());
+        wrapped.push(ZLIB);
+        wrapped.extend_from_slice(&data);
+        let mut req = Request::new(Bytes::from(wrapped), MAX).unwrap();
+        assert!(req.op_query().is_none());
+        // Not an OP_MSG: nothing to peek at, and nothing decompressed for it.
+        assert_eq!(req.peek(MAX, MAX).unwrap(), None);
+        req.inflate(MAX).unwrap();
+        assert_eq!(req.compressor(), Some(ZLIB));
+        assert_eq!(req.op_query().unwrap().query.as_bytes(), doc.as_bytes());
+
+        // A truncated OP_QUERY is refused on arrival.
+        plain.truncate(plain.len() - 1);
+        let len = plain.len() as i32;
+        plain[..4].copy_from_slice(&len.to_le_bytes());
+        assert!(Request::new(Bytes::from(plain), MAX).is_err());
+    }
+
+    #[test]
+    fn a_peek_is_kept_and_a_clone_does_not_share_it() {
+        let body = rawdoc! {"find": "c", "filter": {}, "$db": "d"};
+        let mut req = Request::new(Bytes::from(wrap(&op_msg(0, &body))), MAX).unwrap();
+        let peek = req.peek(MAX, MAX).unwrap().unwrap();
+        assert_eq!(peek.command_name, "find");
+        assert!(req.needs_inflate());
+        let mut copy = req.clone();
+        req.inflate(MAX).unwrap();
+        assert_eq!(req.body().unwrap().as_bytes(), body.as_bytes());
+        // The clone starts over.
+        assert!(copy.needs_inflate() && copy.body().is_none());
+        copy.inflate(MAX).unwrap();
+        assert_eq!(copy.body().unwrap().as_bytes(), body.as_bytes());
+        // A peek over the limit is refused before anything is decompressed.
+        let mut big = Request::new(Bytes::from(wrap(&op_msg(0, &body))), MAX).unwrap();
+        assert!(big.peek(HEADER_LEN + 10, MAX).is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::parse::duration;
+use super::scalars::duration;
 use super::spans::{Ctx, Recorded};
 use probe::{probe, RawProbe};
 use shards::{shards, RawShards};

@@ -8,7 +8,7 @@ use toml::Spanned;
 use super::credentials::{credentials, RawCreds};
 use super::{ProbeConfig, DEFAULT_PROBE_ID, DEFAULT_PROBE_INTERVAL, DEFAULT_PROBE_NS};
 use super::{DEFAULT_PROBE_SLOW, DEFAULT_PROBE_TIMEOUT, NONZERO};
-use crate::config::parse::duration;
+use crate::config::scalars::duration;
 use crate::config::spans::Ctx;
 use crate::policy::DB_FORBIDDEN;
 

@@ -9,7 +9,7 @@ use toml::Spanned;
 use super::credentials::{credentials, RawCreds};
 use super::{ShardsConfig, DEFAULT_BASELINE, DEFAULT_FOR, DEFAULT_POLL, NONZERO};
 use super::{DEFAULT_QUEUED_WRITERS_MIN, DEFAULT_RATE_RATIO, DEFAULT_TICKETS_AVAILABLE_MAX};
-use crate::config::parse::duration;
+use crate::config::scalars::duration;
 use crate::config::spans::Ctx;
 
 #[derive(Debug, Deserialize)]
