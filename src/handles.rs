@@ -10,7 +10,8 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::stall::StallWatch;
 use crate::state::{ClientSlots, Ids, LiveConfig, Runtime};
-use crate::upstream::Upstreams;
+use crate::fleet::Fleet;
+use crate::upstream::{Denied, LadderPermit, ShareSaid, Upstreams};
 
 #[derive(Debug)]
 pub struct Handles {
@@ -33,6 +34,8 @@ pub struct Handles {
     /// session looks at it once per message (a load of a line nothing else writes), where
     /// polling the token would take its lock.
     pub killed: AtomicBool,
+    /// `[fleet]`: this instance's name and whether Redis answers (none without the section).
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 impl Handles {
@@ -42,6 +45,7 @@ impl Handles {
         let breakers = Breakers::with_metrics(DEFAULT_MAX_BREAKERS, metrics.clone());
         breakers.set_patterns(&config.policy, config.breaker_share);
         Handles {
+            fleet: config.fleet.as_ref().map(|f| Arc::new(Fleet::new(f))),
             upstreams: Arc::new(Upstreams::new(config.upstreams.clone())),
             config: Arc::new(LiveConfig::new(config)),
             breakers: Arc::new(breakers),
@@ -52,5 +56,25 @@ impl Handles {
             clients: Arc::default(),
             killed: AtomicBool::new(false),
         }
+    }
+}
+
+impl Handles {
+    /// A primary-rung read the local guard let through, judged by this instance's share of
+    /// the fleet budget (`[fleet]`; without a budget it passes untouched).
+    pub fn fleet_budget(
+        &self,
+        permit: LadderPermit,
+        now: tokio::time::Instant,
+    ) -> Result<LadderPermit, Denied> {
+        let (r, said) = self.upstreams.fleet_share.take(permit, now);
+        let result = match said {
+            ShareSaid::Off => return r,
+            ShareSaid::Allowed => "allowed",
+            ShareSaid::Denied => "denied",
+            ShareSaid::Unanswered => "unanswered",
+        };
+        self.metrics.fleet.budget(result);
+        r
     }
 }

@@ -32,7 +32,8 @@
 //!                   orphan estimate
 //! handles           Handles: one Arc of each handle, what session, admin and reload get
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
-//!                   signals and the write counters sessions feed); each gets a few handles
+//! fleet             signals and the write counters sessions feed) · with `[fleet]`, breaker
+//!                   openings and budgets shared through Redis; each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
 //!                   choosing and dialing mongos, their health, their ladder guards
@@ -72,6 +73,7 @@ pub mod command;
 pub mod config;
 #[cfg(feature = "sim")]
 pub mod demo;
+pub mod fleet;
 pub mod handles;
 pub mod health;
 pub mod logs;

@@ -17,12 +17,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 mod breaker;
+mod fleet;
 mod hot;
 mod ladder;
 pub mod latency;
 mod limits;
 mod stall;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
+pub use fleet::{BudgetLabel, FleetEventLabels, FleetMetrics, BUDGET_RESULTS};
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
@@ -139,6 +141,8 @@ pub struct Metrics {
     pub limits: LimitMetrics,
     /// Breaker transitions and confirming reads.
     pub breakers: BreakerMetrics,
+    /// `[fleet]` only (registered by [`Metrics::register_fleet`]).
+    pub fleet: FleetMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -185,6 +189,7 @@ impl Metrics {
             ladder: LadderMetrics::default(),
             limits: LimitMetrics::default(),
             breakers: BreakerMetrics::default(),
+            fleet: FleetMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -268,6 +273,13 @@ impl Metrics {
             let _ = m.reloads.get_or_create(&ResultLabel { result });
         }
         m
+    }
+
+    /// Adds the fleet's metrics to the registry (once, when `[fleet]` starts).
+    pub fn register_fleet(&self) {
+        if let Ok(mut r) = self.registry.lock() {
+            self.fleet.register(&mut r);
+        }
     }
 
     /// The Prometheus text exposition of every metric.

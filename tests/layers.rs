@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     // shared state: live config + generation, ids, runtime facts; the breakers; the upstreams
     &["state", "breaker", "upstream"],
     // background tasks, each given the handles it uses
-    &["health", "stall"],
+    &["health", "stall", "fleet"],
     // one Arc of each handle, for session, admin and reload
     &["handles"],
     &["session"],

@@ -355,9 +355,11 @@ impl Session {
         // one has its final reply.
         let queued = self.finals_in < self.sent_finals;
         let limits = self.config.ladder_guard;
+        let now = Instant::now();
         let claimed = self
             .ladder_share
-            .try_acquire(guard, limits, held, queued, Instant::now());
+            .try_acquire(guard, limits, held, queued, now)
+            .and_then(|p| self.shared.fleet_budget(p, now));
         claimed
             .map_err(|denied| {
                 self.shared.metrics.ladder_attempt(ns, "primary", "denied");
