@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
 use crate::config::Config;
+use crate::fleet::Fleet;
 use crate::metrics::Metrics;
 use crate::stall::StallWatch;
 use crate::state::{ClientSlots, Ids, LiveConfig, Runtime};
-use crate::fleet::Fleet;
 use crate::upstream::{Denied, LadderPermit, ShareSaid, Upstreams};
 
 #[derive(Debug)]

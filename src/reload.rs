@@ -136,7 +136,10 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
         ));
         new.tls.clone_from(&old.tls);
     }
-    w.extend(crate::config::FleetConfig::keep_on_reload(&old.fleet, &mut new.fleet));
+    w.extend(crate::config::FleetConfig::keep_on_reload(
+        &old.fleet,
+        &mut new.fleet,
+    ));
     w
 }
 

@@ -1,4 +1,4 @@
-//! What the fleet (`crate::fleet`, through Redis) may do to the breakers: be told of every
+//! What the fleet (the `fleet` task, through Redis) may do to the breakers: be told of every
 //! transition (a hook that must not block: the fleet task's channel), open a breaker on
 //! another instance's evidence, and close a breaker it opened when that instance says its
 //! own closed. The evidence rules stay per instance: an opening from the fleet is only
@@ -12,8 +12,11 @@ use tokio::time::Instant;
 use super::{Breakers, Reason, State, Transition};
 use crate::policy::NsPolicy;
 
+/// What the hook runs.
+type HookFn = dyn Fn(&str, &Transition) + Send + Sync;
+
 /// Told of each transition (namespace, transition), after it is logged and counted.
-pub(super) struct Hook(Box<dyn Fn(&str, &Transition) + Send + Sync>);
+pub(super) struct Hook(Box<HookFn>);
 
 impl Hook {
     pub(super) fn call(&self, ns: &str, t: &Transition) {
@@ -56,6 +59,15 @@ impl Breakers {
             Some(self.moved(b.open(cause, why, now, policy.min_cooldown)))
         };
         self.report(ns, t)
+    }
+
+    /// The open breakers a fleet opening opened, with their opener.
+    pub fn opened_by_fleet(&self) -> Vec<(String, Arc<str>)> {
+        self.map
+            .iter()
+            .filter(|b| b.state == State::Open)
+            .filter_map(|b| Some((b.key().clone(), b.opener.clone()?)))
+            .collect()
     }
 
     /// Closes `ns` when fleet instance `opener`'s opening opened it and it is still open
@@ -102,7 +114,10 @@ mod tests {
         assert!(b
             .open_from_fleet(NS, &p, Reason::TimeLimit, "sg-2", "x", t0)
             .is_none());
-        assert!(b.close_from_fleet(NS, "sg-2", t0).is_none(), "not its opener");
+        assert!(
+            b.close_from_fleet(NS, "sg-2", t0).is_none(),
+            "not its opener"
+        );
         let t = b.close_from_fleet(NS, "sg-1", t0).expect("closes");
         assert_eq!(t.opener.as_deref(), Some("sg-1"));
         assert_eq!(b.state(NS), State::Closed);
@@ -115,11 +130,13 @@ mod tests {
     fn own_evidence_and_own_samples_are_not_the_fleet_s() {
         let b = Breakers::default();
         let mut p = NsPolicy::with_defaults(NS, Mode::Strict);
-        p.close_after = 1;
+        p.close_after = 2;
         p.min_connections = 1;
         let t0 = Instant::now();
         b.open_from_fleet(NS, &p, Reason::StaleRouting, "sg-1", "e", t0);
         // Its own samples close it (the opener's word is gone with the close).
+        let first = t0 + Duration::from_secs(1);
+        assert!(b.sampled(NS, &p, Sample::Answered, 1, first).is_none());
         let t = b
             .sampled(NS, &p, Sample::Answered, 1, t0 + Duration::from_secs(2))
             .expect("closes on a streak");

@@ -64,7 +64,10 @@ pub struct FleetConfig {
 impl FleetConfig {
     /// A reload: `[fleet]` itself needs a restart, so `new` gets `old`'s section back, with
     /// the new budgets (which reload). Returns the warning when something was put back.
-    pub fn keep_on_reload(old: &Option<FleetConfig>, new: &mut Option<FleetConfig>) -> Option<String> {
+    pub fn keep_on_reload(
+        old: &Option<FleetConfig>,
+        new: &mut Option<FleetConfig>,
+    ) -> Option<String> {
         let budgets = |f: &FleetConfig| (f.max_per_second, f.max_in_flight);
         let link = |f: &Option<FleetConfig>| {
             f.clone().map(|mut f| {
@@ -127,7 +130,11 @@ pub(super) fn fleet(
     let url = match &raw.redis {
         Some(u) => check_url(ctx, u),
         None => {
-            ctx.err(v, "fleet.redis", "missing: `redis = \"redis://host:port/0\"`".into());
+            ctx.err(
+                v,
+                "fleet.redis",
+                "missing: `redis = \"redis://host:port/0\"`".into(),
+            );
             None
         }
     };
@@ -137,7 +144,12 @@ pub(super) fn fleet(
         ctx.err(var, "fleet.password_env", msg);
     }
     let name = word(ctx, raw.name.as_ref(), "fleet.name", listen);
-    let prefix = word(ctx, raw.prefix.as_ref(), "fleet.prefix", DEFAULT_FLEET_PREFIX);
+    let prefix = word(
+        ctx,
+        raw.prefix.as_ref(),
+        "fleet.prefix",
+        DEFAULT_FLEET_PREFIX,
+    );
     let nonzero = Duration::from_millis(1);
     let mut time = |v: &Option<Spanned<String>>, key: &str, default: Duration| match v {
         None => Some(default),
@@ -304,6 +316,74 @@ fn budget(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn parse(text: &str) -> Result<Config, Vec<String>> {
+        Config::parse(text, Path::new("f.toml"))
+            .map_err(|e| e.into_iter().map(|e| e.to_string()).collect())
+    }
+
+    #[test]
+    fn without_the_section_nothing() {
+        assert_eq!(parse("").expect("valid").fleet, None);
+        let e = parse(
+            "[ladder_guard]\nfleet_max_per_second = 5\n[[namespaces]]\npattern = \"a.b\"\nmode = \"strict\"\nladder = [\"primary\"]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            ["f.toml:2: ladder_guard.fleet_max_per_second: has no effect without [fleet]"]
+        );
+    }
+
+    #[test]
+    fn defaults_and_masking() {
+        let c =
+            parse("listen = \"10.0.0.1:27018\"\n[fleet]\nredis = \"rediss://:s3cret@r:6380/2\"\n")
+                .expect("valid");
+        let f = c.fleet.expect("fleet");
+        assert_eq!(f.name, "10.0.0.1:27018");
+        assert_eq!(f.shown, "rediss://:***@r:6380/2");
+        assert!(!format!("{f:?}").contains("s3cret"));
+        assert_eq!(f.prefix, DEFAULT_FLEET_PREFIX);
+        assert_eq!(f.timeout, DEFAULT_FLEET_TIMEOUT);
+        assert_eq!((f.max_per_second, f.max_in_flight), (None, None));
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let e = parse(
+            "[fleet]\nredis = \"http://r:1\"\nname = \"a b\"\ntimeout = \"1s\"\nlease = \"2s\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(
+            e[0].starts_with("f.toml:2: fleet.redis: `http://r:1`: the scheme"),
+            "{e:?}"
+        );
+        assert!(e[1].starts_with("f.toml:3: fleet.name: must be"), "{e:?}");
+        assert!(
+            e[2].starts_with("f.toml:5: fleet.lease: must be at least 3 x timeout"),
+            "{e:?}"
+        );
+        let e = parse(
+            "[fleet]\nredis = \"redis://:pw@r:1/0\"\npassword_env = \"SG_FLEET_TEST_UNSET_VAR\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e.iter()
+                .all(|e| e.starts_with("f.toml:3: fleet.password_env")),
+            "{e:?}"
+        );
+        assert!(!e.concat().contains("pw@"), "{e:?}");
+        let e = parse("[fleet]\nname = \"x\"\n").unwrap_err();
+        assert_eq!(
+            e,
+            ["f.toml:1: fleet.redis: missing: `redis = \"redis://host:port/0\"`"]
+        );
+    }
 
     #[test]
     fn passwords_are_masked_and_detected() {

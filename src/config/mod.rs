@@ -44,11 +44,11 @@ mod stall;
 mod values;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
+pub use fleet::{masked as masked_url, FleetConfig};
 pub use ops::{
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
 };
-pub use fleet::{masked as masked_url, FleetConfig};
 pub use parse::MAX_DURATION;
 pub use render::{explain, read_pref_names, render_table};
 pub use stall::{

@@ -103,7 +103,9 @@ pub(super) async fn run(
             _ = tick.tick() => {}
         }
         let live = config.load();
-        let Some(f) = live.fleet.as_ref() else { continue };
+        let Some(f) = live.fleet.as_ref() else {
+            continue;
+        };
         let (rate, slots) = (f.max_per_second, f.max_in_flight);
         if rate.is_none() && slots.is_none() {
             share.turn_off();

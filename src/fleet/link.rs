@@ -17,6 +17,7 @@ use tokio::time::{interval, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::{Ctx, Kind, Message, Mine, Own};
+use crate::breaker::Reason;
 use crate::config::FleetConfig;
 
 /// The most opening keys read when (re)joining: each names a namespace with a breaker.
@@ -113,6 +114,7 @@ pub(super) async fn run(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let renew_every = cfg.lease / 3;
     let mut renewed = Instant::now();
+    let mut reconcile_at: Option<Instant> = None;
     // Logged once per outage (and once if Redis is not there at start).
     let mut alone_logged = false;
     ctx.set_connected(false);
@@ -139,6 +141,7 @@ pub(super) async fn run(
                         Ok(l) => {
                             link = Some(l);
                             renewed = Instant::now();
+                            reconcile_at = Some(renewed + cfg.lease);
                             alone_logged = false;
                             ctx.set_connected(true);
                             tracing::info!(redis = %cfg.shown, name = %ctx.fleet.name, openings = mine.open.len(), "fleet: connected to Redis");
@@ -156,7 +159,12 @@ pub(super) async fn run(
                     if renew {
                         renewed = Instant::now();
                     }
-                    l.check(&cfg, &names, &mine, renew).await.err()
+                    let mut r = l.check(&cfg, &names, &mine, renew).await;
+                    if r.is_ok() && reconcile_at.is_some_and(|at| at <= Instant::now()) {
+                        reconcile_at = None;
+                        r = l.reconcile(&cfg, &names, &ctx).await;
+                    }
+                    r.err()
                 }
             },
         };
@@ -220,9 +228,12 @@ async fn join(
         pipe.cmd("PUBLISH").arg(&names.channel).arg(&value).ignore();
     }
     for ns in &mine.unsent_closes {
-        let m = Message::new(Kind::Close, ns, &ctx.fleet.name, crate::breaker::Reason::StaleRouting, "");
+        let m = Message::new(Kind::Close, ns, &ctx.fleet.name, Reason::StaleRouting, "");
         pipe.cmd("DEL").arg(names.key(&m)).ignore();
-        pipe.cmd("PUBLISH").arg(&names.channel).arg(m.encode()).ignore();
+        pipe.cmd("PUBLISH")
+            .arg(&names.channel)
+            .arg(m.encode())
+            .ignore();
     }
     if !mine.open.is_empty() || !mine.unsent_closes.is_empty() {
         within(cfg.timeout, pipe.query_async::<()>(&mut link.conn)).await?;
@@ -295,6 +306,26 @@ impl Link {
         within(cfg.timeout, pipe.query_async::<()>(&mut self.conn)).await
     }
 
+    /// One `lease` after (re)joining, when every live opener has republished: breakers opened
+    /// from the fleet whose opening is no longer in Redis were closed (or their opener died)
+    /// while this instance was away; it missed the close, so it closes them now.
+    async fn reconcile(
+        &mut self,
+        cfg: &FleetConfig,
+        names: &Names,
+        ctx: &Ctx,
+    ) -> Result<(), LinkError> {
+        let found = self.scan(cfg, names).await?;
+        for (ns, opener) in ctx.breakers.opened_by_fleet() {
+            let still = found.iter().any(|m| m.ns == ns && *m.opener == *opener);
+            let gone = Message::new(Kind::Close, &ns, &opener, Reason::StaleRouting, "");
+            if !still && ctx.apply(&gone) {
+                tracing::info!(ns = %ns, opener = %opener, "fleet: closed an opening no longer in Redis");
+            }
+        }
+        Ok(())
+    }
+
     /// The openings in Redis now (at most [`MAX_SCANNED`] keys).
     async fn scan(&mut self, cfg: &FleetConfig, names: &Names) -> Result<Vec<Message>, LinkError> {
         let pattern = format!("{}*", names.keys);
@@ -326,7 +357,12 @@ impl Link {
                 redis::cmd("MGET").arg(chunk).query_async(&mut self.conn),
             )
             .await?;
-            out.extend(values.iter().flatten().filter_map(|v| Message::decode(v).ok()));
+            out.extend(
+                values
+                    .iter()
+                    .flatten()
+                    .filter_map(|v| Message::decode(v).ok()),
+            );
         }
         Ok(out)
     }

@@ -141,7 +141,13 @@ mod tests {
         assert_eq!(bad(&with("a.b", "a", "other")), "unknown cause");
         let long = "x".repeat(MAX_PAYLOAD + 1);
         assert_eq!(Message::decode(long.as_bytes()).unwrap_err(), "too large");
-        let m = Message::new(Kind::Close, "a.b", "o", Reason::StaleRouting, &"é".repeat(400));
+        let m = Message::new(
+            Kind::Close,
+            "a.b",
+            "o",
+            Reason::StaleRouting,
+            &"é".repeat(400),
+        );
         assert!(m.evidence.len() <= MAX_EVIDENCE);
     }
 }

@@ -59,7 +59,9 @@ impl FleetMetrics {
         );
         for direction in ["published", "applied"] {
             for kind in ["open", "close"] {
-                let _ = self.events.get_or_create(&FleetEventLabels { direction, kind });
+                let _ = self
+                    .events
+                    .get_or_create(&FleetEventLabels { direction, kind });
             }
         }
         for result in BUDGET_RESULTS {

@@ -104,7 +104,8 @@ impl FleetShare {
             }
             None => self.rate_on.store(false, Ordering::Release),
         }
-        self.slots.store(slots.unwrap_or(u32::MAX), Ordering::Release);
+        self.slots
+            .store(slots.unwrap_or(u32::MAX), Ordering::Release);
         self.granted_at.store(at, Ordering::Release);
     }
 
@@ -181,7 +182,10 @@ mod tests {
         assert!(r.is_ok());
         assert_eq!(said, ShareSaid::Off);
         share.turn_on(Duration::from_millis(300));
-        assert_eq!(share.take(LadderPermit::default(), t0).1, ShareSaid::Unanswered);
+        assert_eq!(
+            share.take(LadderPermit::default(), t0).1,
+            ShareSaid::Unanswered
+        );
         share.grant(Some((2, Duration::from_millis(500))), Some(1), t0);
         let (a, said) = share.take(LadderPermit::default(), t0);
         assert_eq!(said, ShareSaid::Allowed);
@@ -192,7 +196,10 @@ mod tests {
         );
         drop(a);
         assert_eq!(share.held(), 0);
-        let b = share.take(LadderPermit::default(), t0).0.expect("second start");
+        let b = share
+            .take(LadderPermit::default(), t0)
+            .0
+            .expect("second start");
         drop(b);
         assert_eq!(
             share.take(LadderPermit::default(), t0).0.unwrap_err(),
