@@ -31,9 +31,10 @@
 //! session           the relay: request policy, reply judgement, the ladder's rungs, the
 //!                   orphan estimate
 //! handles           Handles: one Arc of each handle, what session, admin and reload get
+//! fleet             with `[fleet]`: breaker openings, budgets and probe leadership shared
+//!                   through Redis
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
-//! fleet             signals and the write counters sessions feed) · with `[fleet]`, breaker
-//!                   openings and budgets shared through Redis; each gets a few handles
+//!                   signals and the write counters sessions feed); each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
 //!                   choosing and dialing mongos, their health, their ladder guards

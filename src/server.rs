@@ -154,6 +154,7 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
             metrics: shared.metrics.clone(),
             fleet: fleet.clone(),
             share: shared.upstreams.fleet_share.clone(),
+            stall: shared.stall.clone(),
         };
         tracing::info!(redis = %cfg.shown, name = %cfg.name, "fleet: sharing breaker openings through Redis");
         crate::fleet::start(ctx, cfg.clone(), stop.clone());

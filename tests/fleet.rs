@@ -646,3 +646,60 @@ async fn a_partitioned_instance_acts_alone_and_catches_up_on_a_missed_close() {
     stop.cancel();
     let _ = reading.await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_probes_and_a_dead_leader_is_replaced_within_two_leases() {
+    let probe = "[stall_watch]\npassive = false\n[stall_watch.probe]\ninterval = \"300ms\"\nslow = \"200ms\"";
+    let mut fleet = Fleet::start(probe, "[]").await;
+    let probes = "staleguard_probes_total{";
+    let counts = |fleet: &Fleet| {
+        let admins: Vec<SocketAddr> = fleet.instances.iter().map(|i| i.admin).collect();
+        async move {
+            let mut out = Vec::new();
+            for a in admins {
+                out.push(metric(a, probes).await);
+            }
+            out
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = counts(&fleet).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = counts(&fleet).await;
+    let grew: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    println!("probes per instance over 3 s: {grew:?}");
+    let probing: Vec<usize> = (0..3).filter(|&i| grew[i] > 0.0).collect();
+    assert_eq!(probing.len(), 1, "one instance probes: {grew:?}");
+    let total: f64 = grew.iter().sum();
+    assert!(
+        (6.0..=12.0).contains(&total),
+        "one probe per 300 ms: {total}"
+    );
+    // The followers show the leader's signal: the primary stalls, the probe turns slow.
+    fleet.incident();
+    let signal = "staleguard_write_stall_signal{signal=\"probe\"";
+    for i in &fleet.instances {
+        until_metric(i.admin, signal, 1.0, Duration::from_secs(4)).await;
+    }
+    fleet.heal();
+    // The leader dies: another takes the lease within 2 leases (2 s) and probes.
+    let leader = probing[0];
+    drop(fleet.instances.remove(leader));
+    let dead = Instant::now();
+    let start = counts(&fleet).await;
+    loop {
+        let now = counts(&fleet).await;
+        if now.iter().zip(&start).any(|(n, s)| n > s) {
+            break;
+        }
+        assert!(
+            dead.elapsed() < Duration::from_secs(2) + Duration::from_millis(600),
+            "no new leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "new leader probing {:?} after the old one died",
+        dead.elapsed()
+    );
+}

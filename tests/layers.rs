@@ -21,7 +21,9 @@ const LAYERS: &[&[&str]] = &[
     // shared state: live config + generation, ids, runtime facts; the breakers; the upstreams
     &["state", "breaker", "upstream"],
     // background tasks, each given the handles it uses
-    &["health", "stall", "fleet"],
+    &["health", "stall"],
+    // with `[fleet]`: openings, budgets and probe leadership shared through Redis
+    &["fleet"],
     // one Arc of each handle, for session, admin and reload
     &["handles"],
     &["session"],

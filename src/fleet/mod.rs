@@ -11,6 +11,8 @@
 //!   Redis.
 //! - **budgets** (`budget.rs`): `[ladder_guard] fleet_max_per_second` and
 //!   `fleet_max_in_flight` across the fleet, on top of each instance's own guard.
+//! - **one prober** (`leader.rs`): the write probe of each probe id and the `serverStatus`
+//!   poll of each shard run on one instance under a lease; the others show its signals.
 //!
 //! Redis down, slow or cut off: every call has a timeout; the link is checked every
 //! `timeout`, so within about two of them (1 s by default) the instance acts alone (its
@@ -23,6 +25,7 @@
 //! that only queues (`try_send`); everything that talks to Redis runs here (`link.rs`).
 
 mod budget;
+mod leader;
 mod link;
 mod message;
 
@@ -39,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::breaker::{Breakers, Reason, State, Transition};
 use crate::config::{FleetConfig, Mode};
 use crate::metrics::Metrics;
+use crate::stall::StallWatch;
 use crate::state::LiveConfig;
 use crate::upstream::FleetShare;
 
@@ -76,6 +80,8 @@ pub struct Ctx {
     pub fleet: Arc<Fleet>,
     /// Where the budget task puts this instance's share of the fleet budget.
     pub share: Arc<FleetShare>,
+    /// The write-stall watch: which probes and polls this instance leads, and the signals.
+    pub stall: Arc<StallWatch>,
 }
 
 /// One of this instance's own transitions, as the hook queued it.
@@ -114,6 +120,14 @@ pub fn start(ctx: Ctx, fleet: FleetConfig, stop: CancellationToken) {
         ctx.fleet.name.clone(),
         stop.clone(),
     ));
+    let leading = leader::Leading {
+        config: ctx.config.clone(),
+        stall: ctx.stall.clone(),
+        metrics: ctx.metrics.clone(),
+        fleet: fleet.clone(),
+        name: ctx.fleet.name.clone(),
+    };
+    tokio::spawn(leader::run(leading, stop.clone()));
     tokio::spawn(link::run(ctx, fleet, rx, stop));
 }
 
