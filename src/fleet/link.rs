@@ -156,10 +156,18 @@ pub(super) async fn run(
                 }
                 Some(l) => {
                     let renew = renewed.elapsed() >= renew_every;
+                    let mut r = Ok(());
                     if renew {
                         renewed = Instant::now();
+                        for m in mine.prune(&ctx.breakers, &ctx.fleet.name) {
+                            if r.is_ok() {
+                                r = l.publish(&cfg, &names, &m, &mut mine, &ctx).await;
+                            }
+                        }
                     }
-                    let mut r = l.check(&cfg, &names, &mine, renew).await;
+                    if r.is_ok() {
+                        r = l.check(&cfg, &names, &mine, renew).await;
+                    }
                     if r.is_ok() && reconcile_at.is_some_and(|at| at <= Instant::now()) {
                         reconcile_at = None;
                         r = l.reconcile(&cfg, &names, &ctx).await;

@@ -177,6 +177,26 @@ impl Ctx {
 }
 
 impl Mine {
+    /// Openings whose breaker is no longer open here without a transition being reported
+    /// (a reload dropped it, the map evicted it, a queued transition was dropped): closes
+    /// to publish, so their keys stop being renewed.
+    fn prune(&mut self, breakers: &Breakers, name: &str) -> Vec<Message> {
+        let gone: Vec<String> = self
+            .open
+            .keys()
+            .filter(|ns| breakers.state(ns) != State::Open)
+            .cloned()
+            .collect();
+        gone.into_iter()
+            .filter_map(|ns| {
+                let opened = self.open.remove(&ns)?;
+                self.unsent_closes.insert(ns.clone());
+                let why = "its breaker is no longer open here";
+                Some(Message::new(Kind::Close, &ns, name, opened.cause(), why))
+            })
+            .collect()
+    }
+
     /// Notes one of this instance's transitions; returns the message to publish.
     fn note(&mut self, own: Own, name: &str) -> Option<Message> {
         match own.to {
@@ -198,5 +218,39 @@ impl Mine {
                 ))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own(ns: &str, to: State) -> Own {
+        Own {
+            ns: ns.to_string(),
+            to,
+            cause: Reason::TimeLimit,
+            reason: "3 trigger errors".to_string(),
+        }
+    }
+
+    #[test]
+    fn own_openings_are_published_once_and_closed_when_gone() {
+        let mut mine = Mine::default();
+        let m = mine.note(own("pay.tx", State::Open), "sg-1").expect("open");
+        assert_eq!((m.kind, m.opener.as_str()), (Kind::Open, "sg-1"));
+        assert_eq!(m.cause(), Reason::TimeLimit);
+        // A close of something never published is not published.
+        assert!(mine.note(own("pay.other", State::Closed), "sg-1").is_none());
+        // The breaker is not open here (never created in this map): pruned as a close.
+        let breakers = Breakers::default();
+        let closes = mine.prune(&breakers, "sg-1");
+        assert_eq!(closes.len(), 1);
+        assert_eq!(
+            (closes[0].kind, closes[0].ns.as_str()),
+            (Kind::Close, "pay.tx")
+        );
+        assert!(mine.open.is_empty());
+        assert!(mine.unsent_closes.contains("pay.tx"));
     }
 }
