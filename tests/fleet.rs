@@ -558,7 +558,9 @@ async fn a_stopped_redis_leaves_each_instance_alone_within_two_seconds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_budget_holds_primary_rung_reads_across_instances() {
     const FLEET_RATE: f64 = 20.0;
-    let guard = "[ladder_guard]\nmax_per_second = 100\nper_connection_per_second = 100\n\
+    // `budget_timeout` (in `[fleet]`, which the extra lines follow) above its 20 ms default:
+    // on a loaded test machine a refill may take longer, and the share would stand aside.
+    let guard = "budget_timeout = \"200ms\"\n[ladder_guard]\nmax_per_second = 100\nper_connection_per_second = 100\n\
                  fleet_max_per_second = 20\nfleet_max_in_flight = 8";
     let fleet = Fleet::start(guard, "[\"primary\"]").await;
     fleet.incident();

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::StreamExt;
-use redis::aio::{MultiplexedConnection, PubSubStream};
+use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo};
 use tokio::sync::mpsc;
 use tokio::time::{interval, Instant, MissedTickBehavior};
@@ -72,6 +72,9 @@ pub(super) async fn connect(
 
 struct Link {
     conn: MultiplexedConnection,
+    /// The subscription's own connection, pinged too: a subscription cut without a close
+    /// would otherwise miss messages while the command connection answers.
+    sink: PubSubSink,
     messages: PubSubStream,
 }
 
@@ -220,9 +223,11 @@ async fn join(
     let conn = connect(client, cfg).await?;
     let mut pubsub = within(cfg.connect_timeout + cfg.timeout, client.get_async_pubsub()).await?;
     within(cfg.timeout, pubsub.subscribe(&names.channel)).await?;
+    let (sink, messages) = pubsub.split();
     let mut link = Link {
         conn,
-        messages: pubsub.into_on_message(),
+        sink,
+        messages,
     };
     let mut pipe = redis::pipe();
     for m in mine.open.values() {
@@ -311,7 +316,8 @@ impl Link {
                     .ignore();
             }
         }
-        within(cfg.timeout, pipe.query_async::<()>(&mut self.conn)).await
+        within(cfg.timeout, pipe.query_async::<()>(&mut self.conn)).await?;
+        within(cfg.timeout, self.sink.ping::<()>()).await
     }
 
     /// One `lease` after (re)joining, when every live opener has republished: breakers opened
