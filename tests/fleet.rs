@@ -705,3 +705,41 @@ async fn one_instance_probes_and_a_dead_leader_is_replaced_within_two_leases() {
         dead.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openings_of_an_opener_that_dies_close_within_two_leases() {
+    let mut fleet = Fleet::start("", "[]").await;
+    fleet.incident();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let reading = readers(fleet.instances[0].listen, PAYMENTS, 3, stop.clone());
+    until_breaker(
+        fleet.instances[0].admin,
+        NS_PAY,
+        "open",
+        Duration::from_secs(15),
+    )
+    .await;
+    for i in &fleet.instances[1..] {
+        until_breaker(i.admin, NS_PAY, "open", Duration::from_secs(1)).await;
+    }
+    stop.cancel();
+    let _ = reading.await;
+    // Instance 1 dies (SIGKILL: no close published). Its key expires one lease (1 s) after
+    // its last renewal; the others notice at their next comparison, within another lease.
+    drop(fleet.instances.remove(0));
+    let limit = Duration::from_secs(2) + Duration::from_millis(500);
+    futures::future::join_all(
+        fleet
+            .instances
+            .iter()
+            .map(|i| until_breaker(i.admin, NS_PAY, "closed", limit)),
+    )
+    .await;
+    for i in &fleet.instances {
+        let (_, reason) = breaker(i.admin, NS_PAY).await;
+        assert!(
+            reason.starts_with("closed by fleet instance sg-1: its opening is no longer in Redis"),
+            "{reason}"
+        );
+    }
+}

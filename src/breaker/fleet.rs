@@ -71,14 +71,21 @@ impl Breakers {
     }
 
     /// Closes `ns` when fleet instance `opener`'s opening opened it and it is still open
-    /// on that word alone (not held by the write-stall watch).
-    pub fn close_from_fleet(&self, ns: &str, opener: &str, now: Instant) -> Option<Transition> {
+    /// on that word alone (not held by the write-stall watch); `why`: the opener's close
+    /// reason, or why its opening is gone.
+    pub fn close_from_fleet(
+        &self,
+        ns: &str,
+        opener: &str,
+        why: &str,
+        now: Instant,
+    ) -> Option<Transition> {
         let t = {
             let mut b = self.map.get_mut(ns)?;
             if b.state != State::Open || b.held || b.opener.as_deref() != Some(opener) {
                 return None;
             }
-            let why = format!("closed by fleet instance {opener}: its own breaker closed");
+            let why = format!("closed by fleet instance {opener}: {why}");
             Some(self.moved(b.close(why, now)))
         };
         self.report(ns, t)
@@ -115,10 +122,10 @@ mod tests {
             .open_from_fleet(NS, &p, Reason::TimeLimit, "sg-2", "x", t0)
             .is_none());
         assert!(
-            b.close_from_fleet(NS, "sg-2", t0).is_none(),
+            b.close_from_fleet(NS, "sg-2", "x", t0).is_none(),
             "not its opener"
         );
-        let t = b.close_from_fleet(NS, "sg-1", t0).expect("closes");
+        let t = b.close_from_fleet(NS, "sg-1", "x", t0).expect("closes");
         assert_eq!(t.opener.as_deref(), Some("sg-1"));
         assert_eq!(b.state(NS), State::Closed);
         let seen = seen.lock().unwrap();
@@ -151,6 +158,6 @@ mod tests {
         };
         let t = b.record_failure("pay.other", &e, t0).expect("opens");
         assert!(t.opener.is_none());
-        assert!(b.close_from_fleet("pay.other", "sg-1", t0).is_none());
+        assert!(b.close_from_fleet("pay.other", "sg-1", "x", t0).is_none());
     }
 }

@@ -172,7 +172,7 @@ pub(super) async fn run(
                         r = l.check(&cfg, &names, &mine, renew).await;
                     }
                     if r.is_ok() && reconcile_at.is_some_and(|at| at <= Instant::now()) {
-                        reconcile_at = None;
+                        reconcile_at = Some(Instant::now() + cfg.lease);
                         r = l.reconcile(&cfg, &names, &ctx).await;
                     }
                     r.err()
@@ -320,9 +320,10 @@ impl Link {
         within(cfg.timeout, self.sink.ping::<()>()).await
     }
 
-    /// One `lease` after (re)joining, when every live opener has republished: breakers opened
-    /// from the fleet whose opening is no longer in Redis were closed (or their opener died)
-    /// while this instance was away; it missed the close, so it closes them now.
+    /// Every `lease`, from one `lease` after (re)joining (when every live opener has
+    /// republished): breakers opened from the fleet whose opening is no longer in Redis were
+    /// closed while this instance was away, or their opener died (its key expired): it
+    /// closes them. Openings in Redis it does not have (a message it missed) it opens.
     async fn reconcile(
         &mut self,
         cfg: &FleetConfig,
@@ -330,9 +331,15 @@ impl Link {
         ctx: &Ctx,
     ) -> Result<(), LinkError> {
         let found = self.scan(cfg, names).await?;
+        for m in found.iter().filter(|m| m.kind == Kind::Open) {
+            if ctx.apply(m) {
+                tracing::info!(ns = %m.ns, opener = %m.opener, "fleet: applied an opening found in Redis");
+            }
+        }
         for (ns, opener) in ctx.breakers.opened_by_fleet() {
             let still = found.iter().any(|m| m.ns == ns && *m.opener == *opener);
-            let gone = Message::new(Kind::Close, &ns, &opener, Reason::StaleRouting, "");
+            let why = "its opening is no longer in Redis (closed while this instance was away, or its opener stopped)";
+            let gone = Message::new(Kind::Close, &ns, &opener, Reason::StaleRouting, why);
             if !still && ctx.apply(&gone) {
                 tracing::info!(ns = %ns, opener = %opener, "fleet: closed an opening no longer in Redis");
             }

@@ -166,7 +166,7 @@ impl Ctx {
             }
             Kind::Close => self
                 .breakers
-                .close_from_fleet(&m.ns, &m.opener, now)
+                .close_from_fleet(&m.ns, &m.opener, &m.evidence, now)
                 .is_some(),
         };
         if changed {
