@@ -1,6 +1,7 @@
 //! `[fleet]` with a real Redis (Debian's `redis-server`, started here on a free port with no
-//! persistence; `.ci/run` installs it, and these tests fail, never skip, without it): three
-//! `staleguard` processes (the binary) in front of the simulated cluster.
+//! persistence, never the system service; `.ci/run` installs it, as root these tests do too,
+//! and they fail, never skip, without it): three `staleguard` processes (the binary) in front
+//! of the simulated cluster.
 //!
 //! - an incident seen only through instance 1 opens the strict breaker on 2 and 3 within 1 s,
 //!   with a reason naming instance 1; its close closes theirs;
@@ -9,7 +10,11 @@
 //! - Redis killed and restarted during an incident: no client error, every `/readyz` stays
 //!   200, `staleguard_fleet_connected` goes 0 then 1, and the opening is published again;
 //! - Redis stopped (SIGSTOP: connections accepted, nothing answered): each instance acts
-//!   alone within 2 s, and rejoins when it answers again.
+//!   alone within 2 s, and rejoins when it answers again;
+//! - one instance cut off from Redis (a forwarder that accepts and stalls) acts alone within
+//!   2 s, and on its return closes the breaker whose close it missed;
+//! - the breakers an opener opened elsewhere close within 2 leases after it dies;
+//! - one instance probes per interval, and a dead leader is replaced within 2 leases.
 
 mod ops_support;
 mod support;
@@ -33,6 +38,30 @@ const INVENTORY: (&str, &str) = ("demo", "store_inventory");
 // ---------------------------------------------------------------------------------------
 // Redis
 
+fn in_path(name: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+}
+
+/// Debian's `redis-server` (and `redis-cli`), installed with apt-get when missing (as root,
+/// once per test binary); the tests fail when they still cannot be found.
+fn installed() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    if !in_path("redis-server") || !in_path("redis-cli") {
+        INSTALL.call_once(|| {
+            eprintln!("installing Debian's redis-server for the fleet tests (apt-get)");
+            let _ = Command::new("sh")
+                .arg("-c")
+                .arg("DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null")
+                .status();
+        });
+    }
+    assert!(
+        in_path("redis-server") && in_path("redis-cli"),
+        "redis-server or redis-cli not found: install Debian's `redis-server` package (apt-get install redis-server; .ci/run does)"
+    );
+}
+
 /// A `redis-server` of this test's own, on `port`.
 struct Redis {
     port: u16,
@@ -49,6 +78,7 @@ impl Redis {
     }
 
     fn on(port: u16) -> Redis {
+        installed();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
