@@ -34,6 +34,7 @@
 
 mod bound;
 mod entry;
+mod fleet;
 mod hold;
 mod snapshot;
 
@@ -85,6 +86,10 @@ pub struct Transition {
     pub from: State,
     pub to: State,
     pub reason: String,
+    /// What the breaker stands open for (the fail-fast reply's code): the opening's kind.
+    pub cause: Reason,
+    /// The fleet instance whose opening opened it (`fleet`); none for this instance's own.
+    pub opener: Option<Arc<str>>,
 }
 
 /// How a sample (a read admitted as `Probe` or `Bounded`) ended, for [`Breakers::sampled`].
@@ -118,6 +123,8 @@ pub struct Breakers {
     metrics: Arc<Metrics>,
     /// While the write-stall watch holds fallback breakers open: why (see `hold`).
     hold: Mutex<Option<String>>,
+    /// Told of every transition after it is counted (`fleet.rs`): must not block.
+    hook: std::sync::OnceLock<fleet::Hook>,
 }
 
 pub const DEFAULT_MAX_BREAKERS: usize = 10_000;
@@ -143,6 +150,7 @@ impl Breakers {
             not_closed: AtomicUsize::new(0),
             metrics,
             hold: Mutex::new(None),
+            hook: std::sync::OnceLock::new(),
         }
     }
 
@@ -178,6 +186,9 @@ impl Breakers {
                 t.to == State::Open,
                 &t.reason,
             ));
+            if let Some(hook) = self.hook.get() {
+                hook.call(ns, t);
+            }
         }
         t
     }

@@ -10,10 +10,11 @@ use tokio::sync::Semaphore;
 
 use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
 use crate::config::Config;
+use crate::fleet::Fleet;
 use crate::metrics::Metrics;
 use crate::stall::StallWatch;
 use crate::state::{ClientSlots, Ids, LiveConfig, Runtime};
-use crate::upstream::Upstreams;
+use crate::upstream::{Denied, LadderPermit, ShareSaid, Upstreams};
 
 /// Everything the server starts its tasks with (and what `Running::shared` shows tests).
 #[derive(Debug)]
@@ -35,6 +36,8 @@ pub struct Handles {
     pub clients: Arc<ClientSlots>,
     /// What every session is given (the server sets its kill flag).
     pub sessions: Arc<SessionHandles>,
+    /// `[fleet]`: this instance's name and whether Redis answers (none without the section).
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 /// What a session uses.
@@ -92,6 +95,7 @@ impl Handles {
         let breakers = Breakers::with_metrics(DEFAULT_MAX_BREAKERS, metrics.clone());
         breakers.set_patterns(&config.policy, config.breaker_share);
         let upstreams = Arc::new(Upstreams::new(config.upstreams.clone()));
+        let fleet = config.fleet.as_ref().map(|f| Arc::new(Fleet::new(f)));
         let config = Arc::new(LiveConfig::new(config));
         let breakers = Arc::new(breakers);
         let stall = Arc::new(StallWatch::new());
@@ -116,6 +120,7 @@ impl Handles {
             runtime: Arc::default(),
             clients: Arc::default(),
             sessions,
+            fleet,
         }
     }
 
@@ -140,5 +145,25 @@ impl Handles {
             metrics: self.metrics.clone(),
             runtime: self.runtime.clone(),
         }
+    }
+}
+
+impl SessionHandles {
+    /// A primary-rung read the local guard let through, judged by this instance's share of
+    /// the fleet budget (`[fleet]`; without a budget it passes untouched).
+    pub fn fleet_budget(
+        &self,
+        permit: LadderPermit,
+        now: tokio::time::Instant,
+    ) -> Result<LadderPermit, Denied> {
+        let (r, said) = self.upstreams.fleet_share.take(permit, now);
+        let result = match said {
+            ShareSaid::Off => return r,
+            ShareSaid::Allowed => "allowed",
+            ShareSaid::Denied => "denied",
+            ShareSaid::Unanswered => "unanswered",
+        };
+        self.metrics.fleet.budget(result);
+        r
     }
 }

@@ -32,6 +32,8 @@
 //!                   orphan estimate
 //! handles           Handles: one Arc of each handle (the server's); the narrow views it
 //!                   hands out: SessionHandles, AdminHandles, ReloadHandles
+//! fleet             with `[fleet]`: breaker openings, budgets and probe leadership shared
+//!                   through Redis
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
 //!                   signals and the write counters sessions feed); each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
@@ -77,6 +79,7 @@ pub mod config;
 #[cfg(feature = "sim")]
 pub mod demo_proxy;
 pub mod events;
+pub mod fleet;
 pub mod handles;
 pub mod health;
 pub mod logs;

@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 mod breaker;
+mod fleet;
 mod hot;
 mod ladder;
 pub mod latency;
@@ -24,6 +25,7 @@ mod limits;
 mod stall;
 mod totals;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
+pub use fleet::{BudgetLabel, FleetEventLabels, FleetMetrics, BUDGET_RESULTS};
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
@@ -145,6 +147,8 @@ pub struct Metrics {
     /// Not metrics: the recent events and the series of the status page's plots (here so
     /// that everything that makes an event already holds it).
     pub recent: crate::events::Recent,
+    /// `[fleet]` only (registered by [`Metrics::register_fleet`]).
+    pub fleet: FleetMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -193,6 +197,7 @@ impl Metrics {
             limits: LimitMetrics::default(),
             breakers: BreakerMetrics::default(),
             recent: crate::events::Recent::default(),
+            fleet: FleetMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -281,6 +286,13 @@ impl Metrics {
             let _ = m.reloads.get_or_create(&ResultLabel { result });
         }
         m
+    }
+
+    /// Adds the fleet's metrics to the registry (once, when `[fleet]` starts).
+    pub fn register_fleet(&self) {
+        if let Ok(mut r) = self.registry.lock() {
+            self.fleet.register(&mut r);
+        }
     }
 
     /// The Prometheus text exposition of every metric.

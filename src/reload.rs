@@ -5,7 +5,8 @@
 //!
 //! What survives a reload: breakers whose namespace is still governed by the same pattern
 //! with the same mode; upstreams still listed (with their health). Settings that need a
-//! restart (`listen`, `layout`, `[admin] listen`, turning `[tls]` on or off) keep their old
+//! restart (`listen`, `layout`, `[admin] listen`, turning `[tls]` on or off, `[fleet]` but
+//! its budgets) keep their old
 //! values, with a warning.
 
 use std::cell::RefCell;
@@ -146,6 +147,10 @@ fn keep_restart_only(old: &Config, new: &mut Config) -> Vec<String> {
         ));
         new.tls.clone_from(&old.tls);
     }
+    w.extend(crate::config::FleetConfig::keep_on_reload(
+        &old.fleet,
+        &mut new.fleet,
+    ));
     w
 }
 

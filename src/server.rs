@@ -147,6 +147,18 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
         breakers: shared.breakers.clone(),
     };
     stall::start(watch, stop.clone());
+    if let (Some(fleet), Some(cfg)) = (&shared.fleet, &shared.config.load().fleet) {
+        let ctx = crate::fleet::Ctx {
+            config: shared.config.clone(),
+            breakers: shared.breakers.clone(),
+            metrics: shared.metrics.clone(),
+            fleet: fleet.clone(),
+            share: shared.upstreams.fleet_share.clone(),
+            stall: shared.stall.clone(),
+        };
+        tracing::info!(redis = %cfg.shown, name = %cfg.name, "fleet: sharing breaker openings through Redis");
+        crate::fleet::start(ctx, cfg.clone(), stop.clone());
+    }
     if from_file {
         if let Err(e) = reload::watch(Arc::new(shared.reload()), stop.clone()) {
             tracing::warn!(error = %e, "config file changes will not be noticed; SIGHUP still reloads");

@@ -1,10 +1,13 @@
 //! Connecting to mongos: round-robin over the configured routers, healthy ones first
 //! (health is recorded here by the `health` checker), over TCP or TLS (`[upstream_tls]`).
-//! Each router also guards its primary rung (`ladder`: reads sent to the primary).
+//! Each router also guards its primary rung (`ladder`: reads sent to the primary); with
+//! `[fleet]` budgets, this instance's share of the fleet's (`share`) is taken on top.
 
 mod ladder;
+mod share;
 
 pub use ladder::{ConnLadder, Denied, LadderGuard, LadderPermit};
+pub use share::{FleetShare, ShareSaid};
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -147,6 +150,8 @@ impl Upstream {
 pub struct Upstreams {
     list: ArcSwap<Vec<Arc<Upstream>>>,
     next: AtomicUsize,
+    /// This instance's share of the fleet's primary-rung budget (off without `[fleet]`).
+    pub fleet_share: Arc<FleetShare>,
 }
 
 impl Upstreams {
@@ -155,6 +160,7 @@ impl Upstreams {
         Upstreams {
             list: ArcSwap::from_pointee(list.collect()),
             next: AtomicUsize::new(0),
+            fleet_share: Arc::default(),
         }
     }
 

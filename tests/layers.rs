@@ -26,6 +26,8 @@ const LAYERS: &[&[&str]] = &[
     &["state", "breaker", "upstream"],
     // background tasks, each given the handles it uses
     &["health", "stall"],
+    // with `[fleet]`: openings, budgets and probe leadership shared through Redis
+    &["fleet"],
     // one Arc of each handle, for session, admin and reload
     &["handles"],
     &["session"],

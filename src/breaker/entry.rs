@@ -39,6 +39,9 @@ pub(super) struct Breaker {
     /// Samples answered in a row while open (reset by a failed one), since when, and the
     /// first connections they came from.
     pub(super) streak: Streak,
+    /// The fleet instance whose opening opened this breaker (see `fleet`); none when it
+    /// opened on this instance's own evidence, and always none while closed.
+    pub(super) opener: Option<std::sync::Arc<str>>,
     /// When an eligible read last met it, in ms since `Breakers::epoch` (0: never); kept
     /// by `Breakers::touch` under the map's read lock.
     pub(super) last_read: AtomicU64,
@@ -100,6 +103,7 @@ impl Breaker {
             step: 0,
             early: false,
             streak: Streak::default(),
+            opener: None,
             last_read: AtomicU64::new(0),
         }
     }
@@ -109,6 +113,8 @@ impl Breaker {
             from: self.state,
             to,
             reason: reason.clone(),
+            cause: self.reason,
+            opener: self.opener.clone(),
         };
         self.state = to;
         self.last_transition = now;
@@ -140,7 +146,9 @@ impl Breaker {
         self.step = 0;
         self.early = false;
         self.streak = Streak::default();
-        self.move_to(State::Closed, why, now)
+        let t = self.move_to(State::Closed, why, now);
+        self.opener = None;
+        t
     }
 
     /// What an eligible read meets now, without claiming anything (a read lock is enough):

@@ -25,7 +25,7 @@
 //! `policy::PolicyTable` (the policy types live in `policy`; they are re-exported here).
 //! The operations sections (`[admin]`, `[tls]`, `[upstream_tls]`, health checks) live in
 //! `ops`; TLS files are read while validating, so a missing file names its key and line.
-//! The write-stall watch (`[stall_watch]`) lives in `stall`. `render` draws the effective
+//! The write-stall watch (`[stall_watch]`) lives in `stall`; `[fleet]` in `fleet`. `render` draws the effective
 //! config for `staleguard check-config`.
 
 use std::path::PathBuf;
@@ -34,6 +34,7 @@ use std::time::Duration;
 use crate::tls::{ServerTls, UpstreamTls};
 
 mod entry;
+mod fleet;
 mod namespaces;
 mod ops;
 mod parse;
@@ -44,6 +45,7 @@ mod stall;
 mod values;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
+pub use fleet::{masked as masked_url, FleetConfig};
 pub use ops::{
     DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
     DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
@@ -131,6 +133,10 @@ pub struct Config {
     /// exact patterns do not reserve) one wildcard pattern may hold. Default 0.5; above 0,
     /// at most 1. Reloads.
     pub breaker_share: f64,
+    /// `[fleet]`: shared breaker openings and fleet budgets through Redis (see `fleet`).
+    /// Default none: no Redis code runs. Needs a restart, but for
+    /// `[ladder_guard] fleet_max_per_second` and `fleet_max_in_flight`, which reload.
+    pub fleet: Option<FleetConfig>,
 }
 
 /// The admin endpoint's bounds on its HTTP clients.
@@ -322,6 +328,7 @@ impl Config {
             ladder_guard: LadderGuardConfig::default(),
             limits: Limits::default(),
             breaker_share: DEFAULT_BREAKER_SHARE,
+            fleet: None,
         }
     }
 }

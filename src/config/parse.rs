@@ -12,7 +12,7 @@ use super::entry::RawEntry;
 use super::namespaces;
 use super::scalars::{check_addr, duration};
 use super::spans::{key_at, Ctx};
-use super::{ops, stall, Config, ConfigError, LadderGuardConfig, Layout, Limits};
+use super::{fleet, ops, stall, Config, ConfigError, LadderGuardConfig, Layout, Limits};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
 
 impl Config {
@@ -87,6 +87,7 @@ struct RawConfig {
     upstream_tls: Option<Spanned<ops::RawUpstreamTls>>,
     stall_watch: Option<Spanned<stall::RawStall>>,
     ladder_guard: Option<Spanned<RawLadderGuard>>,
+    fleet: Option<Spanned<fleet::RawFleet>>,
     defaults: Option<Spanned<RawEntry>>,
     #[serde(default)]
     namespaces: Vec<Spanned<RawEntry>>,
@@ -99,6 +100,8 @@ struct RawLadderGuard {
     per_connection: Option<Spanned<i64>>,
     max_per_second: Option<Spanned<i64>>,
     per_connection_per_second: Option<Spanned<i64>>,
+    fleet_max_per_second: Option<Spanned<i64>>,
+    fleet_max_in_flight: Option<Spanned<i64>>,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -153,6 +156,12 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
     let ladder_guard = ladder_guard(ctx, raw.ladder_guard.as_ref(), policy.as_ref());
     let limits = limits(ctx, &raw);
     let breaker_share = breaker_share(ctx, raw.breaker_share.as_ref());
+    let guard = raw.ladder_guard.as_ref().map(|g| g.get_ref());
+    let budgets = [
+        guard.and_then(|g| g.fleet_max_per_second.as_ref()),
+        guard.and_then(|g| g.fleet_max_in_flight.as_ref()),
+    ];
+    let fleet = fleet::fleet(ctx, raw.fleet.as_ref(), &listen, budgets);
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -173,6 +182,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         ladder_guard: ladder_guard?,
         limits: limits?,
         breaker_share: breaker_share?,
+        fleet: fleet.ok()?,
     })
 }
 

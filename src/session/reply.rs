@@ -335,7 +335,16 @@ impl Handler {
         // has its final reply.
         let queued = !self.peers.all_answered();
         match self.reads.claim_ladder(self.config.ladder_guard, queued)? {
-            Ok(permit) => Some(permit),
+            // Within the local guard: then within this instance's share of the fleet
+            // budget (`[fleet]`; passes untouched without one).
+            Ok(permit) => match self.shared.fleet_budget(permit, Instant::now()) {
+                Ok(permit) => Some(permit),
+                Err(denied) => {
+                    self.meter.ladder_not_sent(ns, "primary", "denied");
+                    tracing::debug!(ns = %ns, limit = denied.as_str(), "primary rung refused by the fleet budget");
+                    None
+                }
+            },
             Err((denied, held)) => {
                 self.meter.ladder_not_sent(ns, "primary", "denied");
                 tracing::debug!(ns = %ns, limit = denied.as_str(), held, upstream = %self.upstream, "primary rung refused by the ladder guard");

@@ -58,7 +58,7 @@ pub struct ShardReading {
 
 /// Which conditions hold. `tickets_low` is none when it does not apply (7.0+, or the field
 /// is missing); `rate_low` is false until there is a baseline to compare with.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Conditions {
     pub tickets_low: Option<bool>,
     pub writers_queued: bool,
@@ -170,7 +170,12 @@ pub async fn run(shared: Ctx, stop: CancellationToken) {
             built = Some(shards.clone());
         }
         let rule = Rule::of(&shards);
-        let polls = pollers.iter_mut().map(|p| p.poll(&shared, &shards, rule));
+        // With `[fleet]`, a shard another instance leads is polled there (its signal comes
+        // through Redis).
+        let polls = pollers
+            .iter_mut()
+            .filter(|p| shared.stall.leads(&format!("shard:{}", p.hosts)))
+            .map(|p| p.poll(&shared, &shards, rule));
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = futures::future::join_all(polls) => {}
@@ -188,15 +193,19 @@ async fn sleep_or_stop(stop: &CancellationToken, d: Duration) -> bool {
     }
 }
 
+/// The signal's target for a shard URI: its hosts.
+pub fn shard_target(uri: &str) -> String {
+    uri.trim_start_matches("mongodb://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
 async fn build(c: &ShardsConfig) -> Vec<Poller> {
     let mut out = Vec::new();
     for uri in &c.uris {
-        let hosts = uri
-            .trim_start_matches("mongodb://")
-            .split(['/', '?'])
-            .next()
-            .unwrap_or("")
-            .to_string();
+        let hosts = shard_target(uri);
         let client = match client(c, uri).await {
             Ok(cl) => Some(cl),
             Err(e) => {

@@ -34,7 +34,7 @@ use crate::breaker::Breakers;
 use crate::metrics::Metrics;
 use crate::state::LiveConfig;
 
-pub use composite::{Conditions, Rule, RuleState, ShardReading};
+pub use composite::{shard_target, Conditions, Rule, RuleState, ShardReading};
 pub use passive::{
     is_write_command, stalled as passive_stalled, PassiveSample, SessionWrites, UpstreamWrites,
     WriteTracker,

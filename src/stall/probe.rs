@@ -68,6 +68,11 @@ pub async fn run(shared: Ctx, stop: CancellationToken) {
         }
         for (upstream, client) in &clients {
             for id in &probe.ids {
+                // With `[fleet]`, an id another instance leads is probed there (its signal
+                // comes through Redis).
+                if !shared.stall.leads(&format!("probe:{id}")) {
+                    continue;
+                }
                 let key = target(upstream, id);
                 if !lock(&busy).insert(key.clone()) {
                     // The last probe is still out (its timeout is at most the interval).

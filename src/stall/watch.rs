@@ -1,13 +1,13 @@
 //! The watch's shared state: every signal (kind, target, raised or clear, evidence), the
 //! per-upstream write counters the sessions feed, and whether the action is on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use dashmap::DashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::{lock, Conditions, UpstreamWrites};
@@ -33,7 +33,7 @@ impl SignalKind {
 }
 
 /// The numbers behind a signal; only the fields of its kind are set.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub writes_in_flight: Option<u32>,
@@ -131,6 +131,10 @@ pub struct StallWatch {
     pub(super) holding: AtomicBool,
     /// Some signal was raised at the last tick (to notice the moment every one clears).
     pub(super) was_raised: AtomicBool,
+    /// With `[fleet]`: the probe ids (`probe:<id>`) and shards (`shard:<hosts>`) this
+    /// instance leads; the others' signals come from their leader through Redis. None (no
+    /// fleet, or Redis unreachable): it leads every one.
+    led: Mutex<Option<HashSet<String>>>,
 }
 
 impl Default for StallWatch {
@@ -147,12 +151,25 @@ impl StallWatch {
             signals: Mutex::new(BTreeMap::new()),
             holding: AtomicBool::new(false),
             was_raised: AtomicBool::new(false),
+            led: Mutex::new(None),
         }
     }
 
     /// The watch's clock: ms since its epoch, plus one (0 means "none" in the atomics).
     pub(crate) fn clock(&self, now: Instant) -> u64 {
         now.saturating_duration_since(self.epoch).as_millis() as u64 + 1
+    }
+
+    /// This instance probes or polls `what` (`probe:<id>`, `shard:<hosts>`) itself.
+    pub fn leads(&self, what: &str) -> bool {
+        lock(&self.led)
+            .as_ref()
+            .is_none_or(|led| led.contains(what))
+    }
+
+    /// What this instance leads from now on (`None`: everything, as without a fleet).
+    pub fn set_led(&self, led: Option<HashSet<String>>) {
+        *lock(&self.led) = led;
     }
 
     /// The tracker of one upstream (created on first use).

@@ -35,6 +35,10 @@ pub enum Denied {
     ConnectionInFlight,
     /// The read's connection started `per_connection_per_second` within this second already.
     ConnectionRate,
+    /// The fleet's `fleet_max_per_second` is spent for this second (`[fleet]`).
+    FleetRate,
+    /// The fleet's `fleet_max_in_flight` slots are taken (`[fleet]`).
+    FleetInFlight,
 }
 
 impl Denied {
@@ -45,6 +49,8 @@ impl Denied {
             Denied::Queued => "queued",
             Denied::ConnectionInFlight => "per_connection",
             Denied::ConnectionRate => "per_connection_per_second",
+            Denied::FleetRate => "fleet_max_per_second",
+            Denied::FleetInFlight => "fleet_max_in_flight",
         }
     }
 }
@@ -107,6 +113,7 @@ impl LadderGuard {
         }
         Ok(LadderPermit {
             guard: Some(self.clone()),
+            share: None,
         })
     }
 
@@ -162,12 +169,25 @@ const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct LadderPermit {
     guard: Option<Arc<LadderGuard>>,
+    /// The slot of the fleet's budget it also holds (`[fleet]`).
+    share: Option<Arc<super::FleetShare>>,
+}
+
+impl LadderPermit {
+    /// The permit also holds a slot of the fleet's share, freed with it.
+    pub(super) fn with_share(mut self, share: Arc<super::FleetShare>) -> LadderPermit {
+        self.share = Some(share);
+        self
+    }
 }
 
 impl Drop for LadderPermit {
     fn drop(&mut self) {
         if let Some(g) = self.guard.take() {
             g.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(s) = self.share.take() {
+            s.release();
         }
     }
 }

@@ -1,0 +1,81 @@
+//! The fleet's metrics (`[fleet]`, see `fleet`): whether this instance reaches Redis, the
+//! openings and closes it published and applied, and what the fleet budget said to
+//! primary-rung reads. Registered only when `[fleet]` is set, so an instance without it
+//! exports what it did before.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FleetEventLabels {
+    /// `published` (this instance's own) or `applied` (another's, changing a breaker here).
+    pub direction: &'static str,
+    /// `open` or `close`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabel {
+    pub result: &'static str,
+}
+
+/// The `result` labels of `fleet_budget_total`: `allowed`, `denied` (the fleet's budget is
+/// spent), `unanswered` (Redis did not answer within `budget_timeout`, or the link is
+/// down: the local guard alone decided).
+pub const BUDGET_RESULTS: [&str; 3] = ["allowed", "denied", "unanswered"];
+
+#[derive(Default)]
+pub struct FleetMetrics {
+    pub connected: Gauge,
+    pub events: Family<FleetEventLabels, Counter>,
+    pub budget: Family<BudgetLabel, Counter>,
+}
+
+impl std::fmt::Debug for FleetMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetMetrics").finish_non_exhaustive()
+    }
+}
+
+impl FleetMetrics {
+    pub(super) fn register(&self, r: &mut Registry) {
+        r.register(
+            "fleet_connected",
+            "1 while this instance reaches the fleet's Redis, 0 while it acts alone",
+            self.connected.clone(),
+        );
+        r.register(
+            "fleet_events",
+            "Breaker openings and closes shared through the fleet: published (this instance's own) or applied (another's, changing a breaker here), by kind (open, close)",
+            self.events.clone(),
+        );
+        r.register(
+            "fleet_budget",
+            "Primary-rung reads judged by the fleet budget: allowed, denied (the fleet's budget spent), unanswered (Redis did not answer in time: the local guard alone decided)",
+            self.budget.clone(),
+        );
+        for direction in ["published", "applied"] {
+            for kind in ["open", "close"] {
+                let _ = self
+                    .events
+                    .get_or_create(&FleetEventLabels { direction, kind });
+            }
+        }
+        for result in BUDGET_RESULTS {
+            let _ = self.budget.get_or_create(&BudgetLabel { result });
+        }
+    }
+
+    pub fn event(&self, direction: &'static str, kind: &'static str) {
+        self.events
+            .get_or_create(&FleetEventLabels { direction, kind })
+            .inc();
+    }
+
+    pub fn budget(&self, result: &'static str) {
+        self.budget.get_or_create(&BudgetLabel { result }).inc();
+    }
+}
