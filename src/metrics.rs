@@ -17,12 +17,14 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 mod breaker;
+mod exposition;
 mod hot;
 mod ladder;
 pub mod latency;
 mod limits;
 mod stall;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
+pub use exposition::Format;
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
@@ -193,7 +195,7 @@ impl Metrics {
                 m.client_connections.clone(),
             );
             r.register(
-                "client_connections",
+                "client_connections_accepted",
                 "Client connections accepted",
                 m.client_connections_total.clone(),
             );
@@ -270,13 +272,19 @@ impl Metrics {
         m
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Every metric in OpenMetrics (see [`Metrics::render_as`]).
     pub fn render(&self) -> String {
-        let mut out = String::new();
+        self.render_as(Format::OpenMetrics)
+    }
+
+    /// Every metric in `format` (counter families named by their `_total` sample in both,
+    /// see `metrics/exposition.rs`).
+    pub fn render_as(&self, format: Format) -> String {
+        let mut om = String::new();
         if let Ok(r) = self.registry.lock() {
-            let _ = encode(&mut out, &r);
+            let _ = encode(&mut om, &r);
         }
-        out
+        exposition::finish(&om, format)
     }
 
     /// The `command` label for a command name (bounded set).
