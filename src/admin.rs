@@ -5,6 +5,7 @@
 //! stop that waits for no peer.
 
 mod conn;
+mod dry_run;
 mod page;
 pub mod status;
 

@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 mod breaker;
+mod dry_run;
 mod exposition;
 mod hot;
 mod ladder;
@@ -24,6 +25,7 @@ pub mod latency;
 mod limits;
 mod stall;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
+pub use dry_run::{DryRunMetrics, NsAction, DRY_RUN_ACTIONS};
 pub use exposition::Format;
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
@@ -141,6 +143,8 @@ pub struct Metrics {
     pub limits: LimitMetrics,
     /// Breaker transitions and confirming reads.
     pub breakers: BreakerMetrics,
+    /// What dry-run namespaces would have done.
+    pub dry_run: DryRunMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -187,6 +191,7 @@ impl Metrics {
             ladder: LadderMetrics::default(),
             limits: LimitMetrics::default(),
             breakers: BreakerMetrics::default(),
+            dry_run: DryRunMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -263,6 +268,7 @@ impl Metrics {
             m.ladder.register(&mut r);
             m.limits.register(&mut r);
             m.breakers.register(&mut r);
+            m.dry_run.register(&mut r);
         }
         // Both outcomes exist from the start at 0, so the first failed reload is an
         // increase that `increase()`/`rate()` can see (a series born at 1 is not).

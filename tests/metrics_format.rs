@@ -10,10 +10,7 @@ mod policy_support;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
@@ -23,6 +20,7 @@ use mongodb::{Client, Collection};
 use staleguard::breaker::State;
 
 use ops_support::http::{get, Response};
+use ops_support::promtool::check_metrics;
 use policy_support::*;
 use support::mongos::Hooked;
 
@@ -54,51 +52,6 @@ pattern = "demo.store_inventory"
 mode = "fallback"
 {FAST}"#
     )
-}
-
-fn find_in_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// `promtool`, installed from Debian's `prometheus` package when missing (as root); the
-/// test fails when it still cannot be found.
-fn promtool() -> PathBuf {
-    if find_in_path("promtool").is_none() {
-        eprintln!("installing Debian's prometheus package for promtool (apt-get)");
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg("DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null")
-            .status();
-    }
-    find_in_path("promtool").unwrap_or_else(|| {
-        panic!("`promtool` not found: install Debian's `prometheus` package (apt-get install prometheus; .ci/run does)")
-    })
-}
-
-/// `promtool check metrics` on `body`: (exit status success, its output).
-fn promtool_check(body: &str) -> (bool, String) {
-    let mut child = Command::new(promtool())
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(body.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 fn coll(client: &Client, ns: &str, pref: ReadPreference) -> Collection<Document> {
@@ -286,7 +239,7 @@ async fn metrics_pass_promtool_in_both_formats_and_count_every_decision() {
     assert!(om.body.ends_with("# EOF\n"), "{}", om.body);
     assert!(!text.body.contains("# EOF"), "{}", text.body);
     for (what, body) in [("text", &text.body), ("OpenMetrics", &om.body)] {
-        let (ok, out) = promtool_check(body);
+        let (ok, out) = check_metrics(body);
         assert!(ok, "promtool check metrics ({what}):\n{out}\n{body}");
         let kinds = families(body);
         // The gauge of open connections and the counter of accepted ones are two names.

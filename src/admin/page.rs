@@ -83,6 +83,7 @@ pub fn render(s: &Status) -> String {
     banners(&mut out, s);
     out.push_str("<h2>Namespaces</h2>");
     namespaces(&mut out, &s.namespaces);
+    super::dry_run::render(&mut out, &s.namespaces);
     out.push_str("<h2>Write-stall watch</h2>");
     write_stall(&mut out, &s.write_stall);
     out.push_str("<h2>Upstreams</h2>");

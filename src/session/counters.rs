@@ -119,6 +119,15 @@ impl Counters {
         }
     }
 
+    /// An `action` a dry run held back on `ns` (counted at once, through the namespace's
+    /// cached handles).
+    pub(super) fn dry_run(&mut self, metrics: &Metrics, ns: &str, action: &'static str) {
+        self.hot(metrics, ns);
+        if let Some(h) = &self.hot {
+            metrics.hot_dry_run(h, action);
+        }
+    }
+
     /// Documents seen twice in one `available` reply on `ns` (0 too: the series exists
     /// from the first such reply).
     pub(super) fn orphans(&mut self, metrics: &Metrics, ns: &str, n: u64) {

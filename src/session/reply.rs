@@ -64,6 +64,8 @@ pub(super) struct Tracked {
     pub(super) seq: u64,
     /// A repeated `_id` in its result can only be an orphan (`CommandInfo::unique_ids`).
     pub(super) unique_ids: bool,
+    /// A dry run's read: a rung it would climb is counted, not climbed.
+    pub(super) dry: bool,
 }
 
 impl Tracked {
@@ -205,7 +207,15 @@ impl Session {
             }
         };
         let answered = status.as_ref().is_ok_and(|s| s.ok);
-        let verdict = policy::judge(&t.read(), ending, now);
+        let mut verdict = policy::judge(&t.read(), ending, now);
+        if t.dry {
+            let (held, would) = policy::dry_verdict(verdict);
+            if let Some(action) = would {
+                tracing::debug!(ns = %t.ns, command = %t.command, action, dry_run = true, "would climb (dry run)");
+                self.counters.dry_run(&self.shared.metrics, &t.ns, action);
+            }
+            verdict = held;
+        }
         self.apply_verdict(t, verdict, answered, now)
     }
 

@@ -30,6 +30,9 @@ struct Attempt {
     budget_ms: Option<i64>,
     /// The upstream's ladder slot (primary rung).
     permit: Option<crate::upstream::LadderPermit>,
+    /// A dry run's read: `primary` and `retry` are the rungs it would climb, counted, not
+    /// climbed.
+    dry: bool,
 }
 
 impl Attempt {
@@ -44,6 +47,7 @@ impl Attempt {
             limit_ours: false,
             budget_ms: None,
             permit: None,
+            dry: false,
         }
     }
 }
@@ -56,6 +60,8 @@ struct Governed<'r, 'a> {
     target: &'r Target<'a>,
     ns: &'r str,
     now: Instant,
+    /// What a dry run held back.
+    held: Option<policy::HeldBack>,
 }
 
 impl Session {
@@ -84,9 +90,12 @@ impl Session {
         let now = Instant::now();
         let admission = self.admit(&target, &ns, now);
         let decided = policy::decide(&target, &info, admission);
-        let (decision, held_back) = policy::apply_dry_run(decided, &target.policy);
-        if let Some(would) = held_back {
-            tracing::debug!(ns = %ns, command = info.name, decision = would, dry_run = true, "would act (dry run)");
+        let (decision, held) = policy::apply_dry_run(decided, &target.policy);
+        if let Some(h) = held {
+            tracing::debug!(ns = %ns, command = info.name, decision = h.name, dry_run = true, "would act (dry run)");
+            if let Some(action) = h.action {
+                self.counters.dry_run(&self.shared.metrics, &ns, action);
+            }
         }
         let governed = Governed {
             req: &req,
@@ -94,6 +103,7 @@ impl Session {
             target: &target,
             ns: &ns,
             now,
+            held,
         };
         self.apply(decision, governed);
         self.ns_buf = ns;
@@ -228,9 +238,12 @@ impl Session {
         if bounded.is_some() {
             tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent bounded by open_time_limit");
         }
+        // A dry run's read is judged with the rungs it would have had (see `reply.rs`).
+        let (primary, retry) = g.held.map_or((primary, retry), |h| (h.primary, h.retry));
         let first = Attempt {
             primary,
             retry,
+            dry: g.held.is_some(),
             sample: probe,
             bounded,
             limit_ours,
@@ -252,6 +265,7 @@ impl Session {
             target,
             ns,
             now,
+            ..
         } = g;
         if self.pending.len() >= self.config.limits.max_pending_reads {
             self.shared.metrics.limits.hit("max_pending_reads");
@@ -281,6 +295,7 @@ impl Session {
             retry: attempt.retry,
             rung: attempt.rung,
             permit: attempt.permit,
+            dry: attempt.dry,
             // `forward` below counts it.
             seq: self.sent_finals + 1,
             unique_ids: info.unique_ids,
