@@ -5,6 +5,7 @@
 //! stop that waits for no peer.
 
 mod conn;
+mod dry_run;
 pub mod history;
 mod incident;
 mod page;
@@ -22,12 +23,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::handles::AdminHandles;
+use crate::metrics::Format;
 
 pub use page::esc;
-
-/// Prometheus text format, what `/metrics` answers by default.
-pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[derive(Clone)]
 struct AdminState {
@@ -94,18 +92,19 @@ async fn metrics(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> 
     if !authorized(&st, &headers, &uri) {
         return unauthorized();
     }
-    let openmetrics = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.contains("application/openmetrics-text"));
-    let ct = if openmetrics {
-        OPENMETRICS_CONTENT_TYPE
-    } else {
-        METRICS_CONTENT_TYPE
-    };
+    // Several Accept headers are one list (RFC 9110).
+    let accept: Vec<&str> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let format = Format::negotiate((!accept.is_empty()).then(|| accept.join(",")).as_deref());
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static(ct))],
-        st.shared.metrics.render(),
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(format.content_type()),
+        )],
+        st.shared.metrics.render_as(format),
     )
         .into_response()
 }

@@ -16,6 +16,10 @@ const VERSION: &str = concat!(
     ")"
 );
 
+/// The config file `run` and `check-config` read unless told otherwise (relative to the
+/// current directory).
+const DEFAULT_CONFIG: &str = "config/staleguard.toml";
+
 #[derive(Parser)]
 #[command(
     name = "staleguard",
@@ -45,7 +49,7 @@ enum Command {
     /// Run the proxy.
     Run {
         /// Config file.
-        #[arg(long, default_value = "config/staleguard.toml")]
+        #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
     #[cfg(feature = "sim")]
@@ -70,9 +74,12 @@ enum Command {
     },
     /// Validate a config file and print the effective policy table.
     CheckConfig {
-        /// Config file.
-        #[arg(default_value = "config/staleguard.toml")]
+        /// Config file (or `--config FILE`, as for `run`).
+        #[arg(default_value = DEFAULT_CONFIG)]
         file: PathBuf,
+        /// Config file, the same as FILE.
+        #[arg(long = "config", value_name = "FILE", conflicts_with = "file")]
+        config: Option<PathBuf>,
         /// Show which entry governs this namespace (db.coll).
         #[arg(long)]
         explain: Option<String>,
@@ -113,7 +120,11 @@ fn main() -> ExitCode {
     );
     match cli.command {
         Command::Run { config } => run(config),
-        Command::CheckConfig { file, explain } => check_config(file, explain),
+        Command::CheckConfig {
+            file,
+            config,
+            explain,
+        } => check_config(config.unwrap_or(file), explain),
         #[cfg(feature = "sim")]
         Command::Sim {
             listen,
@@ -169,15 +180,40 @@ fn load(path: &std::path::Path) -> Option<Config> {
             for e in errors {
                 eprintln!("error: {e}");
             }
+            if !path.exists() {
+                missing_hint(path);
+            }
             None
         }
     }
+}
+
+/// Where the file was looked for, and how to name another.
+fn missing_hint(path: &std::path::Path) {
+    let cwd = std::env::current_dir().map_or_else(|_| "?".to_string(), |d| d.display().to_string());
+    if path == std::path::Path::new(DEFAULT_CONFIG) {
+        eprintln!(
+            "hint: staleguard looked for its default config file, {DEFAULT_CONFIG}, relative to the current directory ({cwd}), and found none."
+        );
+    } else {
+        eprintln!(
+            "hint: there is no file at {} (current directory: {cwd}).",
+            path.display()
+        );
+    }
+    eprintln!(
+        "hint: name the config file with --config FILE, e.g. `staleguard run --config /etc/staleguard/staleguard.toml` (check-config takes --config FILE too, or FILE alone)."
+    );
 }
 
 fn check_config(file: PathBuf, explain: Option<String>) -> ExitCode {
     let Some(cfg) = load(&file) else {
         return ExitCode::from(2);
     };
+    // Valid, but worth a second look: printed, exit 0.
+    for w in cfg.warnings() {
+        eprintln!("warning: {w}");
+    }
     print!("{}", config::render_table(&cfg));
     if let Some(ns) = explain {
         println!();
@@ -201,6 +237,9 @@ fn run(path: PathBuf) -> ExitCode {
         }
     };
     let code = rt.block_on(async move {
+        for w in cfg.warnings() {
+            tracing::warn!(file = %w.file, line = w.line, key = %w.key, "{}", w.message);
+        }
         let running = match staleguard::server::start(Arc::new(cfg)).await {
             Ok(r) => r,
             Err(e) => {

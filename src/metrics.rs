@@ -17,6 +17,8 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 mod breaker;
+mod dry_run;
+mod exposition;
 mod fleet;
 mod hot;
 mod ladder;
@@ -25,6 +27,8 @@ mod limits;
 mod stall;
 mod totals;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
+pub use dry_run::{DryRunMetrics, NsAction, DRY_RUN_ACTIONS};
+pub use exposition::Format;
 pub use fleet::{BudgetLabel, FleetEventLabels, FleetMetrics, BUDGET_RESULTS};
 pub use hot::NsHot;
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
@@ -149,6 +153,8 @@ pub struct Metrics {
     pub recent: crate::events::Recent,
     /// `[fleet]` only (registered by [`Metrics::register_fleet`]).
     pub fleet: FleetMetrics,
+    /// What dry-run namespaces would have done.
+    pub dry_run: DryRunMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -198,6 +204,7 @@ impl Metrics {
             breakers: BreakerMetrics::default(),
             recent: crate::events::Recent::default(),
             fleet: FleetMetrics::default(),
+            dry_run: DryRunMetrics::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
             r.register(
@@ -206,7 +213,7 @@ impl Metrics {
                 m.client_connections.clone(),
             );
             r.register(
-                "client_connections",
+                "client_connections_accepted",
                 "Client connections accepted",
                 m.client_connections_total.clone(),
             );
@@ -279,6 +286,7 @@ impl Metrics {
             m.ladder.register(&mut r);
             m.limits.register(&mut r);
             m.breakers.register(&mut r);
+            m.dry_run.register(&mut r);
         }
         // Both outcomes exist from the start at 0, so the first failed reload is an
         // increase that `increase()`/`rate()` can see (a series born at 1 is not).
@@ -295,13 +303,19 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// Every metric in OpenMetrics (see [`Metrics::render_as`]).
     pub fn render(&self) -> String {
-        let mut out = String::new();
+        self.render_as(Format::OpenMetrics)
+    }
+
+    /// Every metric in `format` (counter families named by their `_total` sample in both,
+    /// see `metrics/exposition.rs`).
+    pub fn render_as(&self, format: Format) -> String {
+        let mut om = String::new();
         if let Ok(r) = self.registry.lock() {
-            let _ = encode(&mut out, &r);
+            let _ = encode(&mut om, &r);
         }
-        out
+        exposition::finish(&om, format)
     }
 
     /// The `command` label for a command name (bounded set).

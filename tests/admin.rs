@@ -80,7 +80,7 @@ async fn health_ready_metrics_and_status() {
         "staleguard_fail_fasts_total{namespace=\"pay.orders\"} 1",
         "staleguard_requests_total{command=\"find\",decision=\"fail_fast\"} 1",
         "staleguard_client_connections 1",
-        "staleguard_client_connections_total 1",
+        "staleguard_client_connections_accepted_total 1",
     ] {
         assert!(
             m.body.lines().any(|l| l == line),

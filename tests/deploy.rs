@@ -436,7 +436,14 @@ fn containerfile_builds_the_release_binary_and_runs_it_unprivileged() {
         .expect("USER");
     assert!(!user.starts_with('0') && user != "root", "runs as {user}");
     assert!(c.contains("/etc/staleguard"), "config mounted there");
-    // Everything the build needs is copied in (the manifest names the bench targets).
+    // Everything the build needs is copied in (cargo reads every target the manifest
+    // names: the benches, and the tests with required-features), and `.dockerignore` lets
+    // it into the build context.
+    let ignore = read(".dockerignore");
+    let allowed: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('!'))
+        .collect();
     for path in [
         "Cargo.toml",
         "Cargo.lock",
@@ -444,11 +451,116 @@ fn containerfile_builds_the_release_binary_and_runs_it_unprivileged() {
         "src",
         "crates",
         "benches",
+        "tests",
     ] {
         assert!(
             c.lines().any(|l| l.starts_with("COPY") && l.contains(path)),
             "{path} is not copied"
         );
         assert!(repo(path).exists());
+        assert!(allowed.contains(&path), ".dockerignore keeps {path} out");
     }
+    let manifest: toml::Table = read("Cargo.toml").parse().expect("Cargo.toml");
+    for t in manifest["test"].as_array().expect("[[test]]") {
+        let name = t["name"].as_str().expect("name");
+        assert!(
+            repo(&format!("tests/{name}.rs")).exists(),
+            "tests/{name}.rs"
+        );
+    }
+}
+
+/// The build context is an allowlist (`*`, then the files the build copies): no `target/`
+/// (gigabytes), no `.git`.
+#[test]
+fn dockerignore_keeps_the_build_context_to_the_sources() {
+    let ignore = read(".dockerignore");
+    let rules: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        rules.first(),
+        Some(&"*"),
+        "everything excluded first: {rules:?}"
+    );
+    for kept in rules.iter().filter_map(|r| r.strip_prefix('!')) {
+        assert!(
+            !kept.starts_with("target") && !kept.starts_with(".git") && kept != "*",
+            "{kept} let back in"
+        );
+        assert!(repo(kept).exists(), "{kept} does not exist");
+    }
+    assert!(rules.contains(&"**/target"), "{rules:?}");
+}
+
+/// Every `FROM` names its image by digest (with the tag beside it, for people).
+#[test]
+fn container_base_images_are_pinned_by_digest() {
+    let c = read("Containerfile");
+    let from: Vec<&str> = c.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(from.len(), 2, "{from:?}");
+    for l in from {
+        let image = l.split_whitespace().nth(1).expect("image");
+        let (name, digest) = image
+            .split_once("@sha256:")
+            .unwrap_or_else(|| panic!("not pinned: {l}"));
+        assert!(name.contains(':'), "the tag beside the digest: {l}");
+        assert!(
+            digest.len() == 64
+                && digest
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{l}"
+        );
+    }
+}
+
+/// The config baked into the image: reachable from outside the container (0.0.0.0), the
+/// admin endpoint behind a token from the environment, valid for `check-config`; without
+/// the token the proxy does not start.
+#[test]
+fn the_container_config_listens_on_all_interfaces_behind_an_admin_token() {
+    let c = read("Containerfile");
+    assert!(
+        c.lines()
+            .any(|l| l == "COPY config/container.toml /etc/staleguard/staleguard.toml"),
+        "the container config is baked in"
+    );
+    assert!(c.contains("CMD [\"run\", \"--config\", \"/etc/staleguard/staleguard.toml\"]"));
+    let text = read("config/container.toml");
+    let t: toml::Table = text.parse().expect("TOML");
+    assert_eq!(t["listen"].as_str(), Some("0.0.0.0:27018"));
+    assert_eq!(t["admin"]["listen"].as_str(), Some("0.0.0.0:9187"));
+    assert_eq!(
+        t["admin"]["token_env"].as_str(),
+        Some("STALEGUARD_ADMIN_TOKEN")
+    );
+    assert!(t["admin"].get("token").is_none(), "no token in the file");
+    let check = |token: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("check-config").arg(repo("config/container.toml"));
+        cmd.env_remove("STALEGUARD_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.env("STALEGUARD_ADMIN_TOKEN", t);
+        }
+        let out = cmd.output().expect("run check-config");
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), printed)
+    };
+    let (code, printed) = check(Some("s3cret-admin-token"));
+    assert_eq!(code, Some(0), "{printed}");
+    assert!(printed.contains("admin.token       set"), "{printed}");
+    assert!(!printed.contains("warning"), "{printed}");
+    let (code, printed) = check(None);
+    assert_eq!(code, Some(2), "{printed}");
+    assert!(
+        printed.contains("admin.token_env") && printed.contains("STALEGUARD_ADMIN_TOKEN"),
+        "{printed}"
+    );
 }

@@ -804,6 +804,11 @@ async fn alerts_fire_during_the_simulated_stall_and_resolve_after_it() {
     inventory_reader.stop();
     payment_reader.stop();
 
+    // Prometheus scraped the OpenMetrics format all along (it asks for it first); the live
+    // exposition after the incident, every write-stall family in it, in both formats
+    // through promtool.
+    check_live_exposition(admin).await;
+
     // The dashboard and the rules against this Prometheus and this staleguard's metrics.
     check_dashboard(&prom).await;
     // Families with no sample yet are not rendered: TLS failures and serverStatus poll
@@ -823,6 +828,62 @@ async fn alerts_fire_during_the_simulated_stall_and_resolve_after_it() {
     proxy.shutdown().await;
     sim.shutdown().await;
     println!("end-to-end run took {:?}", t0.elapsed());
+}
+
+/// `promtool check metrics` on the admin endpoint's `/metrics`, asked for the text format
+/// and for OpenMetrics.
+async fn check_live_exposition(admin: SocketAddr) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for (accept, content_type) in [
+        ("text/plain;version=0.0.4", "text/plain; version=0.0.4"),
+        (
+            "application/openmetrics-text;version=1.0.0",
+            "application/openmetrics-text; version=1.0.0",
+        ),
+    ] {
+        let mut s = tokio::net::TcpStream::connect(admin).await.expect("admin");
+        let req = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {admin}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("request");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.expect("response");
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains(&format!("content-type: {content_type}")),
+            "{head}"
+        );
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        for family in [
+            "staleguard_write_stall_signal",
+            "staleguard_shard_write_stall",
+            "staleguard_probes_total",
+            "staleguard_breaker_transitions_total",
+        ] {
+            assert!(
+                body.contains(&format!("# TYPE {family} ")),
+                "{accept}: no {family}:\n{body}"
+            );
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let p = dir.path().join("metrics.txt");
+        std::fs::write(&p, &body).expect("write");
+        let (ok, out) = run(Command::new("sh").arg("-c").arg(format!(
+            "{} check metrics < {}",
+            tool("promtool").display(),
+            p.display()
+        )));
+        assert!(ok, "promtool check metrics ({accept}):\n{out}\n{body}");
+    }
 }
 
 // ---- the dashboard ------------------------------------------------------------------------
@@ -889,7 +950,9 @@ fn exported_names(exposition: &str) -> BTreeSet<String> {
         let (Some(name), Some(kind)) = (w.next(), w.next()) else {
             continue;
         };
+        // Counter families are named by their `_total` sample (see metrics/exposition.rs).
         let suffixes: &[&str] = match kind {
+            "counter" if name.ends_with("_total") => &[""],
             "counter" => &["_total"],
             "histogram" => &["_bucket", "_sum", "_count"],
             _ => &[""],
@@ -978,7 +1041,7 @@ fn metric_names_are_found_in_expressions() {
         ["staleguard_rewrites_total", "staleguard:x:rate2m"]
     );
     let names = exported_names(
-        "# HELP staleguard_reloads Config reloads.\n# TYPE staleguard_reloads counter\n\
+        "# HELP staleguard_reloads_total Config reloads.\n# TYPE staleguard_reloads_total counter\n\
          # TYPE staleguard_upstream_hello_seconds histogram\n# TYPE staleguard_upstream_up gauge\n",
     );
     let want: BTreeSet<String> = [

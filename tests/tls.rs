@@ -470,7 +470,7 @@ fn tls_config_errors_name_file_line_and_key() {
         "[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\nverify = true\n",
     );
     assert!(
-        e[0].starts_with(&format!("{file}:4: tls.verify: unknown field")),
+        e[0].starts_with(&format!("{file}:4: tls.verify: unknown key")),
         "{e:?}"
     );
 

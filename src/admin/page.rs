@@ -90,6 +90,7 @@ pub fn render(s: &Status) -> String {
     super::incident::banners(&mut out, s);
     out.push_str("<h2>Namespaces</h2>");
     namespaces(&mut out, &s.namespaces);
+    super::dry_run::render(&mut out, &s.namespaces);
     super::plots::section(&mut out, &s.history);
     super::incident::events(&mut out, &s.events, s.events_recorded_total);
     out.push_str("<h2>Write-stall watch</h2>");

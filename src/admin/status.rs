@@ -115,7 +115,12 @@ pub struct NsStatus {
     pub pattern: Option<String>,
     /// `fallback`, `strict`, `passthrough`, or `unlisted`.
     pub mode: &'static str,
+    /// `dry_run` is on (in the JSON: `dry_run.enabled`).
+    #[serde(skip)]
     pub dry_run: bool,
+    /// In the JSON as `dry_run`: on or off, and what it would have done.
+    #[serde(rename = "dry_run")]
+    pub dry_run_status: super::dry_run::DryRunStatus,
     /// `closed`, `open`; none for a wildcard pattern (breakers are per exact
     /// namespace: the ones it governs are listed on their own).
     pub breaker: Option<&'static str>,
@@ -320,6 +325,12 @@ fn namespaces(shared: &AdminHandles, table: &crate::policy::PolicyTable) -> Vec<
             pattern: policy.map(|p| p.pattern.clone()),
             mode: policy.map_or("unlisted", |p| p.mode.as_str()),
             dry_run: policy.is_some_and(|p| p.dry_run),
+            dry_run_status: super::dry_run::DryRunStatus::of(
+                &shared.metrics,
+                &snap.ns,
+                policy.is_some_and(|p| p.dry_run),
+                true,
+            ),
             breaker: Some(snap.state.as_str()),
             action: if snap.held {
                 "rewritten to readConcern available before sending; held open while writes are not completing (write-stall watch), then one cooldown and a probe".to_string()
@@ -354,6 +365,12 @@ fn namespaces(shared: &AdminHandles, table: &crate::policy::PolicyTable) -> Vec<
             pattern: Some(p.pattern.clone()),
             mode: p.mode.as_str(),
             dry_run: p.dry_run,
+            dry_run_status: super::dry_run::DryRunStatus::of(
+                &shared.metrics,
+                &p.pattern,
+                p.dry_run,
+                exact,
+            ),
             breaker: exact.then_some(State::Closed.as_str()),
             action: action(Some(p), State::Closed, ""),
             errors_in_window: exact.then_some(0),

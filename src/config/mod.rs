@@ -1,9 +1,10 @@
 //! Configuration: TOML text → validated `Config`. Every error names file, line and key.
 //!
 //! Parsing runs in two passes (`parse`). serde (`deny_unknown_fields`, values kept as
-//! `toml::Spanned`) checks the shape: an unknown key or a wrong type stops it at the first
-//! problem, reported alone. `validate` then checks every value and collects all problems;
-//! `spans` turns byte offsets into the file:line:key each error names.
+//! `toml::Spanned`) checks the shape, and `structure` takes out each offending entry and
+//! reads the rest again, so every unknown key (with a "did you mean"), wrong type and
+//! missing field is reported in one run. `validate` then checks every value and collects
+//! all problems; `spans` turns byte offsets into the file:line:key each error names.
 //!
 //! Besides malformed values, settings that can never take effect are errors too:
 //! - any breaker/rewrite setting on a `passthrough` entry;
@@ -33,15 +34,18 @@ use std::time::Duration;
 
 use crate::tls::{ServerTls, UpstreamTls};
 
+mod columns;
 mod entry;
 mod fleet;
 mod namespaces;
 mod ops;
+mod overlap;
 mod parse;
 mod render;
 mod scalars;
 mod spans;
 mod stall;
+mod structure;
 mod values;
 
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};

@@ -11,7 +11,7 @@ use toml::Spanned;
 use super::entry::RawEntry;
 use super::namespaces;
 use super::scalars::{check_addr, duration};
-use super::spans::{key_at, Ctx};
+use super::spans::Ctx;
 use super::{fleet, ops, stall, Config, ConfigError, LadderGuardConfig, Layout, Limits};
 use super::{DEFAULT_LISTEN, DEFAULT_UPSTREAM, MAX_MESSAGE_SIZE_LIMIT, MIN_MESSAGE_SIZE};
 
@@ -31,23 +31,11 @@ impl Config {
     /// Validates `text`; `path` is only used to name the file in errors and `source`.
     pub fn parse(text: &str, path: &Path) -> Result<Config, Vec<ConfigError>> {
         let mut ctx = Ctx::new(path.display().to_string(), text);
-        let doc = match toml::de::DeTable::parse(text) {
-            Ok(doc) => doc,
-            Err(e) => {
-                ctx.toml_error(&e, "syntax".to_string());
-                return Err(ctx.errors);
-            }
-        };
-        let raw: RawConfig = match toml::from_str(text) {
-            Ok(raw) => raw,
-            Err(e) => {
-                let key = e
-                    .span()
-                    .and_then(|s| key_at(doc.get_ref(), s.start, ""))
-                    .unwrap_or_default();
-                ctx.toml_error(&e, key);
-                return Err(ctx.errors);
-            }
+        // Every structural mistake at once (unknown keys, wrong types, missing fields),
+        // then the values of everything else.
+        let Some(raw) = super::structure::read::<RawConfig>(text, &mut ctx) else {
+            ctx.errors.sort_by_key(|e| e.line);
+            return Err(ctx.errors);
         };
         let config = validate(raw, path, &mut ctx);
         match config {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::{stall, Config};
+use super::{columns, stall, Config};
 use crate::command::ReadPrefMode;
 use crate::policy::{Mode, NsPolicy, Pattern, PolicyTable};
 
@@ -105,8 +105,14 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
 
 /// Every top-level setting and every entry in effective form, as aligned text.
 pub fn render_table(config: &Config) -> String {
+    let mut lines = String::new();
+    settings(&mut lines, config);
+    // A value too long for the terminal continues under itself.
     let mut out = String::new();
-    settings(&mut out, config);
+    for l in lines.lines() {
+        let (name, value) = l.split_once(' ').unwrap_or((l, ""));
+        columns::line(&mut out, name, value.trim_start(), 18);
+    }
     out.push('\n');
     namespaces(&mut out, &config.policy);
     out
@@ -214,33 +220,91 @@ fn upstream_tls(config: &Config) -> String {
     )
 }
 
-/// The `[[namespaces]]` entries as an aligned table, in file order.
+/// The tables of the `[[namespaces]]` entries (each fits [`columns::WIDTH`]): what each
+/// entry is, then its breaker, its time limits and the reads and errors it acts on, rows
+/// keyed by the entry's `#` (passthrough entries only in the first: they have no settings).
+const POLICY_TABLES: [(&str, &[&str]); 4] = [
+    (
+        "entries (the most specific pattern wins: exact > longest prefix > db.* > *)",
+        &[
+            "line", "pattern", "mode", "dry_run", "on_open", "causal", "ladder",
+        ],
+    ),
+    (
+        "breakers",
+        &[
+            "threshold",
+            "window",
+            "cooldown",
+            "min_cooldown",
+            "close_after",
+            "min_connections",
+            "per_connection",
+        ],
+    ),
+    (
+        "time limits",
+        &[
+            "max_time",
+            "slow_read",
+            "min_wait",
+            "attempt_share",
+            "attempt_limit",
+            "open_time_limit",
+            "confirm_time",
+        ],
+    ),
+    (
+        "reads governed and trigger errors",
+        &["read_preferences", "trigger_codes"],
+    ),
+];
+
+/// The `[[namespaces]]` entries, in file order, as the tables of [`POLICY_TABLES`].
 fn namespaces(out: &mut String, t: &PolicyTable) {
     if t.entries().is_empty() {
         out.push_str("no [[namespaces]] entries: every read passes through untouched\n");
         return;
     }
-    let header = ["#", "line", "pattern", "mode"]
+    // Every entry's cells by column name: `#`, `line`, `pattern`, `mode` and the settings.
+    let cells: Vec<Vec<(&str, String)>> = t
+        .entries()
         .iter()
-        .chain(POLICY_COLUMNS.iter())
-        .map(|h| h.to_string())
-        .collect::<Vec<_>>();
-    let mut rows = vec![header];
-    for (i, p) in t.entries().iter().enumerate() {
-        let mut row = vec![i.to_string(), t.line(i).to_string()];
-        row.extend(policy_cells(p));
-        rows.push(row);
-    }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .enumerate()
+        .map(|(i, p)| {
+            let values = policy_cells(p);
+            let names = ["pattern", "mode"].into_iter().chain(POLICY_COLUMNS);
+            let mut row = vec![("#", i.to_string()), ("line", t.line(i).to_string())];
+            row.extend(names.zip(values));
+            row
+        })
         .collect();
-    for row in rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
+    for (k, (title, columns)) in POLICY_TABLES.iter().enumerate() {
+        let header: Vec<String> = std::iter::once("#")
+            .chain(columns.iter().copied())
+            .map(str::to_string)
             .collect();
-        let _ = writeln!(out, "{}", cells.join("  ").trim_end());
+        let mut rows = vec![header.clone()];
+        for (entry, p) in cells.iter().zip(t.entries()) {
+            if k > 0 && p.mode == Mode::Passthrough {
+                continue;
+            }
+            let cell = |name: &str| {
+                entry
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or_else(|| "-".to_string(), |(_, v)| v.clone())
+            };
+            rows.push(header.iter().map(|h| cell(h)).collect());
+        }
+        if rows.len() == 1 {
+            continue;
+        }
+        if k > 0 {
+            out.push('\n');
+        }
+        let _ = writeln!(out, "namespaces: {title}");
+        columns::table(out, &rows);
     }
 }
 

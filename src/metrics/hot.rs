@@ -6,7 +6,10 @@ use std::sync::{Arc, OnceLock};
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::{Metrics, NsKind, NsLabel, NsRungResult, LADDER_RESULTS, LADDER_RUNGS, MAX_NS_LABELS};
+use super::{
+    Metrics, NsKind, NsLabel, NsRungResult, DRY_RUN_ACTIONS, LADDER_RESULTS, LADDER_RUNGS,
+    MAX_NS_LABELS,
+};
 
 /// Counters of one namespace that repeat per request while its breaker is open. The
 /// ladder's and the orphan estimate's are made on first use (a series appears when it is
@@ -23,6 +26,8 @@ pub struct NsHot {
     pub(super) label: String,
     pub(super) ladder: [[OnceLock<Counter>; LADDER_RESULTS.len()]; LADDER_RUNGS.len()],
     pub(super) orphans: OnceLock<Counter>,
+    /// `dry_run_total`, by action.
+    pub(super) dry_run: [OnceLock<Counter>; DRY_RUN_ACTIONS.len()],
 }
 
 impl Metrics {
@@ -64,6 +69,7 @@ impl Metrics {
             label: namespace,
             ladder: Default::default(),
             orphans: OnceLock::new(),
+            dry_run: Default::default(),
         });
         if self.hot.len() < MAX_NS_LABELS {
             self.hot.insert(ns.to_string(), hot.clone());

@@ -40,8 +40,8 @@ pub use judge::{
 pub use ladder::{Attempt, Rung, Then};
 pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
 pub use outcome::{
-    apply_dry_run, bounded_fail_reply, fail_fast_reply, legacy_refusal_reply, refusal_reply,
-    rewrite_spec, ErrorReply,
+    apply_dry_run, bounded_fail_reply, dry_verdict, fail_fast_reply, legacy_refusal_reply,
+    refusal_reply, rewrite_spec, ErrorReply, HeldBack,
 };
 pub use reason::{Admission, Reason};
 pub use table::{

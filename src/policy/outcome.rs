@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use super::decide::{Decision, Refusal};
+use super::judge::Verdict;
+use super::ladder::{Rung, Then};
 use super::reason::Reason;
 use super::table::NsPolicy;
 use crate::rewrite::RewriteSpec;
@@ -52,21 +54,81 @@ impl<'a> Decision<'a> {
     }
 }
 
+/// What a dry run held back: the decision's name (for the log), the action it counts in
+/// `dry_run_total` (none for a read tracked as it came), and the rungs the read would have
+/// climbed on a trigger error (counted when one comes, see [`dry_verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldBack {
+    pub name: &'static str,
+    pub action: Option<&'static str>,
+    /// The primary rung was ahead of the first attempt.
+    pub primary: bool,
+    /// The `available` rung was ahead of the first attempt.
+    pub retry: bool,
+}
+
+impl HeldBack {
+    fn of(decision: &Decision) -> HeldBack {
+        let (action, primary, retry) = match *decision {
+            Decision::Forward => (None, false, false),
+            Decision::Track {
+                bounded: Some(_), ..
+            } => (Some("bounded"), false, false),
+            Decision::Track {
+                cap_ms,
+                primary,
+                retry,
+                ..
+            } => (cap_ms.map(|_| "time_limit"), primary, retry),
+            Decision::Rewrite { .. } => (Some("rewrite"), false, false),
+            Decision::Primary { .. } => (Some("primary"), false, false),
+            Decision::FailFast { .. } => (Some("fail_fast"), false, false),
+            Decision::Refuse(_) => (Some("refuse"), false, false),
+        };
+        HeldBack {
+            name: decision.name(),
+            action,
+            primary,
+            retry,
+        }
+    }
+}
+
 /// The decision to carry out on a namespace governed by `policy`, and, when `dry_run` held
-/// back a decision that would have acted, that decision's name (for the log). A request
-/// with a repeated policy-relevant field is refused even in a dry run: it is not a policy
-/// decision on the namespace but a request the proxy cannot read the way the server will.
+/// back a decision that would have acted, what it held back. A request with a repeated
+/// policy-relevant field is refused even in a dry run: it is not a policy decision on the
+/// namespace but a request the proxy cannot read the way the server will.
 pub fn apply_dry_run<'a>(
     decision: Decision<'a>,
     policy: &NsPolicy,
-) -> (Decision<'a>, Option<&'static str>) {
+) -> (Decision<'a>, Option<HeldBack>) {
     let integrity = matches!(decision, Decision::Refuse(Refusal::Duplicate(_)));
     if policy.dry_run && decision != Decision::Forward && !integrity {
-        let would = decision.name();
-        (decision.dry(), Some(would))
+        let held = HeldBack::of(&decision);
+        (decision.dry(), Some(held))
     } else {
         (decision, None)
     }
+}
+
+/// A dry-run read's verdict, judged with the rungs it would have had ahead: a climb (or a
+/// rung due with no time left, which the undivided first attempt spent) is held back, the
+/// reply goes to the client as it came, and the rung is the action counted (`primary`, or
+/// `retry` for `available`).
+pub fn dry_verdict(verdict: Verdict<'_>) -> (Verdict<'_>, Option<&'static str>) {
+    let rung = match verdict.then {
+        Then::Climb { to, .. } | Then::NoTime(to) => to,
+        _ => return (verdict, None),
+    };
+    let action = match rung {
+        Rung::Primary => "primary",
+        _ => "retry",
+    };
+    let held = Verdict {
+        heard: verdict.heard,
+        then: Then::Reply,
+    };
+    (held, Some(action))
 }
 
 /// The edit `decision` makes to the request before it is sent. `None`: the request leaves
@@ -275,10 +337,106 @@ mod tests {
             (Decision::Forward, None)
         );
         let (d, would) = apply_dry_run(refuse.clone(), &p);
-        assert_eq!((d, would), (refuse.dry(), Some("refuse")));
+        assert_eq!(d, refuse.dry());
+        assert_eq!(
+            would.map(|h| (h.name, h.action)),
+            Some(("refuse", Some("refuse")))
+        );
         // A repeated field is refused even in a dry run.
         let dup = Decision::Refuse(Refusal::Duplicate("$db"));
         assert_eq!(apply_dry_run(dup.clone(), &p), (dup, None));
+    }
+
+    #[test]
+    fn dry_run_counts_what_each_decision_would_do() {
+        let mut p = NsPolicy::with_defaults("a.b", Mode::Fallback);
+        p.dry_run = true;
+        let track = |cap_ms, retry, primary, bounded| Decision::Track {
+            cap_ms,
+            budget_ms: Some(1000),
+            probe: false,
+            retry,
+            primary,
+            bounded,
+        };
+        let bound = crate::policy::Bounded {
+            ours: true,
+            reason: Reason::TimeLimit,
+            errors: 3,
+        };
+        let held = |d| {
+            apply_dry_run(d, &p)
+                .1
+                .map(|h| (h.action, h.primary, h.retry))
+        };
+        assert_eq!(
+            held(track(None, false, false, None)),
+            Some((None, false, false))
+        );
+        assert_eq!(
+            held(track(Some(500), true, true, None)),
+            Some((Some("time_limit"), true, true))
+        );
+        assert_eq!(
+            held(track(Some(250), false, false, Some(bound))),
+            Some((Some("bounded"), false, false))
+        );
+        let rewrite = Decision::Rewrite {
+            drop_after_cluster_time: true,
+            cap_ms: None,
+        };
+        assert_eq!(held(rewrite), Some((Some("rewrite"), false, false)));
+        let ff = Decision::FailFast {
+            reason: Reason::TimeLimit,
+            probe_in: Duration::ZERO,
+            errors: 3,
+        };
+        assert_eq!(held(ff), Some((Some("fail_fast"), false, false)));
+        let primary = Decision::Primary {
+            cap_ms: None,
+            budget_ms: None,
+            then: crate::policy::AfterPrimary::Available {
+                drop_after_cluster_time: true,
+                cap_ms: None,
+            },
+        };
+        assert_eq!(held(primary), Some((Some("primary"), false, false)));
+        assert_eq!(held(Decision::Forward), None);
+    }
+
+    #[test]
+    fn a_dry_run_climb_is_held_back_and_named() {
+        use crate::policy::{Heard, Rung, Then, Verdict};
+        let climb = |to| Verdict {
+            heard: Heard::Nothing(None),
+            then: Then::Climb {
+                to,
+                spec: RewriteSpec::default(),
+                or_else: None,
+            },
+        };
+        for (v, action) in [
+            (climb(Rung::Primary), Some("primary")),
+            (climb(Rung::Available), Some("retry")),
+            (
+                Verdict {
+                    heard: Heard::Nothing(None),
+                    then: Then::NoTime(Rung::Available),
+                },
+                Some("retry"),
+            ),
+            (
+                Verdict {
+                    heard: Heard::Nothing(None),
+                    then: Then::Reply,
+                },
+                None,
+            ),
+        ] {
+            let (held, got) = dry_verdict(v);
+            assert_eq!(got, action);
+            assert_eq!(held.then, Then::Reply);
+        }
     }
 
     #[test]

@@ -85,6 +85,11 @@ impl Meter {
         self.counters.fail_fast(&self.metrics, ns);
     }
 
+    /// An `action` a dry run held back on `ns`.
+    pub(super) fn dry_run(&mut self, ns: &str, action: &'static str) {
+        self.counters.dry_run(&self.metrics, ns, action);
+    }
+
     /// A governed read on `ns` whose client gets an `ok: 1` reply.
     pub(super) fn answered(&mut self, ns: &str) {
         self.counters.answered(&self.metrics, ns);
@@ -196,6 +201,15 @@ impl Counters {
     fn refusal(&mut self, metrics: &Metrics, ns: &str) {
         self.hot(metrics, ns);
         self.refusal += 1;
+    }
+
+    /// An `action` a dry run held back on `ns` (counted at once, through the namespace's
+    /// cached handles).
+    fn dry_run(&mut self, metrics: &Metrics, ns: &str, action: &'static str) {
+        self.hot(metrics, ns);
+        if let Some(h) = &self.hot {
+            metrics.hot_dry_run(h, action);
+        }
     }
 
     /// A governed read on `ns` whose client gets an `ok: 1` reply.

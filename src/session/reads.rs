@@ -50,6 +50,8 @@ pub(super) struct Tracked {
     pub(super) seq: u64,
     /// A repeated `_id` in its result can only be an orphan (`CommandInfo::unique_ids`).
     pub(super) unique_ids: bool,
+    /// A dry run's read: a rung it would climb is counted, not climbed.
+    pub(super) dry: bool,
 }
 
 impl Tracked {

@@ -179,7 +179,15 @@ impl Handler {
             }
         };
         let answered = status.as_ref().is_ok_and(|s| s.ok);
-        let verdict = policy::judge(&t.read(), ending, now);
+        let mut verdict = policy::judge(&t.read(), ending, now);
+        if t.dry {
+            let (held, would) = policy::dry_verdict(verdict);
+            if let Some(action) = would {
+                tracing::debug!(ns = %t.ns, command = %t.command, action, dry_run = true, "would climb (dry run)");
+                self.meter.dry_run(&t.ns, action);
+            }
+            verdict = held;
+        }
         self.apply_verdict(t, verdict, answered, now)
     }
 

@@ -29,6 +29,8 @@ struct Governed<'r, 'a> {
     target: &'r Target<'a>,
     ns: &'r str,
     now: Instant,
+    /// What a dry run held back.
+    held: Option<policy::HeldBack>,
 }
 
 impl Handler {
@@ -138,9 +140,12 @@ impl Handler {
         let now = Instant::now();
         let admission = self.admit(&target, &ns, now);
         let decided = policy::decide(&target, &info, admission);
-        let (decision, held_back) = policy::apply_dry_run(decided, &target.policy);
-        if let Some(would) = held_back {
-            tracing::debug!(ns = %ns, command = info.name, decision = would, dry_run = true, "would act (dry run)");
+        let (decision, held) = policy::apply_dry_run(decided, &target.policy);
+        if let Some(h) = held {
+            tracing::debug!(ns = %ns, command = info.name, decision = h.name, dry_run = true, "would act (dry run)");
+            if let Some(action) = h.action {
+                self.meter.dry_run(&ns, action);
+            }
         }
         let governed = Governed {
             req: &req,
@@ -148,6 +153,7 @@ impl Handler {
             target: &target,
             ns: &ns,
             now,
+            held,
         };
         self.apply(decision, governed);
         self.ns_buf = ns;
@@ -249,6 +255,15 @@ impl Handler {
         let Some(attempt) = decision.attempt() else {
             return self.forward(req.frame().clone(), true);
         };
+        // A dry run's read is judged with the rungs it would have had (see `reply.rs`).
+        let attempt = match g.held {
+            Some(h) => Attempt {
+                primary: h.primary,
+                retry: h.retry,
+                ..attempt
+            },
+            None => attempt,
+        };
         let (out, attempt) = match self.edited(decision, req, ns, info.name) {
             Some(out) => (out, attempt),
             None => (req.frame().clone(), attempt.unedited()),
@@ -277,6 +292,7 @@ impl Handler {
             target,
             ns,
             now,
+            held,
         } = g;
         if self.reads.full(self.config.limits.max_pending_reads) {
             self.meter.limit("max_pending_reads");
@@ -303,6 +319,7 @@ impl Handler {
             // `forward` below counts it.
             seq: self.peers.next_place(),
             unique_ids: info.unique_ids,
+            dry: held.is_some(),
         });
         self.forward(out, true);
         true

@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod http;
+pub mod promtool;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
