@@ -37,6 +37,7 @@ fn main() {
     opts.end_idle_pairs *= scale.min(4);
     opts.end_non_readers *= scale.min(2);
     opts.end_tracked *= scale.min(2);
+    opts.end_slow_readers = 2;
     opts.hold = Duration::from_secs(10);
     opts.expect_hardening = args.iter().any(|a| a == "--expect-hardening");
     if let Some(level) = value("--log-level") {

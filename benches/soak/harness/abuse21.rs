@@ -38,6 +38,8 @@ pub struct Done21 {
     pub non_readers_closed: AtomicU64,
     /// Non-readers still open then (they read the whole reply).
     pub non_readers_open: AtomicU64,
+    /// Non-readers whose reply did not start within 20 s (not judged).
+    pub non_readers_unanswered: AtomicU64,
     pub silent: AtomicU64,
     pub silent_closed: AtomicU64,
     /// Silent connections not closed within `first_message_timeout` + 5 s.
@@ -100,9 +102,12 @@ pub fn small_ping(id: i32) -> Vec<u8> {
     msgs::op_msg(id, &rawdoc! { "ping": 1_i32, "$db": "admin" }, false)
 }
 
-/// A 40 MB ping and a small one, answered; then the connection stays idle.
+/// A small ping (as a driver's handshake comes first, within `first_message_timeout`), a
+/// 40 MB one and a small one, answered; then the connection stays idle.
 pub async fn ping_then_idle(s: &mut TcpStream, ping: &[u8]) -> bool {
-    round_trip(s, ping).await.is_ok() && round_trip(s, &small_ping(41)).await.is_ok()
+    round_trip(s, &small_ping(39)).await.is_ok()
+        && round_trip(s, ping).await.is_ok()
+        && round_trip(s, &small_ping(41)).await.is_ok()
 }
 
 /// A 40 MB ping, then 5 s idle, then close; repeated.
@@ -143,6 +148,15 @@ pub async fn small_window(proxy: SocketAddr) -> Option<TcpStream> {
     Some(s)
 }
 
+/// Waits (up to 20 s) until a reply's first bytes are there, without reading them.
+pub async fn first_bytes(s: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(20), s.peek(&mut b)).await,
+        Ok(Ok(1..))
+    )
+}
+
 /// Reads what is left until the end: (closed, bytes). Not closed: no end within 10 s of
 /// silence, or the whole 16 MB reply arrived (the proxy had kept it for us).
 pub async fn drained(s: &mut TcpStream) -> (bool, usize) {
@@ -157,8 +171,8 @@ pub async fn drained(s: &mut TcpStream) -> (bool, usize) {
     }
 }
 
-/// Asks for the 16 MB batch and never reads; looks `write_timeout` + 3 s later whether the
-/// proxy closed the connection.
+/// Asks for the 16 MB batch and never reads; looks `write_timeout` + 12 s after the reply's
+/// first bytes arrived whether the proxy closed the connection.
 pub async fn non_reader(
     proxy: SocketAddr,
     write_timeout: Duration,
@@ -176,7 +190,16 @@ pub async fn non_reader(
             continue;
         }
         add(&done.non_readers);
-        tokio::time::sleep(write_timeout + Duration::from_secs(3)).await;
+        // `write_timeout` counts from when bytes wait for us: from the reply's first bytes
+        // (a loaded harness can take seconds to send it), seen without taking them.
+        if !first_bytes(&s).await {
+            add(&done.non_readers_unanswered);
+            continue;
+        }
+        // Before the proxy's outbox holds bytes for us, the reply must fill the sockets
+        // between us (a few MB, from a fake mongos that shares this loaded process): ample
+        // slack, since reading before the proxy has given up would make progress.
+        tokio::time::sleep(write_timeout + Duration::from_secs(12)).await;
         match drained(&mut s).await {
             (true, _) => add(&done.non_readers_closed),
             (false, _) => add(&done.non_readers_open),
@@ -282,6 +305,7 @@ pub async fn slow_headers(admin: SocketAddr, done: Arc<Done21>, until: Instant) 
                 opened.elapsed().as_millis() as u64,
             );
         }
+        sleep_until_or(Duration::from_millis(200), until).await;
     }
 }
 

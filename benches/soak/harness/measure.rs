@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::abuse21::{big_find, drained, ping_then_idle, small_window};
+use super::abuse21::{big_find, drained, first_bytes, ping_then_idle, small_window};
 
 #[derive(Debug, Default, Clone)]
 pub struct EndFigures {
@@ -24,6 +24,16 @@ pub struct EndFigures {
     pub tracked: usize,
     pub rss_tracked: u64,
     pub tracked_closed: usize,
+    /// Slow readers (1 MiB/s) of a streamed and of a judged 16 MB reply: RSS while
+    /// they read, how many were still open after [`SLOW_FOR`] (> `write_timeout`), bytes
+    /// they read by then.
+    pub slow_readers: usize,
+    pub rss_before_slow: u64,
+    pub rss_slow_streamed: u64,
+    pub slow_streamed_open: usize,
+    pub rss_slow_judged: u64,
+    pub slow_judged_open: usize,
+    pub slow_read_bytes: usize,
     /// How long the 40 MB pings of the idle pairs took, and the whole phase.
     pub pings_took: Duration,
     pub took: Duration,
@@ -46,11 +56,33 @@ impl EndFigures {
     pub fn per_tracked(&self) -> f64 {
         per(self.rss_tracked, self.rss_idle, self.tracked)
     }
+
+    /// RSS per slow reader of a streamed, and of a judged, 16 MB reply, bytes.
+    pub fn per_slow_streamed(&self) -> f64 {
+        per(
+            self.rss_slow_streamed,
+            self.rss_before_slow,
+            self.slow_readers,
+        )
+    }
+
+    pub fn per_slow_judged(&self) -> f64 {
+        per(
+            self.rss_slow_judged,
+            self.rss_before_slow,
+            self.slow_readers,
+        )
+    }
 }
 
 fn per(after: u64, before: u64, n: usize) -> f64 {
     after.saturating_sub(before) as f64 / n.max(1) as f64
 }
+
+/// How long a slow reader reads before it is judged: over twice `write_timeout`.
+pub const SLOW_FOR: Duration = Duration::from_secs(8);
+/// What a slow reader takes every 250 ms: 1 MiB/s.
+const SLOW_CHUNK: usize = 256 * 1024;
 
 pub struct Plan {
     pub proxy: SocketAddr,
@@ -58,6 +90,7 @@ pub struct Plan {
     pub idle_pairs: usize,
     pub non_readers: usize,
     pub tracked: usize,
+    pub slow_readers: usize,
     pub write_timeout: Duration,
     pub ping: Arc<Vec<u8>>,
     /// The idle pairs are held until then (the soak's last memory sample).
@@ -74,8 +107,8 @@ async fn rss_median(pid: u32) -> u64 {
     v[2]
 }
 
-/// `n` clients that ask for the 16 MB batch and never read; the RSS once they are held, and
-/// how many the proxy had closed `write_timeout` + 3 s after they asked.
+/// `n` clients that ask for the 16 MB batch and never read; the RSS 1.5 s after their
+/// replies started, and how many the proxy had closed `write_timeout` + 3 s after that.
 async fn non_readers(
     plan: &Plan,
     n: usize,
@@ -92,10 +125,15 @@ async fn non_readers(
             .map_err(|e| e.to_string())?;
         conns.push(s);
     }
-    let asked = Instant::now();
+    for s in &conns {
+        if !first_bytes(s).await {
+            return Err("a 16 MB reply did not start within 20 s".into());
+        }
+    }
+    let answered = Instant::now();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let rss = rss_median(plan.pid).await;
-    tokio::time::sleep_until((asked + plan.write_timeout + Duration::from_secs(3)).into()).await;
+    tokio::time::sleep_until((answered + plan.write_timeout + Duration::from_secs(3)).into()).await;
     let mut closed = 0;
     for s in conns.iter_mut() {
         if drained(s).await.0 {
@@ -103,6 +141,53 @@ async fn non_readers(
         }
     }
     Ok((rss, closed))
+}
+
+/// `n` clients that ask for the 16 MB batch and read it at 1 MiB/s (256 KiB every 250 ms):
+/// the RSS after 3 s, how many were still open after [`SLOW_FOR`] (they have read what the
+/// sockets held by then, so a close shows as the end), and what they read.
+async fn slow_readers(
+    plan: &Plan,
+    n: usize,
+    tracked: bool,
+    id: i32,
+) -> Result<(u64, usize, usize), String> {
+    let mut conns = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = small_window(plan.proxy)
+            .await
+            .ok_or("a slow reader could not connect")?;
+        s.write_all(&big_find(id + i as i32, tracked))
+            .await
+            .map_err(|e| e.to_string())?;
+        conns.push((s, true, 0usize));
+    }
+    let started = Instant::now();
+    let mut rss = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    while started.elapsed() < SLOW_FOR {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        for (s, open, got) in conns.iter_mut().filter(|c| c.1) {
+            let mut this = 0;
+            while this < SLOW_CHUNK {
+                match tokio::time::timeout(Duration::from_millis(20), s.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => {
+                        *open = false;
+                        break;
+                    }
+                    Ok(Ok(k)) => this += k,
+                    Err(_) => break,
+                }
+            }
+            *got += this;
+        }
+        if rss == 0 && started.elapsed() >= Duration::from_secs(3) {
+            rss = rss_median(plan.pid).await;
+        }
+    }
+    let open = conns.iter().filter(|c| c.1).count();
+    let read = conns.iter().map(|c| c.2).sum();
+    Ok((rss, open, read))
 }
 
 async fn phase(plan: &Plan, f: &mut EndFigures, pairs: &mut Vec<TcpStream>) -> Result<(), String> {
@@ -129,6 +214,15 @@ async fn phase(plan: &Plan, f: &mut EndFigures, pairs: &mut Vec<TcpStream>) -> R
     f.non_readers = plan.non_readers;
     (f.rss_tracked, f.tracked_closed) = non_readers(plan, plan.tracked, true, 2000).await?;
     f.tracked = plan.tracked;
+    if plan.slow_readers > 0 {
+        f.slow_readers = plan.slow_readers;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        f.rss_before_slow = rss_median(plan.pid).await;
+        let (rss, open, read) = slow_readers(plan, plan.slow_readers, false, 3000).await?;
+        (f.rss_slow_streamed, f.slow_streamed_open) = (rss, open);
+        let (rss, open, read2) = slow_readers(plan, plan.slow_readers, true, 4000).await?;
+        (f.rss_slow_judged, f.slow_judged_open, f.slow_read_bytes) = (rss, open, read + read2);
+    }
     Ok(())
 }
 

@@ -89,6 +89,8 @@ pub struct Opts {
     pub end_idle_pairs: usize,
     pub end_non_readers: usize,
     pub end_tracked: usize,
+    /// End phase: slow readers of a streamed and of a judged 16 MB reply (measured only).
+    pub end_slow_readers: usize,
     /// Assert the checks that need issue 11's and 21's hardening too.
     pub expect_hardening: bool,
     pub staleguard: std::path::PathBuf,
@@ -108,9 +110,10 @@ impl Opts {
             big_pingers: 1,
             non_readers: 2,
             silent: 1,
-            end_idle_pairs: 16,
+            end_idle_pairs: 12,
             end_non_readers: 8,
             end_tracked: 2,
+            end_slow_readers: 0,
             expect_hardening: true,
             staleguard: staleguard.to_path_buf(),
             log_level: "warn".into(),
@@ -329,6 +332,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
             idle_pairs: opts.end_idle_pairs,
             non_readers: opts.end_non_readers,
             tracked: opts.end_tracked,
+            slow_readers: opts.end_slow_readers,
             write_timeout: WRITE_TIMEOUT,
             ping: ping.clone(),
             hold_until: end,

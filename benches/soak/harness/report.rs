@@ -279,7 +279,7 @@ fn kib(b: f64) -> f64 {
 fn issue21_text(seen: &Seen, d: &Done21, end: &EndFigures, metrics: &str) -> String {
     format!(
         "issue 21: {} 40 MB pings then idle; {} clients not reading a 16 MB reply ({} closed, {} \
-         still open, {} 16 MB replies sent); {} silent connections ({} closed, longest {} ms, \
+         still open, {} not answered within 20 s; {} 16 MB replies sent); {} silent connections ({} closed, longest {} ms, \
          {} left open); admin: {} slow header senders ({} cut, longest {} ms), {} flood \
          connections ({} got 503), scraper {} answers / {} misses, longest gap {} ms; {} config \
          rewrites in two pieces (reloads ok {}, error {}); {} $unwind aggregates ({} answered \
@@ -291,11 +291,14 @@ fn issue21_text(seen: &Seen, d: &Done21, end: &EndFigures, metrics: &str) -> Str
          end phase: RSS base {:.1} MiB; {} idle pairs after a 40 MB ping {:.1} MiB ({:.1} KiB \
          per pair); {} clients not reading a streamed 16 MB reply {:.1} MiB ({:.1} KiB each, {} \
          closed by write_timeout); {} not reading a judged one {:.1} MiB ({:.1} KiB each, {} \
-         closed); the phase took {:.1} s (the pings {:.1} s){}\n\n",
+         closed); RSS {:.1} MiB, then {} slow readers (1 MiB/s) of a streamed 16 MB \
+         reply {:.1} MiB, {:.1} KiB each, {} still open after {} s, of a judged one {:.1} MiB, {:.1} KiB each, {} still open ({} bytes \
+         read in all); the phase took {:.1} s (the pings {:.1} s){}\n\n",
         get(&d.big_pings),
         get(&d.non_readers),
         get(&d.non_readers_closed),
         get(&d.non_readers_open),
+        get(&d.non_readers_unanswered),
         get(&seen.big_replies),
         get(&d.silent),
         get(&d.silent_closed),
@@ -344,6 +347,16 @@ fn issue21_text(seen: &Seen, d: &Done21, end: &EndFigures, metrics: &str) -> Str
         mib(end.rss_tracked),
         kib(end.per_tracked()),
         end.tracked_closed,
+        mib(end.rss_before_slow),
+        end.slow_readers,
+        mib(end.rss_slow_streamed),
+        kib(end.per_slow_streamed()),
+        end.slow_streamed_open,
+        super::measure::SLOW_FOR.as_secs(),
+        mib(end.rss_slow_judged),
+        kib(end.per_slow_judged()),
+        end.slow_judged_open,
+        end.slow_read_bytes,
         end.took.as_secs_f64(),
         end.pings_took.as_secs_f64(),
         end.error
