@@ -10,6 +10,7 @@
 
 mod abuse;
 mod abuse21;
+mod abuse21_admin;
 mod clients;
 mod fake;
 mod measure;
@@ -19,6 +20,7 @@ mod msgs;
 #[path = "../../e2e/procs.rs"]
 mod procs;
 mod report;
+mod report21;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -196,6 +198,83 @@ fn mem_now(pid: u32) -> (u64, u64) {
     )
 }
 
+/// The abusive clients of issues 11 and 21, and where they aim.
+struct Abusers {
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    cfg: std::path::PathBuf,
+    versions: [String; 2],
+    bomb: Arc<Vec<u8>>,
+    ping: Arc<Vec<u8>>,
+    done: Arc<abuse::Done>,
+    done21: Arc<abuse21::Done21>,
+    until: Instant,
+}
+
+impl Abusers {
+    /// Starts every abuser that begins after the warm-up (the `$unwind` and forging readers
+    /// start with the verifying clients).
+    fn spawn(&self, opts: &Opts, tasks: &mut tokio::task::JoinSet<()>) {
+        let (proxy, admin, until) = (self.proxy, self.admin, self.until);
+        let (d, d21) = (&self.done, &self.done21);
+        tasks.spawn(abuse::poison(proxy, d.clone(), until));
+        tasks.spawn(abuse::policy_abuse(proxy, d.clone(), until));
+        tasks.spawn(abuse::pipeline(proxy, d.clone(), until));
+        tasks.spawn(abuse::flood(proxy, d.clone(), until));
+        tasks.spawn(abuse::chaos(proxy, d.clone(), until));
+        for _ in 0..opts.trickle_conns {
+            tasks.spawn(abuse::trickle(proxy, d.clone(), until));
+        }
+        for _ in 0..opts.big_partials {
+            tasks.spawn(abuse::big_partial(proxy, opts.hold, d.clone(), until));
+        }
+        for _ in 0..opts.bombers {
+            tasks.spawn(abuse::bombs(proxy, self.bomb.clone(), d.clone(), until));
+        }
+        for _ in 0..opts.big_pingers {
+            tasks.spawn(abuse21::big_pinger(
+                proxy,
+                self.ping.clone(),
+                d21.clone(),
+                until,
+            ));
+        }
+        for _ in 0..opts.non_readers {
+            tasks.spawn(abuse21::non_reader(
+                proxy,
+                WRITE_TIMEOUT,
+                d21.clone(),
+                until,
+            ));
+        }
+        for _ in 0..opts.silent {
+            tasks.spawn(abuse21::silent(
+                proxy,
+                FIRST_MESSAGE_TIMEOUT,
+                d21.clone(),
+                until,
+            ));
+        }
+        for _ in 0..8 {
+            tasks.spawn(abuse21_admin::slow_headers(admin, d21.clone(), until));
+        }
+        tasks.spawn(abuse21_admin::admin_flood(
+            admin,
+            ADMIN_MAX_CONNECTIONS + 16,
+            d21.clone(),
+            until,
+        ));
+        tasks.spawn(abuse21_admin::scraper(admin, d21.clone(), until));
+        tasks.spawn(abuse21_admin::config_writer(
+            self.cfg.clone(),
+            self.versions.clone(),
+            d21.clone(),
+            until,
+        ));
+        tasks.spawn(abuse21::bad_max_time(proxy, d21.clone(), until));
+    }
+}
+
 /// What the proxy's `/metrics` said at the end, read once the clients are done.
 pub fn metric(text: &str, line_start: &str) -> Option<f64> {
     text.lines()
@@ -269,62 +348,18 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         }
         tokio::time::sleep(warmup).await;
         let (rss_start, vm_start) = mem_now(pid);
-        let d = &done;
-        tasks.spawn(abuse::poison(proxy, d.clone(), abuse_end));
-        tasks.spawn(abuse::policy_abuse(proxy, d.clone(), abuse_end));
-        tasks.spawn(abuse::pipeline(proxy, d.clone(), abuse_end));
-        tasks.spawn(abuse::flood(proxy, d.clone(), abuse_end));
-        tasks.spawn(abuse::chaos(proxy, d.clone(), abuse_end));
-        for _ in 0..opts.trickle_conns {
-            tasks.spawn(abuse::trickle(proxy, d.clone(), abuse_end));
-        }
-        for _ in 0..opts.big_partials {
-            tasks.spawn(abuse::big_partial(proxy, opts.hold, d.clone(), abuse_end));
-        }
-        for _ in 0..opts.bombers {
-            tasks.spawn(abuse::bombs(proxy, bomb.clone(), d.clone(), abuse_end));
-        }
-        for _ in 0..opts.big_pingers {
-            tasks.spawn(abuse21::big_pinger(
-                proxy,
-                ping.clone(),
-                d21.clone(),
-                abuse_end,
-            ));
-        }
-        for _ in 0..opts.non_readers {
-            tasks.spawn(abuse21::non_reader(
-                proxy,
-                WRITE_TIMEOUT,
-                d21.clone(),
-                abuse_end,
-            ));
-        }
-        for _ in 0..opts.silent {
-            tasks.spawn(abuse21::silent(
-                proxy,
-                FIRST_MESSAGE_TIMEOUT,
-                d21.clone(),
-                abuse_end,
-            ));
-        }
-        for _ in 0..8 {
-            tasks.spawn(abuse21::slow_headers(admin, d21.clone(), abuse_end));
-        }
-        tasks.spawn(abuse21::admin_flood(
+        let abusers = Abusers {
+            proxy,
             admin,
-            ADMIN_MAX_CONNECTIONS + 16,
-            d21.clone(),
-            abuse_end,
-        ));
-        tasks.spawn(abuse21::scraper(admin, d21.clone(), abuse_end));
-        tasks.spawn(abuse21::config_writer(
-            cfg.clone(),
-            versions.clone(),
-            d21.clone(),
-            abuse_end,
-        ));
-        tasks.spawn(abuse21::bad_max_time(proxy, d21.clone(), abuse_end));
+            cfg: cfg.clone(),
+            versions: versions.clone(),
+            bomb: bomb.clone(),
+            ping: ping.clone(),
+            done: done.clone(),
+            done21: done21.clone(),
+            until: abuse_end,
+        };
+        abusers.spawn(opts, &mut tasks);
         // The end phase: a few seconds after the abuse, on a quiet proxy.
         let plan = measure::Plan {
             proxy,
@@ -375,7 +410,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         (mem, figures)
     });
     let metrics = rt
-        .block_on(abuse21::http_get(admin, "/metrics"))
+        .block_on(abuse21_admin::http_get(admin, "/metrics"))
         .map(|(_, text)| text)
         .unwrap_or_default();
     let alive = sg.check_alive();
