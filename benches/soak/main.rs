@@ -31,6 +31,13 @@ fn main() {
     opts.trickle_conns *= scale;
     opts.big_partials = (opts.big_partials * scale).min(8);
     opts.bombers *= scale.min(4);
+    opts.big_pingers = (scale / 2).max(1);
+    opts.non_readers *= scale;
+    opts.silent *= scale.min(4);
+    opts.end_idle_pairs *= scale.min(4);
+    opts.end_non_readers *= scale.min(2);
+    opts.end_tracked *= scale.min(2);
+    opts.end_slow_readers = 2;
     opts.hold = Duration::from_secs(10);
     opts.expect_hardening = args.iter().any(|a| a == "--expect-hardening");
     if let Some(level) = value("--log-level") {

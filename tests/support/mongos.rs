@@ -47,6 +47,8 @@ pub struct Hooked {
 #[derive(Debug, Clone)]
 enum Action {
     Reply(RawDocumentBuf),
+    /// A reply naming another request in `responseTo` (a broken or hostile upstream).
+    ReplyTo(RawDocumentBuf, i32),
     Normal,
     Close,
 }
@@ -63,6 +65,15 @@ impl Hooked {
     /// Answer `{ok: 0, errmsg, code, codeName}`.
     pub fn error(code: i32, code_name: &str, errmsg: &str) -> Hooked {
         Hooked::reply(error_body(code, code_name, errmsg))
+    }
+
+    /// Answer with `body`, but with `responseTo` set to `response_to` instead of the
+    /// request's id: a reply that names another request.
+    pub fn reply_to(body: RawDocumentBuf, response_to: i32) -> Hooked {
+        Hooked {
+            action: Action::ReplyTo(body, response_to),
+            delay: Duration::ZERO,
+        }
     }
 
     /// Close the connection without answering, as a crashing mongos would.
@@ -340,6 +351,9 @@ impl Conn {
         };
         let plan = match action {
             Action::Close => return false,
+            Action::ReplyTo(body, response_to) => {
+                return self.send(req, response_to, false, &body).await;
+            }
             Action::Reply(body) => Plan::One(body),
             Action::Normal => commands::plan(&self.state, req, self.id),
         };

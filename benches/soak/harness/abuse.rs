@@ -114,8 +114,18 @@ pub async fn policy_abuse(proxy: SocketAddr, done: Arc<Done>, until: Instant) {
     }
 }
 
-/// A header declaring 47 MB, then one byte every 200 ms, on `conns` connections (each
-/// reopened when the proxy closes it).
+/// A first message that is answered: the connection is past `first_message_timeout` (short
+/// in the soak), so what follows meets `message_timeout`.
+async fn past_first_message(s: &mut TcpStream) -> bool {
+    let ping = msgs::op_msg(4, &rawdoc! { "ping": 1_i32, "$db": "admin" }, false);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), round_trip(s, &ping)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// A ping, then a header declaring 47 MB, then one byte every 200 ms, on `conns`
+/// connections (each reopened when the proxy closes it).
 pub async fn trickle(proxy: SocketAddr, done: Arc<Done>, until: Instant) {
     let mut head = Vec::with_capacity(HEADER_LEN);
     Header {
@@ -130,7 +140,8 @@ pub async fn trickle(proxy: SocketAddr, done: Arc<Done>, until: Instant) {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        if s.write_all(&head).await.is_err() {
+        if !past_first_message(&mut s).await || s.write_all(&head).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
         while Instant::now() < until {
@@ -143,7 +154,8 @@ pub async fn trickle(proxy: SocketAddr, done: Arc<Done>, until: Instant) {
     }
 }
 
-/// 47 MB − 1 bytes of a 47 MB message, then silence for `hold`, then close; repeated.
+/// A ping, then 47 MB − 1 bytes of a 47 MB message, then silence for `hold`, then close;
+/// repeated.
 pub async fn big_partial(proxy: SocketAddr, hold: Duration, done: Arc<Done>, until: Instant) {
     let mut msg = vec![0u8; BIG - 1];
     Header {
@@ -158,6 +170,10 @@ pub async fn big_partial(proxy: SocketAddr, hold: Duration, done: Arc<Done>, unt
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
+        if !past_first_message(&mut s).await {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
         let sent = tokio::time::timeout(Duration::from_secs(20), s.write_all(&msg)).await;
         if matches!(sent, Ok(Ok(()))) {
             done.big_partial.fetch_add(1, Ordering::Relaxed);

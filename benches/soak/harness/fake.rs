@@ -1,7 +1,10 @@
 //! The misbehaving fake mongos, in process: answers finds by echoing the request's marker,
 //! reads duplicated fields by their first occurrence (as mongod 4.x does) and counts what a
 //! hardened proxy must never let through; StaleConfig bursts and slow replies on the faulty
-//! namespaces; resets and garbage on the chaos namespaces.
+//! namespaces; resets and garbage on the chaos namespaces. For issue 21's attackers: a
+//! 16 MB batch on `demo.big`, `$unwind` aggregates repeating `_id` on `demo.unwind`, reads
+//! with an invalid `maxTimeMS` compared byte for byte with what their client sent, and
+//! StaleConfig on every read of the `forge` database not asking for `available`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::codec::Decoder;
 
+use super::abuse21::{bad_max_time_msg, BAD_MAX_TIME_PREFIX, DUP_PREFIX, FAKE_REFUSAL};
 use super::msgs;
 use super::ns;
 
@@ -36,6 +40,17 @@ pub struct Seen {
     /// Verifying reads on a quiet fallback namespace that reached us with `available`: some
     /// client's abuse opened that breaker.
     pub quiet_rewritten: AtomicU64,
+    /// `$unwind` aggregates answered (with a repeated `_id`) to an `available` read.
+    pub unwind_available: AtomicU64,
+    /// Control finds on `demo.unwind` answered with one repeated `_id` (one orphan each) to
+    /// an `available` read.
+    pub dup_available: AtomicU64,
+    /// 16 MB batches sent on `demo.big`.
+    pub big_replies: AtomicU64,
+    /// Reads with an invalid `maxTimeMS` that reached us, and those of them that did not
+    /// arrive byte for byte as their client sent them (rewritten, or the limit replaced).
+    pub bad_max_time_seen: AtomicU64,
+    pub bad_max_time_altered: AtomicU64,
 }
 
 pub struct Fake {
@@ -113,6 +128,10 @@ async fn serve(mut sock: TcpStream, seen: Arc<Seen>, epoch: Instant) {
                 Answer::Nothing => {}
             }
         }
+        // A 40 MB ping must not stay in this buffer for the life of an idle connection.
+        if buf.is_empty() && buf.capacity() > 1 << 20 {
+            buf = BytesMut::with_capacity(16 * 1024);
+        }
         match sock.read_buf(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {}
@@ -153,7 +172,7 @@ fn answer(frame: &[u8], seen: &Seen, epoch: Instant) -> Answer {
                 return Answer::Nothing;
             }
             let reply = |b: &RawDocument| op_msg(1, h.request_id, 0, b).to_vec();
-            command(m.body, seen, epoch, h.request_id, reply)
+            command(m.body, frame, seen, epoch, h.request_id, reply)
         }
         OpCode::Compressed => {
             // Never decompressed here: the soak's compressed messages are the zstd bombs.
@@ -167,6 +186,7 @@ fn answer(frame: &[u8], seen: &Seen, epoch: Instant) -> Answer {
 
 fn command(
     body: &RawDocument,
+    frame: &[u8],
     seen: &Seen,
     epoch: Instant,
     request_id: i32,
@@ -174,6 +194,7 @@ fn command(
 ) -> Answer {
     match first_key(body) {
         Some("find") => {}
+        Some("aggregate") => return aggregate(body, seen, epoch, reply),
         Some("hello" | "isMaster" | "ismaster") => {
             return Answer::Reply(reply(&msgs::hello_body(1)))
         }
@@ -182,6 +203,19 @@ fn command(
     let db = first_str(body, "$db").unwrap_or("");
     let coll = first_str(body, "find").unwrap_or("");
     let available = note_read(body, None, seen);
+    if let Some(m) = marker(body).filter(|m| m.starts_with(BAD_MAX_TIME_PREFIX)) {
+        // Rebuilt from the marker exactly as the attacker built it: any byte changed on the
+        // way (a rewrite, a replaced limit) shows.
+        seen.bad_max_time_seen.fetch_add(1, Ordering::Relaxed);
+        if bad_max_time_msg(m, db, coll).as_deref() != Some(frame) {
+            seen.bad_max_time_altered.fetch_add(1, Ordering::Relaxed);
+        }
+        return Answer::Reply(reply(&error_body(2, "BadValue", FAKE_REFUSAL)));
+    }
+    if (db, coll) == (ns::DEMO, ns::BIG) {
+        seen.big_replies.fetch_add(1, Ordering::Relaxed);
+        return Answer::Reply(big_reply(request_id));
+    }
     let max_time = first_int(body, "maxTimeMS");
     if max_time.is_some_and(|t| (1..=2).contains(&t)) {
         let e = error_body(50, "MaxTimeMSExpired", "operation exceeded time limit");
@@ -200,10 +234,23 @@ fn command(
     }
     let faulty = ns::is_faulty(db, coll);
     let n = seen.requests.load(Ordering::Relaxed);
-    let flood = coll.starts_with(ns::FLOOD_PREFIX);
+    let flood = coll.starts_with(ns::FLOOD_PREFIX) || db == ns::FORGE_DB;
     if !available && ((faulty && in_burst(epoch)) || flood) {
         seen.stale_sent.fetch_add(1, Ordering::Relaxed);
         return Answer::Reply(reply(&msgs::stale_config_body()));
+    }
+    if marker(body).is_some_and(|m| m.starts_with(DUP_PREFIX)) {
+        // Two documents with one `_id`: what an orphan next to its owner looks like.
+        if available {
+            seen.dup_available.fetch_add(1, Ordering::Relaxed);
+        }
+        let ns = format!("{db}.{coll}");
+        let dup = rawdoc! {
+            "cursor": { "firstBatch": [{ "_id": 7_i32 }, { "_id": 7_i32 }], "id": 0_i64,
+                "ns": ns.as_str() },
+            "ok": 1.0,
+        };
+        return Answer::Reply(reply(&dup));
     }
     let r = reply(&find_reply(body, db));
     if faulty && n % SLOW_EVERY == 0 {
@@ -211,6 +258,66 @@ fn command(
         return Answer::Slow(r, Duration::from_millis(n * 7 % SLOW_MAX_MS));
     }
     Answer::Reply(r)
+}
+
+/// An aggregate on `demo.unwind`: StaleConfig in the bursts (without `available`), else the
+/// result of an `$unwind`, four documents with the same `_id`.
+fn aggregate(
+    body: &RawDocument,
+    seen: &Seen,
+    epoch: Instant,
+    reply: impl Fn(&RawDocument) -> Vec<u8>,
+) -> Answer {
+    let db = first_str(body, "$db").unwrap_or("");
+    let coll = first_str(body, "aggregate").unwrap_or("");
+    let available = first_doc(body, "readConcern")
+        .and_then(|rc| first_str(rc, "level"))
+        .is_some_and(|l| l == "available");
+    if available && ns::is_strict_db(db) {
+        seen.strict_available.fetch_add(1, Ordering::Relaxed);
+    }
+    if !available && ns::is_faulty(db, coll) && in_burst(epoch) {
+        seen.stale_sent.fetch_add(1, Ordering::Relaxed);
+        return Answer::Reply(reply(&msgs::stale_config_body()));
+    }
+    if available {
+        seen.unwind_available.fetch_add(1, Ordering::Relaxed);
+    }
+    let ns = format!("{db}.{coll}");
+    let r = rawdoc! {
+        "cursor": { "firstBatch": [
+            { "_id": 1_i32, "item": 1_i32 }, { "_id": 1_i32, "item": 2_i32 },
+            { "_id": 1_i32, "item": 3_i32 }, { "_id": 1_i32, "item": 4_i32 },
+        ], "id": 0_i64, "ns": ns.as_str() },
+        "ok": 1.0,
+    };
+    Answer::Reply(reply(&r))
+}
+
+/// Size of the `demo.big` batch: 16 documents of 1,000,000 bytes.
+pub const BIG_REPLY: usize = 16_000_000;
+
+/// The 16 MB reply of `demo.big`, built once; each copy gets its `responseTo`.
+fn big_reply(request_id: i32) -> Vec<u8> {
+    static BIG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let whole = BIG.get_or_init(|| {
+        let mut batch = bson::RawArrayBuf::new();
+        for i in 0..16_i32 {
+            let pad = bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: vec![b'b'; BIG_REPLY / 16],
+            };
+            batch.push(rawdoc! { "_id": i, "pad": pad });
+        }
+        let body = rawdoc! {
+            "cursor": { "firstBatch": batch, "id": 0_i64, "ns": "demo.big" },
+            "ok": 1.0,
+        };
+        op_msg(1, 0, 0, &body).to_vec()
+    });
+    let mut out = whole.clone();
+    out[8..12].copy_from_slice(&request_id.to_le_bytes());
+    out
 }
 
 fn in_burst(epoch: Instant) -> bool {

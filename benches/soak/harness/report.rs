@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::abuse::{Done, BIG};
+use super::abuse21::{Done21, PING_SIZE};
 use super::clients::Tally;
-use super::fake::Seen;
+use super::fake::{Seen, BIG_REPLY};
+use super::measure::EndFigures;
+use super::report21::{issue21_checks, issue21_text};
 use super::{Mem, Opts};
 
 /// RSS the proxy may keep after the abuse ends, over what it had before it began. It was
@@ -42,11 +45,11 @@ impl Report {
     }
 }
 
-fn get(a: &std::sync::atomic::AtomicU64) -> u64 {
+pub(super) fn get(a: &std::sync::atomic::AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
-fn mib(b: u64) -> f64 {
+pub(super) fn mib(b: u64) -> f64 {
     b as f64 / 1048576.0
 }
 
@@ -57,7 +60,10 @@ pub fn build(
     tallies: &[(&'static str, &'static str, Arc<Tally>)],
     seen: &Seen,
     done: &Done,
+    d21: &Done21,
     mem: Mem,
+    end: &EndFigures,
+    metrics: &str,
     alive: Result<(), String>,
     log: &str,
 ) -> Report {
@@ -65,9 +71,7 @@ pub fn build(
         "soak: {:.0} s (abuse for all but the last {:.0} s), {} verifying clients per namespace\n\n\
          verifying clients     requests        ok    errors  mismatch  lost   p50 ms   p99 ms\n",
         took.as_secs_f64(),
-        (opts.duration / 10)
-            .clamp(Duration::from_secs(5), Duration::from_secs(60))
-            .as_secs_f64(),
+        super::settle(opts.duration).as_secs_f64(),
         opts.verifiers,
     );
     let (mut requests, mut mismatches, mut lost) = (0, 0, 0);
@@ -139,10 +143,13 @@ pub fn build(
     // per trickling connection (issue 11, "Done when").
     let vm_allowed = opts.big_partials as u64 * 2 * BIG as u64
         + opts.trickle_conns as u64 * (4 << 20)
+        + (opts.big_pingers as u64 + 1) * 2 * PING_SIZE as u64
+        + (opts.non_readers + opts.end_non_readers) as u64 * (1 << 20)
+        + opts.end_tracked as u64 * 2 * BIG_REPLY as u64
         + (256 << 20);
     let vm_growth = mem.vm_max.saturating_sub(mem.vm_start);
     let rss_growth = mem.rss_end.saturating_sub(mem.rss_start);
-    let checks = vec![
+    let mut checks = vec![
         Check {
             name: "every verifying class made progress",
             value: format!("{requests} requests"),
@@ -217,6 +224,8 @@ pub fn build(
             needs_hardening: true,
         },
     ];
+    text.push_str(&issue21_text(seen, d21, end, metrics));
+    checks.extend(issue21_checks(seen, d21, end, metrics, log));
     text.push_str("checks:\n");
     for c in &checks {
         let verdict = match (c.pass, c.needs_hardening) {
@@ -231,7 +240,7 @@ pub fn build(
             "[required] "
         };
         text.push_str(&format!(
-            "  {tag} {:<74} {:<28} {verdict}\n",
+            "  {tag} {:<76} {:<34} {verdict}\n",
             c.name, c.value
         ));
     }
