@@ -125,6 +125,10 @@ async fn pymongo_open_strict_breaker_fails_only_what_fails() {
     // bound: mongos may pick another member), the answered one once.
     assert_eq!(up.len(), 6, "every read was sent, the failing one twice");
     for (i, b) in up.iter().enumerate().skip(3) {
-        assert_eq!(max_time_ms(b), Some(200), "read {i} sent bounded while open");
+        assert_eq!(
+            max_time_ms(b),
+            Some(200),
+            "read {i} sent bounded while open"
+        );
     }
 }
