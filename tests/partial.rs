@@ -18,9 +18,13 @@ use incident::{Options, Via, INVENTORY, PAYMENTS};
 async fn the_partial_incident_is_no_worse_through_staleguard() {
     let opts = Options {
         healthy: Duration::from_secs(2),
-        partial: Duration::from_secs(12),
+        partial: Duration::from_secs(14),
         after: Duration::from_secs(7),
-        readers: 3,
+        // Four connections per path, as in the bench: with `per_connection = 1`, three
+        // connections must each have a confirmed time limit within the window, and a
+        // confirming read meets the healthy secondary half the time (3 to 8.5 s to open
+        // with three readers, once not within 12 s on a loaded CI machine).
+        readers: 4,
         rate: 10,
         ..Options::default()
     };
@@ -48,7 +52,7 @@ async fn the_partial_incident_is_no_worse_through_staleguard() {
     // The strict breaker opened, and did not flap.
     assert!(r.opened_after[0].1.is_some(), "pay.transactions opened");
     let pay = r.transitions_in_incident[0].1;
-    assert!(pay <= 3, "pay.transactions moved {pay} times in 12 s");
+    assert!(pay <= 3, "pay.transactions moved {pay} times in 14 s");
     // Fallback reads always answer.
     assert_eq!(inventory.answered, inventory.reads, "{inventory:?}");
     // Recovery without writes through staleguard or a write probe.
