@@ -4,10 +4,6 @@
 mod ops_support;
 mod support;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use ops_support::http::get;
 use ops_support::*;
 use staleguard::breaker::State;
@@ -158,74 +154,6 @@ async fn readyz_is_503_while_stopping_and_admin_closes_after() {
     assert!(tokio::net::TcpStream::connect(admin).await.is_err());
 }
 
-/// Installs Debian's Chromium on a fresh machine, as `.ci/run` does, so that `cargo test`
-/// alone works there too (as root, with the package mirror reachable).
-fn install_chromium() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        eprintln!("installing Debian's chromium for the status page test (apt-get)");
-        let ok = Command::new("sh")
-            .args([
-                "-c",
-                "DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium",
-            ])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            eprintln!("apt-get install chromium failed");
-        }
-    });
-}
-
-/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`);
-/// returns stdout. Fails the test when Chromium is missing: the page must be seen.
-fn chromium(url: &str, mode: &str, profile: &Path) -> String {
-    let bin = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string());
-    if !Path::new(&bin).exists() && bin == "/usr/bin/chromium" {
-        install_chromium();
-    }
-    assert!(
-        Path::new(&bin).exists(),
-        "{bin} is missing and could not be installed: apt-get install -y chromium (as root), then run the tests again"
-    );
-    let mut child = Command::new(&bin)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            "--window-size=1400,900",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(mode)
-        .arg(url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match child.try_wait().expect("wait for chromium") {
-            Some(_) => break,
-            None if Instant::now() > deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("chromium did not finish within 60 s");
-            }
-            None => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-    let out = child.wait_with_output().expect("chromium output");
-    assert!(out.status.success(), "chromium failed: {}", out.status);
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Visible text of an HTML fragment: tags dropped, entities for the few we emit decoded,
 /// whitespace collapsed.
 fn text_of(html: &str) -> String {
@@ -253,15 +181,17 @@ async fn status_page_in_headless_chromium() {
     let profile = tempfile::tempdir().expect("profile dir");
     let dom = {
         let (url, dir) = (url.clone(), profile.path().to_path_buf());
-        tokio::task::spawn_blocking(move || chromium(&url, "--dump-dom", &dir))
+        tokio::task::spawn_blocking(move || chromium::run(&url, "--dump-dom", &dir, (1400, 900)))
             .await
             .expect("chromium task")
     };
     if let Ok(shot) = std::env::var("STALEGUARD_SCREENSHOT") {
         let dir = profile.path().to_path_buf();
-        tokio::task::spawn_blocking(move || chromium(&url, &format!("--screenshot={shot}"), &dir))
-            .await
-            .expect("screenshot task");
+        tokio::task::spawn_blocking(move || {
+            chromium::run(&url, &format!("--screenshot={shot}"), &dir, (1400, 900))
+        })
+        .await
+        .expect("screenshot task");
     }
     assert!(dom.contains("<title>staleguard status</title>"), "{dom}");
     // The banner names the open breaker, for how long, and what happens to its reads.

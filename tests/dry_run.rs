@@ -21,7 +21,6 @@ use staleguard::breaker::State;
 use ops_support::http::get;
 use ops_support::promtool::check_metrics;
 use policy_support::*;
-use support::mongos::Hooked;
 
 /// One connection's errors count, at once; a breaker stays open through the test.
 const FAST: &str = "dry_run = true\nthreshold = 3\nwindow = \"10s\"\ncooldown = \"30s\"\n\
@@ -108,24 +107,7 @@ async fn a_dry_run_counts_every_action_and_takes_none() {
     env.fake.seed("drydemo.inventory", seed_docs(2));
     // Every secondary read of the stale collections fails, whatever it asks for; the
     // primary and `available` would answer, had staleguard sent anything there.
-    env.fake.set_hook(|body| {
-        if !STALE.iter().any(|c| is_read_on(body, c)) || level(body).as_deref() == Some("available")
-        {
-            return None;
-        }
-        let mode = body
-            .get_document("$readPreference")
-            .ok()
-            .and_then(|d| d.get_str("mode").ok());
-        if mode.is_none_or(|m| m == "primary") {
-            return None;
-        }
-        Some(Hooked::error(
-            13388,
-            "StaleConfig",
-            "secondary cannot refresh",
-        ))
-    });
+    stale_secondaries(&env, STALE);
     let client = env.client("").await;
 
     // Closed: each namespace's three errors open its breaker (a dry run counts and opens);

@@ -22,7 +22,6 @@ use staleguard::breaker::State;
 use ops_support::http::{get, Response};
 use ops_support::promtool::check_metrics;
 use policy_support::*;
-use support::mongos::Hooked;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -71,29 +70,6 @@ fn secondary() -> ReadPreference {
 async fn find(c: &Collection<Document>) -> mongodb::error::Result<Vec<Document>> {
     let cursor = c.find(doc! {}).max_time(Duration::from_secs(10)).await?;
     cursor.try_collect().await
-}
-
-/// The incident on `colls`: their secondary reads fail with StaleConfig; primary reads and
-/// `available` reads are answered.
-fn stale_secondaries(env: &Env, colls: &'static [&'static str]) {
-    env.fake.set_hook(move |body| {
-        if !colls.iter().any(|c| is_read_on(body, c)) || level(body).as_deref() == Some("available")
-        {
-            return None;
-        }
-        let mode = body
-            .get_document("$readPreference")
-            .ok()
-            .and_then(|d| d.get_str("mode").ok());
-        if mode.is_none_or(|m| m == "primary") {
-            return None;
-        }
-        Some(Hooked::error(
-            13388,
-            "StaleConfig",
-            "secondary cannot refresh",
-        ))
-    });
 }
 
 /// Samples by metric name and label set, from the text format.

@@ -9,13 +9,13 @@ mod ops_support;
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
 use mongodb::error::Error;
 use mongodb::Client;
+use ops_support::chromium;
 use ops_support::http::get;
 use staleguard::breaker::State;
 use staleguard::config::Config;
@@ -106,47 +106,6 @@ async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`).
-fn chromium(url: &str, mode: &str, profile: &Path) -> String {
-    let bin = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".to_string());
-    assert!(
-        Path::new(&bin).exists(),
-        "{bin} is missing: apt-get install -y chromium (as root; tests/admin.rs installs it), then run the test again"
-    );
-    let mut child = Command::new(&bin)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--hide-scrollbars",
-            "--window-size=1400,2600",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(mode)
-        .arg(url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().expect("wait for chromium").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("chromium did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().expect("chromium output");
-    assert!(out.status.success(), "chromium failed: {}", out.status);
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The DOM as Chromium built it, and a screenshot kept as `name`.
 async fn look(url: &str, name: &str) -> String {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("page_history");
@@ -154,13 +113,21 @@ async fn look(url: &str, name: &str) -> String {
     let shot = dir.join(name);
     let profile = tempfile::tempdir().expect("profile dir");
     let (u, p) = (url.to_string(), profile.path().to_path_buf());
-    let dom = tokio::task::spawn_blocking(move || chromium(&u, "--dump-dom", &p))
-        .await
-        .expect("chromium task");
+    let dom =
+        tokio::task::spawn_blocking(move || chromium::run(&u, "--dump-dom", &p, (1400, 2600)))
+            .await
+            .expect("chromium task");
     let (u, p, s) = (url.to_string(), profile.path().to_path_buf(), shot.clone());
-    tokio::task::spawn_blocking(move || chromium(&u, &format!("--screenshot={}", s.display()), &p))
-        .await
-        .expect("screenshot task");
+    tokio::task::spawn_blocking(move || {
+        chromium::run(
+            &u,
+            &format!("--screenshot={}", s.display()),
+            &p,
+            (1400, 2600),
+        )
+    })
+    .await
+    .expect("screenshot task");
     assert!(shot.exists(), "no screenshot at {}", shot.display());
     println!("screenshot: {}", shot.display());
     dom

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod chromium;
 pub mod http;
 pub mod promtool;
 

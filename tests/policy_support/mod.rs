@@ -433,6 +433,29 @@ pub fn stale_reads(fake: &FakeMongos, coll: &str, code: i32, delay: Duration) ->
     fault
 }
 
+/// The incident on `colls`: their secondary reads fail with StaleConfig; primary reads and
+/// `available` reads are answered.
+pub fn stale_secondaries(env: &Env, colls: &'static [&'static str]) {
+    env.fake.set_hook(move |body| {
+        if !colls.iter().any(|c| is_read_on(body, c)) || level(body).as_deref() == Some("available")
+        {
+            return None;
+        }
+        let mode = body
+            .get_document("$readPreference")
+            .ok()
+            .and_then(|d| d.get_str("mode").ok());
+        if mode.is_none_or(|m| m == "primary") {
+            return None;
+        }
+        Some(Hooked::error(
+            13388,
+            "StaleConfig",
+            "secondary cannot refresh",
+        ))
+    });
+}
+
 /// `n` small documents `{_id: i, item: "item i"}`.
 pub fn seed_docs(n: i32) -> Vec<RawDocumentBuf> {
     (0..n)
