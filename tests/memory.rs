@@ -254,3 +254,101 @@ async fn a_client_that_does_not_read_costs_little_and_is_closed() {
     let n = round_trip(&mut s, &request(99, 10, 16_000_000)).await;
     assert!(n > 16_000_000);
 }
+
+/// A command on `pay.tx` asking for a reply of `reply` bytes: a secondary `find` (a tracked
+/// read of a strict namespace) or an `insert` (a write the stall watch follows). Both
+/// replies are judged; a large one is judged in pieces as it passes.
+fn judged_request(id: i32, write: bool, reply: i64) -> Bytes {
+    let body: RawDocumentBuf = if write {
+        rawdoc! {"insert": "tx", "documents": [{"a": 1}], "reply": reply, "$db": "pay"}
+    } else {
+        rawdoc! {
+            "find": "tx", "filter": {}, "reply": reply, "$db": "pay",
+            "$readPreference": {"mode": "secondaryPreferred"},
+        }
+    };
+    op_msg(id, 0, 0, &body)
+}
+
+/// Clients that never read a 16 MB reply to a tracked read or a followed write: the reply is
+/// judged in pieces as it passes, so it waits in mongos's socket, not in the proxy (issue
+/// 21's bound: at most 8 MiB each), and they are closed after `write_timeout`. A client that
+/// reads gets the whole reply byte for byte, and it is judged: a read answered, a write
+/// completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_a_judged_reply_costs_little_and_is_closed() {
+    const CLIENTS: usize = 12;
+    let upstream = sized_upstream().await;
+    let extra = "write_timeout = \"2s\"\n[[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n";
+    let proxy = Proxy::start(upstream, extra, false).await;
+    let before = proxy.rss_kib();
+    let mut conns = Vec::new();
+    for i in 0..CLIENTS {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(64 * 1024).unwrap();
+        let mut s = socket.connect(proxy.addr.parse().unwrap()).await.unwrap();
+        let msg = judged_request(i as i32 + 1, i % 2 == 0, 16_000_000);
+        s.write_all(&msg).await.unwrap();
+        conns.push(s);
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let held = proxy.rss_kib().saturating_sub(before) / CLIENTS as u64;
+    println!("{held} KiB per client that does not read a judged 16 MB reply");
+    assert!(held <= 8 * 1024, "{held} KiB per client");
+    // Far below: the outbox bound, one read buffer and the scan's few bytes.
+    assert!(held <= 1024, "{held} KiB per client");
+    tokio::time::sleep_until((started + Duration::from_millis(3500)).into()).await;
+    for s in conns.iter_mut() {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        let end = loop {
+            match tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break true,
+                Ok(Ok(n)) => got += n,
+                Err(_) => break false,
+            }
+        };
+        assert!(end, "closed by the proxy");
+        assert!(got < 16_000_000, "the reply was cut ({got} bytes)");
+    }
+    let metrics = proxy.metrics().await;
+    let line = format!("staleguard_limit_hits_total{{limit=\"write_timeout\"}} {CLIENTS}");
+    assert!(metrics.contains(&line), "{metrics}");
+    // Clients that read get the whole reply, as mongos sent it, and it is judged.
+    for (id, write) in [(101, false), (102, true)] {
+        let mut s = TcpStream::connect(&proxy.addr).await.unwrap();
+        s.write_all(&judged_request(id, write, 16_000_000))
+            .await
+            .unwrap();
+        let mut head = [0u8; 16];
+        s.read_exact(&mut head).await.unwrap();
+        let len = i32::from_le_bytes(head[..4].try_into().unwrap()) as usize;
+        let mut rest = vec![0u8; len - 16];
+        s.read_exact(&mut rest).await.unwrap();
+        let pad = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![7; 16_000_000],
+        };
+        let sent = op_msg(1, id, 0, &rawdoc! {"ok": 1.0, "pad": pad});
+        assert_eq!(&head[..], &sent[..16], "header as mongos sent it");
+        assert!(rest[..] == sent[16..], "body as mongos sent it");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = proxy.metrics().await;
+        let answered = metrics.lines().any(|l| {
+            l.starts_with("staleguard_reads_answered_total{") && l.contains("pay.tx") && !l.ends_with(" 0")
+        });
+        let completed = metrics.lines().any(|l| {
+            l.starts_with("staleguard_write_replies_total{")
+                && l.contains("completed")
+                && !l.ends_with(" 0")
+        });
+        if answered && completed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "judged: read answered {answered}, write completed {completed}\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -11,6 +11,7 @@
 //! reply     what happens to a reply: its turn, a write's answer, the confirming read's,
 //!           a tracked read judged (policy::judge) and its next rung, large replies passed
 //!           on in pieces
+//! judging   a large reply to a tracked read or write, judged in pieces as it passes
 //! reads     what is followed in flight: tracked reads, the confirming read, writes, the
 //!           connection's share of the ladder guard
 //! gate      the early gates (request + config → Gate); off-worker decompression
@@ -27,6 +28,7 @@
 mod confirm;
 mod counters;
 mod gate;
+mod judging;
 mod life;
 mod outbox;
 mod peers;
@@ -120,6 +122,8 @@ struct Handler {
     /// Where rewritten requests are written; its allocation comes back once the last one
     /// is sent (`rewrite::rewrite_into`).
     rewrite_buf: BytesMut,
+    /// A large reply to a tracked read or a followed write, judged as it passes in pieces.
+    judging: Option<Box<judging::Judging>>,
 }
 
 impl Session {
@@ -147,6 +151,7 @@ impl Session {
                 meter,
                 ns_buf: String::new(),
                 rewrite_buf: BytesMut::new(),
+                judging: None,
             },
         }
     }

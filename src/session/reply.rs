@@ -17,6 +17,7 @@
 use tokio::time::Instant;
 
 use super::confirm::{Ask, Confirm};
+use super::judging::JUDGE_WHOLE;
 use super::reads::{Tracked, ORPHAN_SCAN_CAP};
 use super::Handler;
 use crate::breaker::{Counted, Sample};
@@ -32,32 +33,43 @@ impl Handler {
         match item {
             Incoming::Message(msg) => self.on_reply(msg),
             Incoming::Large(head) => codec.stream(self.start_stream(&head)),
-            Incoming::Piece(bytes) => self.peers.piece(bytes),
+            Incoming::Piece(bytes) => self.piece(bytes),
             // The last piece: the reply is relayed (a stop waits for it, see `drained`).
             Incoming::Last {
                 bytes,
                 more_to_come,
-            } => self.peers.reply(bytes, more_to_come),
+            } => self.last_piece(bytes, more_to_come),
         }
     }
 
-    /// The head of a large reply: streamed when it answers no tracked read and no write or
-    /// confirming read waits (their turn order needs the whole reply's bookkeeping; then
-    /// the bookkeeping a whole reply gets on arrival happens now); otherwise read whole.
+    /// The head of a large reply: streamed, with the bookkeeping a whole reply gets on
+    /// arrival done now, unless it may answer something followed and is small enough to be
+    /// judged whole ([`JUDGE_WHOLE`]), or may be the confirming read's answer (never
+    /// relayed); then it is read whole. A streamed reply that answers a tracked read or a
+    /// followed write is judged in pieces (`judging.rs`).
     fn start_stream(&mut self, head: &Head) -> bool {
         let response_to = head.header.response_to;
+        // Its place among the final replies, as in `on_reply`.
+        let place = self.peers.finals_in() + 1;
         let r = &self.reads;
-        if r.may_answer(response_to) || !r.writes.is_empty() || r.confirm.is_some() {
-            return false;
+        let followed = r.may_answer(response_to) || !r.writes.is_empty() || r.confirm.is_some();
+        if followed {
+            let confirm = r.confirm.as_ref();
+            let own = confirm.is_some_and(|c| c.answered_by(response_to, place));
+            if own || head.header.length as usize <= JUDGE_WHOLE {
+                return false;
+            }
         }
         if let Some(waited) = self.peers.reply_arrived() {
             self.meter.round_trip(waited);
         }
         if !head.more_to_come() {
-            let seq = self.peers.final_in();
-            self.reads.began(seq + 1);
+            self.peers.final_in();
+            self.reads.began(place + 1);
         }
-        if !self.reads.no_tracked() {
+        if followed {
+            self.judge_in_pieces(head, place);
+        } else if !self.reads.no_tracked() {
             self.give_up_passed();
         }
         true
@@ -96,19 +108,19 @@ impl Handler {
                 return;
             }
         }
+        self.confirm_passed();
+        self.give_up_passed();
+        self.send_to_client(reply)
+    }
+
+    /// The confirming read's turn passed under another responseTo: nothing to judge.
+    pub(super) fn confirm_passed(&mut self) {
         let finals_in = self.peers.finals_in();
-        if self
-            .reads
-            .confirm
-            .as_ref()
-            .is_some_and(|c| c.passed(finals_in))
-        {
-            // Its turn passed under another responseTo: nothing to judge.
+        let confirm = self.reads.confirm.as_ref();
+        if confirm.is_some_and(|c| c.passed(finals_in)) {
             self.reads.confirm = None;
             self.meter.confirm("unknown");
         }
-        self.give_up_passed();
-        self.send_to_client(reply)
     }
 
     fn send_to_client(&mut self, reply: Reply) {
@@ -145,7 +157,7 @@ impl Handler {
     /// Tracked reads whose turn for a reply has passed (mongos answered them with a
     /// `responseTo` that names another request): nothing can be judged of them, so they
     /// leave instead of waiting forever (a probe gives its slot back).
-    fn give_up_passed(&mut self) {
+    pub(super) fn give_up_passed(&mut self) {
         for t in self.reads.passed(self.peers.finals_in()) {
             tracing::warn!(ns = %t.ns, command = %t.command, request_id = t.request_id, "tracked read answered with another responseTo; not judged");
             if t.attempt.sample {
@@ -179,21 +191,33 @@ impl Handler {
             }
         };
         let answered = status.as_ref().is_ok_and(|s| s.ok);
-        let mut verdict = policy::judge(&t.read(), ending, now);
-        if t.dry {
-            let (held, would) = policy::dry_verdict(verdict);
-            if let Some(action) = would {
-                tracing::debug!(ns = %t.ns, command = %t.command, action, dry_run = true, "would climb (dry run)");
-                self.meter.dry_run(&t.ns, action);
-            }
-            verdict = held;
-        }
+        let verdict = self.verdict(&t, ending, now);
         self.apply_verdict(t, verdict, answered, now)
+    }
+
+    /// What `t`'s ending comes to (`policy::judge`); in a dry run, what it would have come
+    /// to is counted and the reply stands.
+    pub(super) fn verdict<'s>(
+        &mut self,
+        t: &Tracked,
+        ending: Ending<'s>,
+        now: Instant,
+    ) -> policy::Verdict<'s> {
+        let verdict = policy::judge(&t.read(), ending, now);
+        if !t.dry {
+            return verdict;
+        }
+        let (held, would) = policy::dry_verdict(verdict);
+        if let Some(action) = would {
+            tracing::debug!(ns = %t.ns, command = %t.command, action, dry_run = true, "would climb (dry run)");
+            self.meter.dry_run(&t.ns, action);
+        }
+        held
     }
 
     /// Documents an `available` reply returned twice (same `_id`): orphans the proxy can
     /// see, added to the orphan estimate.
-    fn count_orphans(&mut self, ns: &str, n: DupCount) {
+    pub(super) fn count_orphans(&mut self, ns: &str, n: DupCount) {
         if n.duplicates > 0 {
             tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
         }
@@ -212,6 +236,7 @@ impl Handler {
 
     fn judge_all(&mut self, ending: Ending<'_>) {
         let now = Instant::now();
+        self.judging_gone(ending, now);
         for t in self.reads.take_all() {
             let verdict = policy::judge(&t.read(), ending, now);
             self.apply_verdict(t, verdict, false, now);
@@ -221,7 +246,7 @@ impl Handler {
 
     /// Carries out a verdict; returns true when the reply is replaced (a resend went out,
     /// or staleguard's own error). `answered`: the reply said `ok: 1`.
-    fn apply_verdict(
+    pub(super) fn apply_verdict(
         &mut self,
         mut t: Tracked,
         verdict: policy::Verdict<'_>,

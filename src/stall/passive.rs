@@ -215,6 +215,16 @@ impl WriteTracker {
         self.publish();
     }
 
+    /// Whether a reply seen as `(response_to, is_final, finals_in)` answers a followed write
+    /// (what [`WriteTracker::replied`] would find), without changing anything.
+    pub fn answers(&self, (response_to, is_final, finals_in): (i32, bool, u64)) -> bool {
+        is_final
+            && self
+                .writes
+                .iter()
+                .any(|w| w.seq == finals_in && w.request_id == response_to)
+    }
+
     /// A reply arrived from the upstream, answering `response_to`; `finals_in` counts the
     /// final replies (no moreToCome) so far, this one included when `is_final`. It answers
     /// a followed write when it is final and both the write's id and its place match

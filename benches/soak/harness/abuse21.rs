@@ -125,7 +125,7 @@ pub async fn big_pinger(proxy: SocketAddr, ping: Arc<Vec<u8>>, done: Arc<Done21>
 }
 
 /// A find on `demo.big` (16 MB batch): primary, so not followed and streamed; with
-/// `tracked`, a secondary read on the fallback namespace, whose reply is judged (held whole).
+/// `tracked`, a secondary read on the fallback namespace, whose reply is judged (in pieces).
 pub fn big_find(id: i32, tracked: bool) -> Vec<u8> {
     let mut b = rawdoc! { "find": ns::BIG, "filter": {}, "$db": ns::DEMO };
     if tracked {

@@ -175,6 +175,24 @@ pub(super) fn issue21_checks(
             end_ok && end.non_readers > 0 && end.per_non_reader() <= NON_READER_MAX,
         ),
         check(
+            "client not reading a judged 16 MB reply costs <= 8 MiB",
+            format!("{:.1} KiB each", kib(end.per_tracked())),
+            end_ok && end.tracked > 0 && end.per_tracked() <= NON_READER_MAX,
+        ),
+        check(
+            "slow readers (1 MiB/s) of streamed and judged 16 MB replies cost <= 8 MiB",
+            format!(
+                "{:.1} / {:.1} KiB each",
+                kib(end.per_slow_streamed()),
+                kib(end.per_slow_judged())
+            ),
+            // The CI minute runs none (they take over twice `write_timeout`).
+            end_ok
+                && (end.slow_readers == 0
+                    || (end.per_slow_streamed() <= NON_READER_MAX
+                        && end.per_slow_judged() <= NON_READER_MAX)),
+        ),
+        check(
             "non-readers closed by write_timeout (abuse and end phase)",
             format!(
                 "{}+{} closed, {} open; hits {}",
