@@ -20,18 +20,18 @@
 //!
 //! Memory: a carry buffer for what is read whole (the header, an element's tag and key of up
 //! to 16 bytes, a value of at most 8 bytes, a kept `codeName` or `_id`), under 4 KiB, and
-//! the kept `_id`s (see [`ids`]), at most `cap` × ([`STREAM_ID_MAX`] + 32) bytes.
+//! the kept `_id`s (see `stream_scan/ids.rs`), at most `cap` × ([`STREAM_ID_MAX`] + 32) bytes.
 
+mod elems;
 mod ids;
-#[cfg(test)]
-mod tests;
+mod message;
 
 use crate::dupids::DupCount;
-use crate::opmsg::{CHECKSUM_PRESENT, MORE_TO_COME};
 use crate::scan::{self, find_nul, Elem};
 use crate::status::ReplyStatus;
-use crate::{read_i32, OpCode, WireError, HEADER_LEN};
+use crate::{WireError, HEADER_LEN};
 use ids::Ids;
+use message::Utf8;
 
 /// Largest `_id` element (type byte + "_id\0" + value) the streaming duplicate count keeps; a
 /// document whose `_id` element is larger is counted in `DupCount::skipped`.
@@ -333,7 +333,8 @@ impl StreamScan {
     /// the body (the status cannot be read), the end of the duplicate count inside `cursor`.
     fn bad(&mut self, what: &'static str) {
         match self.top() {
-            None | Some(Frame {
+            None
+            | Some(Frame {
                 role: Role::Body, ..
             }) => self.fatal(WireError::BadBson(what)),
             Some(_) => self.dup_break(),
@@ -347,7 +348,11 @@ impl StreamScan {
         while self.top().is_some_and(|f| f.role != Role::Cursor) {
             self.depth -= 1;
         }
-        match self.depth.checked_sub(1).and_then(|d| self.frames.get_mut(d)) {
+        match self
+            .depth
+            .checked_sub(1)
+            .and_then(|d| self.frames.get_mut(d))
+        {
             Some(f) => f.walk = false,
             None => return self.fatal(WireError::BadBson("reply body")),
         }
@@ -362,9 +367,9 @@ impl StreamScan {
         }
         if std::mem::take(&mut self.unterminated) {
             return match self.step {
-                Step::SeqIdent => self.fatal(WireError::UnterminatedCString(
-                    "op_msg sequence identifier",
-                )),
+                Step::SeqIdent => {
+                    self.fatal(WireError::UnterminatedCString("op_msg sequence identifier"))
+                }
                 _ => self.bad("cstring without terminator"),
             };
         }
@@ -380,10 +385,11 @@ impl StreamScan {
                     self.fatal(WireError::BadBson("op_msg sequence identifier"))
                 }
             }
-            Step::SeqDocLen => match self.doc_len(self.seq_end, "op_msg sequence document") {
-                Some(n) => self.skip_doc(n, Step::SeqDoc),
-                None => {}
-            },
+            Step::SeqDocLen => {
+                if let Some(n) = self.doc_len(self.seq_end, "op_msg sequence document") {
+                    self.skip_doc(n, Step::SeqDoc)
+                }
+            }
             Step::SeqDoc => self.seq_next(),
             Step::NextSection => self.next_section(),
             Step::ReplyDocs => self.reply_next(),
@@ -418,236 +424,13 @@ impl StreamScan {
             Step::Done => self.need = Need::Stop,
         }
     }
-
-    fn last_i32(&self) -> i32 {
-        read_i32(&self.carry, self.carry.len().saturating_sub(4)).unwrap_or(0)
-    }
-
-    fn on_header(&mut self) {
-        let len = read_i32(&self.carry, 0).unwrap_or(0);
-        let op = read_i32(&self.carry, 12).unwrap_or(0);
-        if len < HEADER_LEN as i32 || len as i64 > self.max as i64 {
-            return self.fatal(WireError::BadLength {
-                len: len as i64,
-                max: self.max,
-            });
-        }
-        let declared = len as u64;
-        self.declared = Some(declared);
-        let payload = declared - HEADER_LEN as u64;
-        self.carry.clear();
-        match op {
-            OpCode::MSG if payload < 4 => self.fatal(WireError::Truncated("op_msg flags")),
-            OpCode::MSG => {
-                self.is_msg = true;
-                self.walk_dups = self.cap.is_some();
-                self.set(Need::Take(4), Step::Flags);
-            }
-            OpCode::REPLY if payload < 20 => self.fatal(WireError::Truncated("op_reply")),
-            OpCode::REPLY => {
-                self.sections_end = declared;
-                self.set(Need::Skip(20), Step::ReplyDocs);
-            }
-            OpCode::COMPRESSED => {
-                self.compressed = true;
-                self.need = Need::Stop;
-            }
-            other => self.fatal(WireError::BadInnerOpcode(other)),
-        }
-    }
-
-    fn on_flags(&mut self) {
-        let flags = self.last_i32() as u32;
-        let unknown = flags & 0xffff & !(CHECKSUM_PRESENT | MORE_TO_COME);
-        if unknown != 0 {
-            return self.fatal(WireError::UnknownRequiredFlags(unknown));
-        }
-        let declared = self.declared.unwrap_or(0);
-        self.checksum = flags & CHECKSUM_PRESENT != 0;
-        self.sections_end = declared;
-        if self.checksum {
-            // The payload less its checksum must still hold the flags.
-            if declared < (HEADER_LEN + 8) as u64 {
-                return self.fatal(WireError::Truncated("op_msg checksum"));
-            }
-            self.sections_end = declared - 4;
-        }
-        self.next_section();
-    }
-
-    fn next_section(&mut self) {
-        self.carry.clear();
-        if self.pos < self.sections_end {
-            return self.set(Need::Take(1), Step::SecKind);
-        }
-        if self.bodies != 1 {
-            return self.fatal(WireError::BodyCount(self.bodies));
-        }
-        let tail = if self.checksum { 4 } else { 0 };
-        self.set(Need::Skip(tail), Step::Done);
-    }
-
-    fn on_section_kind(&mut self) {
-        let kind = self.carry.first().copied().unwrap_or(0);
-        let what = match kind {
-            0 if self.bodies > 0 => return self.fatal(WireError::BodyCount(self.bodies + 1)),
-            0 => "op_msg body",
-            1 => "op_msg document sequence",
-            2 => "op_msg security token",
-            other => return self.fatal(WireError::UnknownSectionKind(other)),
-        };
-        if self.sections_end - self.pos < 4 {
-            return self.fatal(WireError::Truncated(what));
-        }
-        self.carry.clear();
-        self.set(Need::Take(4), Step::SecLen(kind));
-    }
-
-    /// A length just read, of a document or section starting 4 bytes back and ending by
-    /// `end`: checked as `read_doc` checks it.
-    fn doc_len(&mut self, end: u64, what: &'static str) -> Option<u64> {
-        let n = self.last_i32();
-        let room = end.saturating_sub(self.pos) + 4;
-        if n < 5 || n as u64 > room {
-            self.fatal(WireError::Overrun {
-                what,
-                len: n as i64,
-                room: usize::try_from(room).unwrap_or(usize::MAX),
-            });
-            return None;
-        }
-        Some(n as u64)
-    }
-
-    /// Passes over the rest of a document of `n` bytes whose length was just read, checking
-    /// its last byte is NUL.
-    fn skip_doc(&mut self, n: u64, then: Step) {
-        self.nul_pos = self.pos + n - 5;
-        self.set(Need::Skip(n - 4), then);
-    }
-
-    fn on_section_len(&mut self, kind: u8) {
-        let end = self.sections_end;
-        match kind {
-            0 => {
-                if let Some(n) = self.doc_len(end, "op_msg body") {
-                    self.enter_body(n);
-                }
-            }
-            1 => {
-                if let Some(n) = self.doc_len(end, "op_msg document sequence") {
-                    self.seq_end = self.pos - 4 + n;
-                    self.utf8 = Some(Utf8::default());
-                    let room = self.seq_end - self.pos;
-                    self.set(Need::CStr { room, keep: 0 }, Step::SeqIdent);
-                }
-            }
-            _ => {
-                if let Some(n) = self.doc_len(end, "op_msg security token") {
-                    self.skip_doc(n, Step::NextSection);
-                }
-            }
-        }
-    }
-
-    fn seq_next(&mut self) {
-        self.carry.clear();
-        if self.pos >= self.seq_end {
-            return self.next_section();
-        }
-        if self.seq_end - self.pos < 4 {
-            return self.fatal(WireError::Truncated("op_msg sequence document"));
-        }
-        self.set(Need::Take(4), Step::SeqDocLen);
-    }
-
-    fn reply_next(&mut self) {
-        self.carry.clear();
-        if self.pos < self.sections_end {
-            if self.sections_end - self.pos < 4 {
-                return self.fatal(WireError::Truncated("op_reply document"));
-            }
-            return self.set(Need::Take(4), Step::ReplyDocLen);
-        }
-        if self.bodies == 0 {
-            return self.fatal(WireError::Truncated("op_reply document"));
-        }
-        self.set(Need::Skip(0), Step::Done);
-    }
-
-    fn enter_body(&mut self, n: u64) {
-        self.bodies += 1;
-        self.push(Role::Body, n);
-    }
-
-    fn push(&mut self, role: Role, n: u64) {
-        match self.frames.get_mut(self.depth) {
-            Some(f) => {
-                *f = Frame {
-                    role,
-                    left: n - 5,
-                    walk: true,
-                };
-                self.depth += 1;
-                self.next_elem();
-            }
-            None => self.fatal(WireError::BadBson("nesting")),
-        }
-    }
 }
-
-mod elems;
 
 fn ready_if(done: bool, need: Need) -> Need {
     if done {
         Need::Ready
     } else {
         need
-    }
-}
-
-/// UTF-8 checked across pieces: an incomplete sequence at a piece's end waits for the next.
-#[derive(Debug, Default, Clone, Copy)]
-struct Utf8 {
-    pending: [u8; 4],
-    n: usize,
-    bad: bool,
-}
-
-impl Utf8 {
-    fn push(&mut self, mut b: &[u8]) {
-        while self.n > 0 && !self.bad {
-            let Some((&first, rest)) = b.split_first() else {
-                return;
-            };
-            b = rest;
-            if let Some(p) = self.pending.get_mut(self.n) {
-                *p = first;
-            }
-            self.n += 1;
-            match std::str::from_utf8(&self.pending[..self.n.min(4)]) {
-                Ok(_) => self.n = 0,
-                Err(e) if e.error_len().is_some() || self.n >= 4 => self.bad = true,
-                Err(_) => {}
-            }
-        }
-        if self.bad {
-            return;
-        }
-        if let Err(e) = std::str::from_utf8(b) {
-            match e.error_len() {
-                Some(_) => self.bad = true,
-                None => {
-                    let tail = &b[e.valid_up_to()..];
-                    self.n = tail.len().min(3);
-                    self.pending[..self.n].copy_from_slice(&tail[..self.n]);
-                }
-            }
-        }
-    }
-
-    fn valid(&self) -> bool {
-        !self.bad && self.n == 0
     }
 }
 
@@ -665,3 +448,6 @@ fn elem(tag: u8, value: &[u8]) -> Elem<'_> {
 fn is_int(tag: u8) -> bool {
     matches!(tag, scan::INT32 | scan::INT64 | scan::DOUBLE)
 }
+
+#[cfg(test)]
+mod tests;

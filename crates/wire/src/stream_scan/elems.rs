@@ -59,7 +59,11 @@ impl StreamScan {
         }
         if f.role == Role::Batch {
             // Only the first batch is read; the rest of `cursor` is passed over.
-            if let Some(parent) = self.depth.checked_sub(1).and_then(|d| self.frames.get_mut(d)) {
+            if let Some(parent) = self
+                .depth
+                .checked_sub(1)
+                .and_then(|d| self.frames.get_mut(d))
+            {
                 parent.walk = false;
             }
         }
@@ -111,7 +115,11 @@ impl StreamScan {
             Role::Doc if key == b"_id" => {
                 self.looked += 1;
                 // Only the first `_id` of a document counts.
-                if let Some(d) = self.depth.checked_sub(1).and_then(|d| self.frames.get_mut(d)) {
+                if let Some(d) = self
+                    .depth
+                    .checked_sub(1)
+                    .and_then(|d| self.frames.get_mut(d))
+                {
                     d.walk = false;
                 }
                 Use::Id
@@ -195,7 +203,7 @@ impl StreamScan {
         let (rest, nul) = match self.tag {
             0x02 | 0x0D | 0x0E if n >= 1 && n <= left => (n, Some(n - 1)),
             0x03 | 0x04 if n >= 5 && n - 4 <= left => (n - 4, Some(n - 5)),
-            0x05 if n >= 0 && n + 1 <= left => (n + 1, None),
+            0x05 if n >= 0 && n < left => (n + 1, None),
             0x0C if n >= 1 && n + 12 <= left => (n + 12, Some(n - 1)),
             0x0F if n >= 14 && n - 4 <= left => (n - 4, None),
             _ => return self.bad("value length"),

@@ -82,7 +82,9 @@ fn any_value() -> impl Strategy<Value = (u8, Vec<u8>)> {
         "[a-z]{0,8}".prop_map(|s| {
             let code = string(s.as_bytes());
             let scope = doc(&[]);
-            let mut v = ((4 + code.len() + scope.len()) as i32).to_le_bytes().to_vec();
+            let mut v = ((4 + code.len() + scope.len()) as i32)
+                .to_le_bytes()
+                .to_vec();
             v.extend_from_slice(&code);
             v.extend_from_slice(&scope);
             (0x0F, v)
@@ -179,14 +181,21 @@ fn top_elem() -> impl Strategy<Value = (Vec<u8>, bool)> {
         any::<bool>(),
         proptest::collection::vec(batch_elem(), 0..12),
         proptest::collection::vec(extra(), 0..2),
+        proptest::option::of(proptest::collection::vec(batch_elem(), 1..4)),
     )
-        .prop_map(|(before, key, is_array, docs, after)| {
-            let big = docs.iter().any(|d| d.1);
+        .prop_map(|(before, key, is_array, docs, after, second)| {
+            // The second batch is read when the first is not an array.
+            let big = docs.iter().chain(second.iter().flatten()).any(|d| d.1);
             let docs: Vec<_> = docs.into_iter().map(|d| d.0).collect();
             let mut elems = vec![el(0x12, b"id", &0i64.to_le_bytes())];
             elems.extend(before);
             elems.push(el(if is_array { 0x04 } else { 0x03 }, key, &array(&docs)));
             elems.extend(after);
+            // A second batch: looked at only when the first is not an array.
+            if let Some(docs) = second {
+                let docs: Vec<_> = docs.into_iter().map(|d| d.0).collect();
+                elems.push(el(0x04, b"nextBatch", &array(&docs)));
+            }
             (el(0x03, b"cursor", &doc(&elems)), big)
         });
     prop_oneof![
@@ -210,6 +219,19 @@ fn header(len: usize, op: i32) -> Vec<u8> {
 /// A whole reply message from a body: OP_MSG (flags, optional kind-1 sections before and
 /// after, checksum) or OP_REPLY (with an optional second document).
 fn message(body: &[u8], kind: u8, flags: u32, seq_before: bool, seq_after: bool) -> Vec<u8> {
+    message_with(body, kind, flags, seq_before, seq_after, None)
+}
+
+/// [`message`] with one more section of kind `odd` (0: a second body, 2: a security
+/// token, others unknown) before the checksum.
+fn message_with(
+    body: &[u8],
+    kind: u8,
+    flags: u32,
+    seq_before: bool,
+    seq_after: bool,
+    odd: Option<u8>,
+) -> Vec<u8> {
     let mut payload = Vec::new();
     if kind == 0 {
         payload.extend_from_slice(&flags.to_le_bytes());
@@ -229,6 +251,10 @@ fn message(body: &[u8], kind: u8, flags: u32, seq_before: bool, seq_after: bool)
         if seq_after {
             seq(&mut payload);
         }
+        if let Some(odd) = odd {
+            payload.push(odd);
+            payload.extend_from_slice(&doc(&[el(0x10, b"ok", &[0; 4])]));
+        }
         if flags & 1 != 0 {
             payload.extend_from_slice(&[1, 2, 3, 4]);
         }
@@ -239,7 +265,11 @@ fn message(body: &[u8], kind: u8, flags: u32, seq_before: bool, seq_after: bool)
             payload.extend_from_slice(&doc(&[]));
         }
     }
-    let op = if kind == 0 { OpCode::MSG } else { OpCode::REPLY };
+    let op = if kind == 0 {
+        OpCode::MSG
+    } else {
+        OpCode::REPLY
+    };
     let mut msg = header(HEADER_LEN + payload.len(), op);
     msg.extend_from_slice(&payload);
     msg
@@ -297,7 +327,10 @@ fn agree(msg: &[u8], cuts: &[usize], cap: usize, big: bool) -> Result<(), TestCa
 
 /// What the stream reports of a status: a `codeName` over `CODE_NAME_MAX` is not kept.
 fn unkept(mut s: ReplyStatus) -> ReplyStatus {
-    if s.code_name.as_ref().is_some_and(|n| n.len() > CODE_NAME_MAX) {
+    if s.code_name
+        .as_ref()
+        .is_some_and(|n| n.len() > CODE_NAME_MAX)
+    {
         s.code_name = None;
     }
     s
@@ -310,11 +343,12 @@ fn reply_msg() -> impl Strategy<Value = (Vec<u8>, bool)> {
         prop_oneof![Just(0u32), Just(1), Just(2), Just(3), Just(1 << 16)],
         any::<bool>(),
         any::<bool>(),
+        prop_oneof![6 => Just(None), 1 => Just(Some(0u8)), 1 => Just(Some(2)), 1 => Just(Some(3))],
     )
-        .prop_map(|(elems, kind, flags, before, after)| {
+        .prop_map(|(elems, kind, flags, before, after, odd)| {
             let big = elems.iter().any(|e| e.1);
             let body = doc(&elems.into_iter().map(|e| e.0).collect::<Vec<_>>());
-            (message(&body, kind, flags, before, after), big)
+            (message_with(&body, kind, flags, before, after, odd), big)
         })
 }
 
@@ -337,7 +371,8 @@ proptest! {
     fn damaged_messages_fail_or_agree(
         (msg, big) in reply_msg(),
         cuts in proptest::collection::vec(any::<usize>(), 0..20),
-        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+        flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+        nudges in proptest::collection::vec((any::<usize>(), -3i32..=3), 0..3),
         cut in prop_oneof![3 => Just(None), 1 => any::<usize>().prop_map(Some)],
         junk in proptest::collection::vec(any::<u8>(), 0..3),
     ) {
@@ -345,6 +380,14 @@ proptest! {
         for (at, x) in flips {
             let at = at % msg.len();
             msg[at] ^= x.max(1);
+        }
+        // Lengths off by a little: every i32 in the message is a candidate.
+        for (at, delta) in nudges {
+            let at = at % msg.len().saturating_sub(3).max(1);
+            if let Some(b) = msg.get_mut(at..at + 4) {
+                let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]).wrapping_add(delta);
+                b.copy_from_slice(&v.to_le_bytes());
+            }
         }
         if let Some(c) = cut {
             msg.truncate(c % (msg.len() + 1));
@@ -354,141 +397,4 @@ proptest! {
     }
 }
 
-#[test]
-fn hand_picked_cases_agree() {
-    let batch = |docs: &[Vec<u8>]| {
-        let docs: Vec<_> = docs.iter().map(|d| [&[3u8][..], d].concat()).collect();
-        el(0x03, b"cursor", &doc(&[el(0x04, b"firstBatch", &array(&docs))]))
-    };
-    let id = |i: i32| doc(&[el(0x10, b"_id", &i.to_le_bytes())]);
-    let ok = el(0x01, b"ok", &1f64.to_le_bytes());
-    let bodies = [
-        doc(&[batch(&[id(1), id(2), id(1), id(1)]), ok.clone()]),
-        // Duplicated `ok`, the last wins; `code` reset by a later non-number.
-        doc(&[ok.clone(), el(0x10, b"ok", &[0; 4])]),
-        doc(&[el(0x10, b"code", &[5, 0, 0, 0]), el(0x0A, b"code", &[]), ok.clone()]),
-        // A batch document whose terminator is wrong: no count, status stands... no: the
-        // array's scan checks it, so only the count goes.
-        doc(&[ok.clone(), batch(&[id(1), id(1)])]),
-    ];
-    for body in &bodies {
-        let msg = message(body, 0, 0, false, false);
-        agree(&msg, &[3, 40, 41], 100, false).unwrap();
-    }
-    let (r, _) = streamed(&message(&bodies[0], 0, 0, false, false), &[7], Some(100));
-    let (status, dups) = r.unwrap();
-    assert!(status.ok);
-    assert_eq!(
-        dups,
-        Some(DupCount {
-            examined: 4,
-            duplicates: 2,
-            skipped: 0
-        })
-    );
-    // Break the first batch document's terminator: the count goes, the status stays.
-    let mut msg = message(&bodies[3], 0, 0, false, false);
-    let first_doc_end = msg.windows(4).position(|w| w == [1, 0, 0, 0]).unwrap() + 4;
-    msg[first_doc_end] = 7;
-    let (r, _) = streamed(&msg, &[30], Some(100));
-    let whole = Reply::new(Bytes::from(msg))
-        .status_and_duplicates(MAX, &mut IdSet::default(), 100)
-        .unwrap();
-    assert_eq!(r.unwrap(), whole);
-    assert!(whole.0.ok && whole.1.is_none(), "{whole:?}");
-}
-
-#[test]
-fn large_ids_are_skipped_not_kept() {
-    let big = "x".repeat(300);
-    let d = |s: &str| [&[3u8][..], &doc(&[el(0x02, b"_id", &string(s.as_bytes()))])].concat();
-    let docs = [d(&big), d(&big), d("a"), d("a")];
-    let cursor = el(0x03, b"cursor", &doc(&[el(0x04, b"nextBatch", &array(&docs))]));
-    let body = doc(&[cursor, el(0x08, b"ok", &[1])]);
-    let msg = message(&body, 0, 0, false, false);
-    let (r, _) = streamed(&msg, &[100, 200, 300], Some(10));
-    let dups = r.unwrap().1.unwrap();
-    assert_eq!(
-        dups,
-        DupCount {
-            examined: 2,
-            duplicates: 1,
-            skipped: 2
-        }
-    );
-    agree(&msg, &[50], 10, true).unwrap();
-    // Large ones count toward the cap as they would whole.
-    let (r, _) = streamed(&msg, &[], Some(3));
-    assert_eq!(r.unwrap().1.unwrap().skipped, 3);
-}
-
-#[test]
-fn compressed_fails_at_finish() {
-    let body = doc(&[el(0x01, b"ok", &1f64.to_le_bytes())]);
-    let inner = message(&body, 0, 0, false, false);
-    let mut payload = OpCode::MSG.to_le_bytes().to_vec();
-    payload.extend_from_slice(&((inner.len() - HEADER_LEN) as i32).to_le_bytes());
-    payload.push(0); // noop compressor
-    payload.extend_from_slice(&inner[HEADER_LEN..]);
-    let mut msg = header(HEADER_LEN + payload.len(), OpCode::COMPRESSED);
-    msg.extend_from_slice(&payload);
-    let whole = Reply::new(Bytes::copy_from_slice(&msg)).status(MAX).unwrap();
-    assert!(whole.ok, "the whole-message view reads it");
-    let (r, held) = streamed(&msg, &[5, 20], Some(10));
-    assert_eq!(r, Err(WireError::Streamed("compressed reply")));
-    assert!(held < 1024);
-    assert!(WireError::Streamed("compressed reply")
-        .to_string()
-        .contains("compressed reply"));
-}
-
-/// A 16 MB reply built to make a scanner hold things: thousands of `_id`s at the size
-/// limit, keys of 1100 bytes, a 1 MB codeName, a 1 MB regex `_id`, long strings.
-fn hostile() -> Vec<u8> {
-    let mut docs = Vec::new();
-    for i in 0..6_000u32 {
-        let s = format!("{i:0>240}");
-        let key = "k".repeat(1100);
-        let d = doc(&[
-            el(0x0A, key.as_bytes(), &[]),
-            el(0x02, b"_id", &string(s.as_bytes())),
-            el(0x02, b"pad", &string(&[b'p'; 200])),
-        ]);
-        docs.push([&[3u8][..], &d].concat());
-    }
-    let mut regex = vec![b'r'; 1 << 20];
-    regex.extend_from_slice(&[0, 0]);
-    docs.push([&[3u8][..], &doc(&[el(0x0B, b"_id", &regex)])].concat());
-    let cursor = el(0x03, b"cursor", &doc(&[el(0x04, b"firstBatch", &array(&docs))]));
-    let code_name = el(0x02, b"codeName", &string(&vec![b'c'; 1 << 20]));
-    let long_key = el(0x02, "z".repeat(1 << 20).as_bytes(), &string(b"v"));
-    let mut elems = vec![cursor, code_name, long_key, el(0x10, b"ok", &[1, 0, 0, 0])];
-    let size: usize = elems.iter().map(Vec::len).sum();
-    let fill = 16_000_000usize.saturating_sub(size + 64);
-    elems.push(el(0x02, b"fill", &string(&vec![b'f'; fill])));
-    message(&doc(&elems), 0, 1, true, true)
-}
-
-#[test]
-fn held_memory_is_bounded_on_hostile_input() {
-    let msg = hostile();
-    assert!(msg.len() > 15_000_000, "{}", msg.len());
-    let cuts: Vec<usize> = (1..).map(|i| i * 64 * 1024).take_while(|&c| c < msg.len()).collect();
-    for cap in [None, Some(0), Some(100), Some(5000)] {
-        let (r, held) = streamed(&msg, &cuts, cap);
-        let (status, dups) = r.unwrap();
-        assert!(status.ok && status.code_name.is_none());
-        let ids = cap.unwrap_or(0) * (STREAM_ID_MAX + 32);
-        assert!(held <= 16 * 1024 + ids, "cap {cap:?}: held {held}");
-        if let Some(cap) = cap {
-            let d = dups.unwrap();
-            assert_eq!(d.examined as usize, cap.min(6_000));
-            assert_eq!((d.examined + d.skipped) as usize, 6_001);
-        }
-    }
-    // The same counts as the whole-message function.
-    let whole = Reply::new(Bytes::from(msg))
-        .status_and_duplicates(MAX, &mut IdSet::default(), 5000)
-        .unwrap();
-    assert_eq!(whole.1.unwrap().examined, 5000);
-}
+mod cases;
