@@ -178,7 +178,7 @@ fn top_elem() -> impl Strategy<Value = (Vec<u8>, bool)> {
     let cursor = (
         proptest::collection::vec(extra(), 0..2),
         prop_oneof![Just(&b"firstBatch"[..]), Just(&b"nextBatch"[..])],
-        any::<bool>(),
+        prop_oneof![4 => Just(true), 1 => Just(false)],
         proptest::collection::vec(batch_elem(), 0..12),
         proptest::collection::vec(extra(), 0..2),
         proptest::option::of(proptest::collection::vec(batch_elem(), 1..4)),
@@ -343,17 +343,23 @@ fn reply_msg() -> impl Strategy<Value = (Vec<u8>, bool)> {
         prop_oneof![Just(0u32), Just(1), Just(2), Just(3), Just(1 << 16)],
         any::<bool>(),
         any::<bool>(),
-        prop_oneof![6 => Just(None), 1 => Just(Some(0u8)), 1 => Just(Some(2)), 1 => Just(Some(3))],
+        prop_oneof![8 => Just(None), 1 => Just(Some(0u8)), 1 => Just(Some(2)), 1 => Just(Some(3))],
+        any::<bool>(),
     )
-        .prop_map(|(elems, kind, flags, before, after, odd)| {
+        .prop_map(|(elems, kind, flags, before, after, odd, ok_last)| {
             let big = elems.iter().any(|e| e.1);
-            let body = doc(&elems.into_iter().map(|e| e.0).collect::<Vec<_>>());
+            let mut elems: Vec<_> = elems.into_iter().map(|e| e.0).collect();
+            // Most replies end with `ok: 1.0`.
+            if ok_last {
+                elems.push(el(0x01, b"ok", &1f64.to_le_bytes()));
+            }
+            let body = doc(&elems);
             (message_with(&body, kind, flags, before, after, odd), big)
         })
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 600, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
     fn pieces_give_what_the_whole_gives(

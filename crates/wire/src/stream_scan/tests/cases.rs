@@ -153,7 +153,10 @@ fn held_memory_is_bounded_on_hostile_input() {
         let (status, dups) = r.unwrap();
         assert!(status.ok && status.code_name.is_none());
         let ids = cap.unwrap_or(0) * (STREAM_ID_MAX + 32);
-        eprintln!("cap {cap:?}: held at most {held} bytes (bound {})", 16 * 1024 + ids);
+        eprintln!(
+            "cap {cap:?}: held at most {held} bytes (bound {})",
+            16 * 1024 + ids
+        );
         assert!(held <= 16 * 1024 + ids, "cap {cap:?}: held {held}");
         if let Some(cap) = cap {
             let d = dups.unwrap();
