@@ -56,7 +56,7 @@ fn fnv(seed: u64, bytes: &[u8]) -> u64 {
 
 /// The hash of one `_id` element: its length, its first [`HASH_HEAD`] and its last
 /// [`HASH_TAIL`] bytes.
-fn id_hash(elem: &[u8]) -> u64 {
+pub(crate) fn id_hash(elem: &[u8]) -> u64 {
     let seed = 0xcbf2_9ce4_8422_2325 ^ (elem.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     if elem.len() <= HASH_HEAD + HASH_TAIL {
         return fnv(seed, elem);

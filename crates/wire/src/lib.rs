@@ -28,12 +28,14 @@ pub mod reply;
 pub mod request;
 pub mod scan;
 pub mod status;
+pub mod stream_scan;
 
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};
 pub use replies::{Head, Incoming, ReplyCodec};
 pub use request::{MsgParts, Peek, Request};
 pub use status::{inspect_reply, Reply, ReplyStatus};
+pub use stream_scan::StreamScan;
 
 /// Default for `max_message_size`: mongos's `maxMessageSizeBytes`.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 48_000_000;
@@ -71,6 +73,8 @@ pub enum WireError {
     SizeMismatch { declared: i64, actual: usize },
     #[error("decompression failed: {0}")]
     Decompress(String),
+    #[error("{0} cannot be read in pieces")]
+    Streamed(&'static str),
 }
 
 /// Reads a little-endian i32 at `at`, if the slice is long enough.
