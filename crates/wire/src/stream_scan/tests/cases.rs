@@ -170,3 +170,106 @@ fn held_memory_is_bounded_on_hostile_input() {
         .unwrap();
     assert_eq!(whole.1.unwrap().examined, 5000);
 }
+
+/// One of every value type at every level the scanner walks: the body, `cursor`, the batch,
+/// a batch document before its `_id`, and the `_id` itself.
+fn every_type() -> Vec<Vec<u8>> {
+    let code = string(b"f");
+    let mut cws = ((4 + code.len() + 5) as i32).to_le_bytes().to_vec();
+    cws.extend_from_slice(&code);
+    cws.extend_from_slice(&doc(&[]));
+    let mut dbp = string(b"ns");
+    dbp.extend_from_slice(&[7; 12]);
+    let mut bin = 2i32.to_le_bytes().to_vec();
+    bin.extend_from_slice(&[0, 1, 2]);
+    vec![
+        el(0x01, b"d", &2f64.to_le_bytes()),
+        el(0x02, b"s", &string(b"str")),
+        el(0x03, b"o", &doc(&[el(0x10, b"i", &[1, 0, 0, 0])])),
+        el(0x04, b"a", &doc(&[el(0x0A, b"0", &[])])),
+        el(0x05, b"b", &bin),
+        el(0x07, b"oid", &[5; 12]),
+        el(0x08, b"t", &[1]),
+        el(0x0B, b"re", b"ab\0i\0"),
+        el(0x0C, b"p", &dbp),
+        el(0x0D, b"js", &string(b"x")),
+        el(0x0E, b"sy", &string(b"y")),
+        el(0x0F, b"cw", &cws),
+        el(0x10, b"i", &[3, 0, 0, 0]),
+        el(0x12, b"l", &[4; 8]),
+        el(0x13, b"dec", &[6; 16]),
+    ]
+}
+
+/// Every byte flipped and every i32 nudged by a little, at every offset of a reply with all
+/// value types at every level: the stream fails where the whole fails, agrees elsewhere.
+#[test]
+fn every_offset_damaged_agrees() {
+    let all = every_type();
+    let with = |last: Vec<u8>| {
+        let mut e = all.clone();
+        e.push(last);
+        e
+    };
+    let mut batch_docs = Vec::new();
+    for id in [
+        el(0x10, b"_id", &[1, 0, 0, 0]),
+        el(0x02, b"_id", &string(b"k")),
+    ] {
+        let d = doc(&with(id.clone()));
+        batch_docs.push([&[3u8][..], &d].concat());
+        batch_docs.push([&[3u8][..], &doc(&[id])].concat());
+    }
+    for t in every_type() {
+        // Each type as an `_id`, last in its document (its end meets the terminator).
+        let id = [
+            &[t[0]][..],
+            b"_id\0",
+            &t[t.iter().position(|&b| b == 0).unwrap() + 1..],
+        ]
+        .concat();
+        batch_docs.push([&[3u8][..], &doc(&[id])].concat());
+    }
+    // A non-document in the batch.
+    batch_docs.push(vec![0x10, 9, 0, 0, 0]);
+    let cursor = doc(&with(el(0x04, b"firstBatch", &array(&batch_docs))));
+    let mut top = all.clone();
+    top.push(el(0x03, b"cursor", &cursor));
+    top.push(el(0x02, b"codeName", &string(b"Name")));
+    top.push(el(0x10, b"code", &[2, 0, 0, 0]));
+    top.push(el(0x01, b"ok", &1f64.to_le_bytes()));
+    let body = doc(&top);
+    for (kind, flags, seq) in [(0u8, 1u32, true), (1, 0, false)] {
+        let msg = message(&body, kind, flags, seq, seq);
+        agree(&msg, &[], 3, false).unwrap();
+        let (r, _) = streamed(&msg, &[], Some(3));
+        assert!(r.unwrap().0.ok);
+        let mut damaged = 0;
+        for at in 0..msg.len() {
+            let mut variants = Vec::new();
+            for x in [0x01u8, 0x80, 0xff] {
+                let mut m = msg.clone();
+                m[at] ^= x;
+                variants.push(m);
+            }
+            for delta in [-2i32, -1, 1, 2] {
+                let mut m = msg.clone();
+                if let Some(b) = m.get_mut(at..at + 4) {
+                    let v = i32::from_le_bytes([b[0], b[1], b[2], b[3]]).wrapping_add(delta);
+                    b.copy_from_slice(&v.to_le_bytes());
+                    variants.push(m);
+                }
+            }
+            for m in variants {
+                let whole = Reply::new(Bytes::copy_from_slice(&m)).status_and_duplicates(
+                    MAX,
+                    &mut IdSet::default(),
+                    3,
+                );
+                damaged += whole.is_err() as usize;
+                agree(&m, &[at, at + 1, at + 3], 3, false).unwrap();
+            }
+        }
+        assert!(damaged > 200, "{damaged} of the variants are malformed");
+    }
+}
