@@ -23,7 +23,11 @@ use support::raw::{self, RawClient};
 fn batch(ns: &str, docs: i32, dups: i32) -> RawDocumentBuf {
     let mut arr = RawArrayBuf::new();
     for i in 0..docs {
-        let id = if i >= docs - dups { i - (docs - dups) } else { i };
+        let id = if i >= docs - dups {
+            i - (docs - dups)
+        } else {
+            i
+        };
         let pad = Binary {
             subtype: BinarySubtype::Generic,
             bytes: vec![(i % 251) as u8; 1000],
@@ -98,8 +102,9 @@ async fn an_available_reply_over_1_mib_is_counted_for_orphans_as_it_passes() {
     metric_reaches(&env, orphans, 6.0).await;
 }
 
-/// `slow_read` 300 ms on `pay.*`: a 2 MB reply mongos sends at once, taken by its client
-/// over more than a second, is not a slow read (no confirming read goes out, no trigger
+/// `slow_read` 300 ms on `pay.*`: an 8 MB reply mongos sends at once, taken by its client
+/// over about three seconds (its last piece leaves the proxy only once the client has taken
+/// what the sockets cannot hold, up to 4 MiB here), is not a slow read (no confirming read goes out, no trigger
 /// error); a small reply mongos sends after 600 ms is one (the control: a confirming read
 /// goes out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -126,7 +131,7 @@ min_wait = "0s"
             return Some(Hooked::reply(batch("pay.x", 1, 0)));
         }
         Some(match coll {
-            "big" => Hooked::reply(batch("pay.big", 2000, 0)),
+            "big" => Hooked::reply(batch("pay.big", 8000, 0)),
             _ => Hooked::reply(batch("pay.late", 1, 0)).after(Duration::from_millis(600)),
         })
     });
@@ -138,7 +143,7 @@ min_wait = "0s"
             .count()
     };
 
-    // A reader with a small receive buffer taking 64 KiB every 50 ms: about 1.6 s.
+    // A reader with a small receive buffer taking 128 KiB every 50 ms: about 3.2 s.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(16 * 1024).unwrap();
     let mut s = socket.connect(env.proxy_addr()).await.unwrap();
@@ -148,7 +153,7 @@ min_wait = "0s"
     s.read_exact(&mut head).await.unwrap();
     let len = i32::from_le_bytes(head) as usize;
     let mut left = len - 4;
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; 128 * 1024];
     while left > 0 {
         let n = left.min(buf.len());
         s.read_exact(&mut buf[..n]).await.unwrap();
@@ -156,9 +161,16 @@ min_wait = "0s"
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let took = started.elapsed();
-    assert!(len > 2_000_000 && took > Duration::from_millis(1000), "{len} bytes in {took:?}");
+    assert!(
+        len > 8_000_000 && took > Duration::from_millis(2000),
+        "{len} bytes in {took:?}"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(finds(&env), 1, "no confirming read for a reply taken slowly");
+    assert_eq!(
+        finds(&env),
+        1,
+        "no confirming read for a reply taken slowly"
+    );
     let confirmed = "staleguard_confirm_reads_total{result=\"confirmed\"} ";
     assert_eq!(metric(&env, confirmed), 0.0);
 
@@ -168,7 +180,10 @@ min_wait = "0s"
     assert_eq!(raw::header(&late).response_to, 2);
     let deadline = Instant::now() + Duration::from_secs(5);
     while finds(&env) < 3 {
-        assert!(Instant::now() < deadline, "a slow answer from mongos is confirmed");
+        assert!(
+            Instant::now() < deadline,
+            "a slow answer from mongos is confirmed"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

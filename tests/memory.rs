@@ -338,7 +338,9 @@ async fn a_client_that_does_not_read_a_judged_reply_costs_little_and_is_closed()
     loop {
         let metrics = proxy.metrics().await;
         let answered = metrics.lines().any(|l| {
-            l.starts_with("staleguard_reads_answered_total{") && l.contains("pay.tx") && !l.ends_with(" 0")
+            l.starts_with("staleguard_reads_answered_total{")
+                && l.contains("pay.tx")
+                && !l.ends_with(" 0")
         });
         let completed = metrics.lines().any(|l| {
             l.starts_with("staleguard_write_replies_total{")
@@ -348,7 +350,10 @@ async fn a_client_that_does_not_read_a_judged_reply_costs_little_and_is_closed()
         if answered && completed {
             break;
         }
-        assert!(Instant::now() < deadline, "judged: read answered {answered}, write completed {completed}\n{metrics}");
+        assert!(
+            Instant::now() < deadline,
+            "judged: read answered {answered}, write completed {completed}\n{metrics}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
