@@ -15,6 +15,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use policy_support::{Env, BASE_NAMESPACES};
+use staleguard::breaker::State;
 use support::mongos::Hooked;
 use support::raw::{self, RawClient};
 
@@ -186,4 +187,103 @@ min_wait = "0s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+fn find_marked(id: i32, marker: &str) -> Bytes {
+    raw::msg(
+        id,
+        0,
+        &rawdoc! {
+            "find": "store_inventory",
+            "filter": {"marker": marker},
+            "$readPreference": {"mode": "secondary"},
+            "$db": "demo",
+        },
+    )
+}
+
+/// Takes one reply off `s` at about 2.5 MB/s (128 KiB every 50 ms); its length.
+async fn read_slowly(s: &mut tokio::net::TcpStream) -> usize {
+    let mut head = [0u8; 4];
+    s.read_exact(&mut head).await.unwrap();
+    let len = i32::from_le_bytes(head) as usize;
+    let mut left = len - 4;
+    let mut buf = vec![0u8; 128 * 1024];
+    while left > 0 {
+        let n = left.min(buf.len());
+        s.read_exact(&mut buf[..n]).await.unwrap();
+        left -= n;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    len
+}
+
+/// An open fallback breaker lets one probe through at a time. A probe whose 8 MB answer its
+/// client takes slowly gives the probe back when mongos's answer starts (its outcome counts
+/// at the end): another client's read meanwhile is the next probe, sent as the client sent
+/// it, not rewritten to `available` for as long as the slow client reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_taken_slowly_does_not_hold_the_next_probe_back() {
+    let namespaces = r#"
+[[namespaces]]
+pattern = "demo.store_inventory"
+mode = "fallback"
+threshold = 3
+window = "10s"
+cooldown = "30s"
+min_cooldown = "200ms"
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+"#;
+    let env = Env::start(namespaces).await;
+    env.fake.set_hook(|body| {
+        body.get_str("find").ok()?;
+        if body.get_document("readConcern").is_ok() {
+            return Some(Hooked::reply(batch("demo.store_inventory", 1, 0)));
+        }
+        let filter = body.get_document("filter").ok()?;
+        Some(match filter.get_str("marker").unwrap_or("") {
+            "stale" => Hooked::error(13388, "StaleConfig", "shard version not ok"),
+            "big" => Hooked::reply(batch("demo.store_inventory", 8000, 0)),
+            _ => Hooked::reply(batch("demo.store_inventory", 1, 0)),
+        })
+    });
+    let mut c = RawClient::connect(env.proxy_addr()).await;
+    for id in 1..=3 {
+        c.roundtrip(&find_marked(id, "stale")).await;
+    }
+    env.wait_state("demo.store_inventory", State::Open).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut slow = socket.connect(env.proxy_addr()).await.unwrap();
+    slow.write_all(&find_marked(10, "big")).await.unwrap();
+    let reader = tokio::spawn(async move { read_slowly(&mut slow).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!reader.is_finished(), "the slow client is still reading");
+    // Another client's read, while the probe's answer is still on its way.
+    let mut other = RawClient::connect(env.proxy_addr()).await;
+    let got = other.roundtrip(&find_marked(11, "after")).await;
+    assert_eq!(raw::header(&got).response_to, 11);
+    assert!(!reader.is_finished(), "the slow client is still reading");
+    let after: Vec<_> = env
+        .fake
+        .received_commands()
+        .into_iter()
+        .filter(|(_, b)| {
+            b.get_document("filter")
+                .ok()
+                .and_then(|f| f.get_str("marker").ok())
+                == Some("after")
+        })
+        .collect();
+    assert_eq!(after.len(), 1, "one read: {after:?}");
+    assert!(
+        after[0].1.get_document("readConcern").is_err(),
+        "sent as a probe, not rewritten: {:?}",
+        after[0].1
+    );
+    assert!(reader.await.unwrap() > 8_000_000);
 }

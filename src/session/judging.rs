@@ -5,6 +5,9 @@
 //! which keeps only the reply's top-level status and, for an `available` reply, the `_id`s of
 //! its batch. The reply is judged when its last piece goes out:
 //!
+//! - what needs only mongos's answer happens at its head: the write-stall watch hears of a
+//!   write's answer, a primary-rung slot is given back, a probe lets the next one go, so a
+//!   client that takes the reply slowly holds nothing another client needs;
 //! - its time is that of its head, when mongos answered: a client that takes the reply
 //!   slowly never makes the read look slow;
 //! - it cannot be replaced any more, so a verdict that would climb or fail fast leaves the
@@ -20,7 +23,7 @@ use tokio::time::Instant;
 
 use super::reads::{Tracked, ORPHAN_SCAN_CAP};
 use super::Handler;
-use crate::policy::{Ending, Rung, Then};
+use crate::policy::{Ending, Rung, SampleEnd, Then};
 use crate::wire::{Head, ReplyStatus, StreamScan, WireError};
 
 /// Replies to tracked reads and followed writes up to this size are read whole and judged
@@ -35,37 +38,43 @@ pub(super) struct Judging {
     scan: StreamScan,
     /// The tracked read it answers (taken out of the pending reads at its head).
     read: Option<Tracked>,
-    /// The followed write it answers, as its head was seen: `(responseTo, final, place)`.
-    write: Option<(i32, bool, u64)>,
+    /// It answers a followed write (whose progress was heard at its head; its outcome is
+    /// counted at its last piece).
+    write: bool,
     /// When its head arrived.
     at: Instant,
 }
 
 impl Handler {
     /// The head of a large reply (its bookkeeping done: its place counted) that may answer
-    /// something followed: a followed write's turn passes, and what it answers is judged at
-    /// its last piece.
+    /// something followed. What only needs to know that mongos answered happens now, so a
+    /// client taking the reply slowly holds nothing shared: the write-stall watch hears of a
+    /// write's answer and the turn passes; a tracked read gives its primary-rung slot back,
+    /// and a probe of an open breaker lets the next one go. What needs the reply's status
+    /// (a write's outcome, the read's judgement) waits for its last piece.
     pub(super) fn judge_in_pieces(&mut self, head: &Head, place: u64) {
         let at = Instant::now();
         let response_to = head.header.response_to;
-        let seen = (response_to, !head.more_to_come(), self.peers.finals_in());
-        let mut write = None;
+        let mut write = false;
         if !self.reads.writes.is_empty() {
-            if self.reads.writes.answers(seen) {
-                write = Some(seen);
-            } else {
-                // Not a write's answer: the turn passes now, as for a whole reply.
-                let watch = &self.shared.stall;
-                self.reads.writes.replied(watch, seen, || false, at);
-            }
+            let seen = (response_to, !head.more_to_come(), self.peers.finals_in());
+            let watch = &self.shared.stall;
+            write = self.reads.writes.replied(watch, seen, || None, at);
         }
-        let read = match write {
-            Some(_) => None,
-            None => self.reads.answered(response_to, place),
+        let mut read = match write {
+            true => None,
+            false => self.reads.answered(response_to, place),
         };
         self.confirm_passed();
         self.give_up_passed();
-        if write.is_none() && read.is_none() {
+        if let Some(t) = read.as_mut() {
+            t.permit = None;
+            if t.attempt.sample && t.attempt.rung == Rung::First {
+                // Its outcome still counts at the last piece.
+                self.sampled(t, SampleEnd::Unknown);
+            }
+        }
+        if !write && read.is_none() {
             return;
         }
         let orphans = read
@@ -106,10 +115,10 @@ impl Handler {
             at,
         } = j;
         let found = scan.finish();
-        if let Some(seen) = write {
-            let ok = found.as_ref().is_ok_and(|(s, _)| s.ok);
-            let watch = &self.shared.stall;
-            self.reads.writes.replied(watch, seen, || ok, at);
+        if write {
+            self.reads
+                .writes
+                .outcome(found.as_ref().is_ok_and(|(s, _)| s.ok));
         }
         let Some(t) = read else {
             return;

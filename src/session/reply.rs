@@ -133,7 +133,7 @@ impl Handler {
     /// followed write.
     fn write_replied(&mut self, reply: &Reply) -> bool {
         let max = self.config.max_message_size;
-        let ok = || reply.status(max).is_ok_and(|s| s.ok);
+        let ok = || Some(reply.status(max).is_ok_and(|s| s.ok));
         let seen = (
             reply.response_to(),
             !reply.more_to_come(),
@@ -315,7 +315,7 @@ impl Handler {
     }
 
     /// A sample's outcome, to its breaker.
-    fn sampled(&self, t: &Tracked, end: SampleEnd) {
+    pub(super) fn sampled(&self, t: &Tracked, end: SampleEnd) {
         let outcome = match end {
             SampleEnd::Answered => Sample::Answered,
             SampleEnd::Failed => Sample::Failed,

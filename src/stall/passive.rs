@@ -215,30 +215,21 @@ impl WriteTracker {
         self.publish();
     }
 
-    /// Whether a reply seen as `(response_to, is_final, finals_in)` answers a followed write
-    /// (what [`WriteTracker::replied`] would find), without changing anything.
-    pub fn answers(&self, (response_to, is_final, finals_in): (i32, bool, u64)) -> bool {
-        is_final
-            && self
-                .writes
-                .iter()
-                .any(|w| w.seq == finals_in && w.request_id == response_to)
-    }
-
     /// A reply arrived from the upstream, answering `response_to`; `finals_in` counts the
     /// final replies (no moreToCome) so far, this one included when `is_final`. It answers
     /// a followed write when it is final and both the write's id and its place match
     /// (mongos answers in order: the `finals_in`-th final reply answers request number
     /// `finals_in`; a reply to another request with the same id, staleguard's own included,
     /// never stands for it). Then `ok` is asked whether the write completed (an ok reply,
-    /// write errors included) or failed; either way it is progress of the server. A final
-    /// reply also passes the turn to the next write in line. Returns whether it answered a
-    /// followed write.
+    /// write errors included) or failed; either way it is progress of the server. `None`:
+    /// not known yet (the head of a reply passed on in pieces), given later to
+    /// [`WriteTracker::outcome`]. A final reply also passes the turn to the next write in
+    /// line. Returns whether it answered a followed write.
     pub fn replied(
         &mut self,
         watch: &StallWatch,
         (response_to, is_final, finals_in): (i32, bool, u64),
-        ok: impl FnOnce() -> bool,
+        ok: impl FnOnce() -> Option<bool>,
         now: Instant,
     ) -> bool {
         let at = watch.clock(now);
@@ -257,7 +248,7 @@ impl WriteTracker {
             // done, counted as failed.
             while self.writes.first().is_some_and(|w| w.seq <= finals_in) {
                 self.writes.remove(0);
-                self.progress(false, at);
+                self.progress(Some(false), at);
             }
             for w in self.writes.iter_mut() {
                 if w.started == 0 && w.seq <= finals_in.saturating_add(1) {
@@ -297,13 +288,24 @@ impl WriteTracker {
         self.publish();
     }
 
-    fn progress(&self, ok: bool, at: u64) {
+    fn progress(&self, ok: Option<bool>, at: u64) {
+        let Some((_, up)) = &self.slot else {
+            return;
+        };
+        if let Some(ok) = ok {
+            self.outcome(ok);
+        }
+        up.last_reply.fetch_max(at, Ordering::Relaxed);
+    }
+
+    /// The outcome of a write whose reply was heard of (`replied`) before it was known:
+    /// completed (an ok reply, write errors included) or failed.
+    pub fn outcome(&self, ok: bool) {
         let Some((_, up)) = &self.slot else {
             return;
         };
         let counter = if ok { &up.completed } else { &up.failed };
         counter.fetch_add(1, Ordering::Relaxed);
-        up.last_reply.fetch_max(at, Ordering::Relaxed);
     }
 
     /// Stores the writes waiting (started, upstream read) and the oldest start.
@@ -400,7 +402,7 @@ mod tests {
         assert_eq!((s.in_flight, s.connections), (1, 1));
         assert_eq!(s.oldest_age, Some(Duration::from_secs(2)));
         // The hello's reply (a final one, answering no write) gives the insert its turn.
-        assert!(!a.replied(&watch, (6, true, 1), || true, at(t0, 3_000)));
+        assert!(!a.replied(&watch, (6, true, 1), || Some(true), at(t0, 3_000)));
         let s = up.sample(watch.clock(at(t0, 5_000)), Duration::from_secs(2));
         assert_eq!((s.in_flight, s.connections), (2, 2));
         assert_eq!(s.oldest_age, Some(Duration::from_secs(4)));
@@ -409,11 +411,11 @@ mod tests {
             "a reply to a read is no write progress"
         );
         // An error reply is progress too.
-        assert!(b.replied(&watch, (1, true, 1), || false, at(t0, 5_000)));
+        assert!(b.replied(&watch, (1, true, 1), || Some(false), at(t0, 5_000)));
         let s = up.sample(watch.clock(at(t0, 5_000)), Duration::from_secs(2));
         assert_eq!((s.in_flight, s.completed, s.failed), (1, 0, 1));
         assert_eq!(s.since_reply, Some(Duration::ZERO));
-        assert!(a.replied(&watch, (7, true, 2), || true, at(t0, 6_000)));
+        assert!(a.replied(&watch, (7, true, 2), || Some(true), at(t0, 6_000)));
         let s = up.sample(watch.clock(at(t0, 6_000)), Duration::from_secs(2));
         assert_eq!((s.in_flight, s.completed, s.oldest_age), (0, 1, None));
     }
@@ -430,8 +432,8 @@ mod tests {
         let s = up.sample(watch.clock(at(t0, 100)), AFTER);
         assert_eq!(s.in_flight, 1, "only the first has its turn");
         // The second's reply arrives under a wrong responseTo: in order, it was answered.
-        assert!(a.replied(&watch, (1, true, 1), || true, at(t0, 100)));
-        assert!(!a.replied(&watch, (99, true, 2), || true, at(t0, 200)));
+        assert!(a.replied(&watch, (1, true, 1), || Some(true), at(t0, 100)));
+        assert!(!a.replied(&watch, (99, true, 2), || Some(true), at(t0, 200)));
         assert!(a.contains(3) && !a.contains(2));
         let s = up.sample(watch.clock(at(t0, 300)), AFTER);
         assert_eq!((s.in_flight, s.completed, s.failed), (1, 1, 1));
@@ -440,13 +442,13 @@ mod tests {
         // that reused the id), does not answer it; as a final reply it passes the turn.
         let mut c = WriteTracker::default();
         c.sent(&watch, "m:1", (3, 2, 0), t0);
-        assert!(!c.replied(&watch, (3, true, 1), || true, at(t0, 100)));
+        assert!(!c.replied(&watch, (3, true, 1), || Some(true), at(t0, 100)));
         assert!(c.contains(3));
-        assert!(c.replied(&watch, (3, true, 2), || true, at(t0, 200)));
+        assert!(c.replied(&watch, (3, true, 2), || Some(true), at(t0, 200)));
         // A moreToCome reply passes no turn.
         let mut b = WriteTracker::default();
         b.sent(&watch, "m:1", (10, 2, 0), t0);
-        assert!(!b.replied(&watch, (5, false, 0), || true, t0));
+        assert!(!b.replied(&watch, (5, false, 0), || Some(true), t0));
         assert_eq!(up.sample(watch.clock(t0), AFTER).in_flight, 1);
     }
 
