@@ -1,8 +1,10 @@
 //! Test support shared by the integration tests: an in-process fake mongos, a raw wire
-//! client, and a recording TCP tap. Each test file uses only part of it.
+//! client, a recording TCP tap, and runners for real clients (pymongo, Node.js). Each test
+//! file uses only part of it.
 #![allow(dead_code)]
 
 pub mod bin;
+pub mod js;
 pub mod mongos;
 pub mod py;
 pub mod raw;
