@@ -30,6 +30,19 @@ fn uri(env: &Env) -> String {
     format!("mongodb://{}/", env.addr())
 }
 
+/// The same with zlib compression (built into the Node driver; the fake mongos agrees to it).
+fn zlib_uri(env: &Env) -> String {
+    format!("mongodb://{}/?compressors=zlib", env.addr())
+}
+
+/// Asserts every message in `msgs` is OP_COMPRESSED with zlib (id 2).
+fn assert_zlib(msgs: &[bytes::Bytes], what: &str) {
+    assert!(!msgs.is_empty(), "{what}: none");
+    for m in msgs {
+        assert_eq!(compressor_id(m), 2, "{what}: zlib");
+    }
+}
+
 /// mongosh's URI: one server, no discovery.
 fn sh_uri(env: &Env) -> String {
     format!(
@@ -40,13 +53,26 @@ fn sh_uri(env: &Env) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_relay_of_an_ungoverned_namespace_is_byte_for_byte() {
+    relay(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_relay_compressed_with_zlib_is_byte_for_byte() {
+    relay(true).await;
+}
+
+async fn relay(zlib: bool) {
     let env = Env::start(BASE_NAMESPACES).await;
-    run_check("driver_check.js", "relay", vec![uri(&env)]).await;
+    let uri = if zlib { zlib_uri(&env) } else { uri(&env) };
+    run_check("driver_check.js", "relay", vec![uri]).await;
     assert_eq!(env.fake.documents(ORDERS).len(), 3, "the inserts arrived");
     for name in ["insert", "find"] {
         let sent = env.sent_by_driver(name, "orders");
         let up = env.upstream(name, "orders");
         assert_eq!(sent.len(), 1, "the driver sent one {name}");
+        if zlib {
+            assert_zlib(&sent, name);
+        }
         assert_eq!(
             up, sent,
             "{name}: what reached mongos is what the driver sent"
@@ -68,16 +94,40 @@ async fn node_relay_of_an_ungoverned_namespace_is_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_fallback_stale_config_is_hidden_by_a_retry() {
+    fallback_retry(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_fallback_retry_of_a_zlib_compressed_find() {
+    fallback_retry(true).await;
+}
+
+async fn fallback_retry(zlib: bool) {
     let env = Env::start(BASE_NAMESPACES).await;
     env.fake.seed(INVENTORY, seed_docs(5));
-    let fault = stale_reads(&env.fake, "store_inventory", 13388, Duration::ZERO);
-    run_check("driver_check.js", "fallback-retry", vec![uri(&env)]).await;
+    let fault = stale_reads(
+        &env.fake,
+        "store_inventory",
+        13388,
+        Duration::from_millis(100),
+    );
+    let uri = if zlib { zlib_uri(&env) } else { uri(&env) };
+    run_check("driver_check.js", "fallback-retry", vec![uri]).await;
     assert_eq!(fault.hits(), 1);
     let sent = env.sent_by_driver("find", "store_inventory");
     assert_eq!(sent.len(), 1, "the driver sent one find and saw no error");
     let up = env.upstream("find", "store_inventory");
     assert_eq!(up.len(), 2, "the driver's find, then one resend");
     assert_eq!(up[0], sent[0], "first attempt as the driver sent it");
+    if zlib {
+        assert_zlib(&sent, "the driver's find");
+        let replies = env.tap.to_client();
+        let docs_reply = replies
+            .iter()
+            .rfind(|m| try_body(m).is_some_and(|b| b.get_document("cursor").is_ok()))
+            .expect("the documents' reply");
+        assert_eq!(compressor_id(docs_reply), 2, "the reply the driver got");
+    }
     let (original, resend) = (body(&up[0]), body(&up[1]));
     assert_eq!(
         original
@@ -92,6 +142,9 @@ async fn node_fallback_stale_config_is_hidden_by_a_retry() {
         "the driver asked for no read concern"
     );
     assert_eq!(read_concern(&resend), Some(available()));
+    assert_eq!(max_time_ms(&original), Some(5000), "the driver's maxTimeMS");
+    let budget = max_time_ms(&resend).expect("maxTimeMS");
+    assert!(budget > 0 && budget <= 5000 - 100, "budget {budget}");
     assert_eq!(
         without(&original, &["readConcern", "maxTimeMS"]),
         without(&resend, &["readConcern", "maxTimeMS"])
