@@ -287,3 +287,65 @@ min_wait = "0s"
     );
     assert!(reader.await.unwrap() > 8_000_000);
 }
+
+/// A cursor reply of `docs` documents of 1 KiB of bytes that do not compress.
+fn incompressible_batch(ns: &str, docs: i32) -> RawDocumentBuf {
+    let mut arr = RawArrayBuf::new();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..docs {
+        let bytes = (0..1000)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect();
+        let pad = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes,
+        };
+        arr.push(rawdoc! {"_id": i, "pad": pad});
+    }
+    rawdoc! {
+        "cursor": {"firstBatch": arr, "id": 0_i64, "ns": ns},
+        "ok": 1.0,
+    }
+}
+
+/// A compressed reply over 1 MiB cannot be read in pieces: it goes to its client byte for
+/// byte and is not judged (the read is not counted as answered), where the same reply
+/// uncompressed is; the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_reply_over_1_mib_is_relayed_untouched_and_not_judged() {
+    let env = Env::start(BASE_NAMESPACES).await;
+    env.fake.set_hook(|body| {
+        body.get_str("find").ok()?;
+        Some(Hooked::reply(incompressible_batch("pay.big", 2000)))
+    });
+    let answered = "staleguard_reads_answered_total{namespace=\"pay.big\"} ";
+    let mut c = RawClient::connect(env.proxy_addr()).await;
+    let plain = c.roundtrip(&find(1, "pay", "big")).await;
+    assert!(plain.len() > 2_000_000);
+    metric_reaches(&env, answered, 1.0).await;
+
+    // zlib (compressor id 2): the fake answers compressed, still over 1 MiB.
+    let zlib = support::mongos::wrap_compressed(2, &find(2, "pay", "big"));
+    let got = c.roundtrip(&zlib).await;
+    assert_eq!(
+        raw::header(&got).op_code,
+        staleguard::wire::OpCode::COMPRESSED
+    );
+    assert!(got.len() > 2_000_000, "{}", got.len());
+    assert_eq!(&got, env.fake.sent().last().unwrap(), "as mongos sent it");
+    let ping = c
+        .roundtrip(&raw::msg(3, 0, &rawdoc! {"ping": 1, "$db": "admin"}))
+        .await;
+    assert_eq!(raw::header(&ping).response_to, 3);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        metric(&env, answered),
+        1.0,
+        "the compressed reply was not judged"
+    );
+}
