@@ -69,6 +69,8 @@ pub struct AdminHandles {
     pub metrics: Arc<Metrics>,
     pub stall: Arc<StallWatch>,
     pub runtime: Arc<Runtime>,
+    /// `[fleet]`: this instance's name and whether Redis answers (none without the section).
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 /// What a reload uses: the config it swaps, and what a new config changes.
@@ -133,6 +135,7 @@ impl Handles {
             metrics: self.metrics.clone(),
             stall: self.stall.clone(),
             runtime: self.runtime.clone(),
+            fleet: self.fleet.clone(),
         }
     }
 

@@ -315,6 +315,11 @@ async fn breaker(admin: SocketAddr, ns: &str) -> (String, String) {
     (s("breaker"), s("reason"))
 }
 
+/// The `fleet` object of `/status`.
+async fn fleet_status(admin: SocketAddr) -> serde_json::Value {
+    http::get(admin, "/status", &[]).await.json()["fleet"].clone()
+}
+
 /// Waits up to `limit` for `ns`'s breaker on `admin` to be `state`; how long it took.
 async fn until_breaker(admin: SocketAddr, ns: &str, state: &str, limit: Duration) -> Duration {
     let t0 = Instant::now();
@@ -489,6 +494,13 @@ async fn redis_killed_and_restarted_mid_incident_costs_no_client_anything() {
     }
     for i in &fleet.instances {
         i.bin.wait_log("fleet: lost Redis; acting alone").await;
+        let f = fleet_status(i.admin).await;
+        assert_eq!(f["connected"], false, "{f}");
+        assert!(
+            f["leads"].is_null(),
+            "alone, it leads every probe and poll: {f}"
+        );
+        assert!(f["name"].as_str().is_some_and(|n| !n.is_empty()), "{f}");
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let port = fleet.redis.port;
@@ -501,6 +513,9 @@ async fn redis_killed_and_restarted_mid_incident_costs_no_client_anything() {
             Duration::from_secs(3),
         )
         .await;
+    }
+    for &admin in &admins {
+        assert_eq!(fleet_status(admin).await["connected"], true);
     }
     // The opener published its opening again (the new Redis started empty). Instances
     // whose own evidence opened it too publish theirs; at least one key is back.
@@ -620,7 +635,15 @@ async fn the_fleet_budget_holds_primary_rung_reads_across_instances() {
     }
     let mut denied = 0.0;
     for i in &fleet.instances {
-        denied += metric(i.admin, "staleguard_fleet_budget_total{result=\"denied\"}").await;
+        let here = metric(i.admin, "staleguard_fleet_budget_total{result=\"denied\"}").await;
+        let f = fleet_status(i.admin).await;
+        assert_eq!(
+            f["budget"]["denied"].as_f64(),
+            Some(here),
+            "/status as /metrics: {f}"
+        );
+        assert!(f["budget"]["allowed"].as_f64() > Some(0.0), "{f}");
+        denied += here;
         assert!(
             metric(i.admin, primary).await > 0.0,
             "every instance climbed to the primary"
@@ -705,6 +728,19 @@ async fn one_instance_probes_and_a_dead_leader_is_replaced_within_two_leases() {
     println!("probes per instance over 3 s: {grew:?}");
     let probing: Vec<usize> = (0..3).filter(|&i| grew[i] > 0.0).collect();
     assert_eq!(probing.len(), 1, "one instance probes: {grew:?}");
+    // `/status` says which: the leader leads the probe, the others lead no probe.
+    for (i, inst) in fleet.instances.iter().enumerate() {
+        let f = fleet_status(inst.admin).await;
+        assert_eq!(f["connected"], true, "{f}");
+        let leads: Vec<&str> = f["leads"]
+            .as_array()
+            .unwrap_or_else(|| panic!("leads listed while connected: {f}"))
+            .iter()
+            .filter_map(|l| l.as_str())
+            .collect();
+        let probe = leads.iter().any(|l| l.starts_with("probe:"));
+        assert_eq!(probe, i == probing[0], "instance {i}: {f}");
+    }
     let total: f64 = grew.iter().sum();
     assert!(
         (6.0..=12.0).contains(&total),

@@ -27,6 +27,8 @@ pub struct Status {
     pub health_checks: String,
     pub upstreams: Vec<UpstreamStatus>,
     pub write_stall: WriteStallStatus,
+    /// `[fleet]`: this instance in the fleet; none without the section.
+    pub fleet: Option<FleetStatus>,
     /// Open breakers first, then the rest; by namespace within each.
     pub namespaces: Vec<NsStatus>,
     /// The last `events::CAPACITY` breaker transitions, write-stall signals raised and
@@ -36,6 +38,30 @@ pub struct Status {
     pub events_recorded_total: u64,
     /// The plots' series: per entry, what reads met in each bucket of the last minutes.
     pub history: super::history::HistoryView,
+}
+
+/// This instance in the fleet (`[fleet]`).
+#[derive(Debug, Serialize)]
+pub struct FleetStatus {
+    /// Its name in the fleet.
+    pub name: String,
+    /// Redis answered the last check; otherwise it acts alone (its own breakers, its local
+    /// guard, every probe and poll).
+    pub connected: bool,
+    /// The write probes and shard polls it runs for the fleet (`probe:<id>`,
+    /// `shard:<hosts>`); none: every one, as it does alone.
+    pub leads: Option<Vec<String>>,
+    /// Primary-rung reads judged by its share of the fleet budget since start.
+    pub budget: FleetBudgetCounts,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FleetBudgetCounts {
+    pub allowed: u64,
+    /// Refused: the fleet's budget was spent.
+    pub denied: u64,
+    /// Redis did not answer in time (or the link is down): the local guard alone decided.
+    pub unanswered: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -244,6 +270,19 @@ pub fn collect(shared: &AdminHandles, listening: bool) -> Status {
         ),
         upstreams,
         write_stall: write_stall(shared, &config),
+        fleet: shared.fleet.as_ref().map(|f| {
+            let m = &shared.metrics.fleet;
+            FleetStatus {
+                name: f.name.clone(),
+                connected: f.connected(),
+                leads: shared.stall.led(),
+                budget: FleetBudgetCounts {
+                    allowed: m.budget_count("allowed"),
+                    denied: m.budget_count("denied"),
+                    unanswered: m.budget_count("unanswered"),
+                },
+            }
+        }),
         namespaces: namespaces(shared, &config.policy),
         events: super::history::events(shared),
         events_recorded_total: shared.metrics.recent.events.total(),

@@ -78,4 +78,9 @@ impl FleetMetrics {
     pub fn budget(&self, result: &'static str) {
         self.budget.get_or_create(&BudgetLabel { result }).inc();
     }
+
+    /// Primary-rung reads judged by the fleet budget with `result` so far.
+    pub fn budget_count(&self, result: &'static str) -> u64 {
+        self.budget.get_or_create(&BudgetLabel { result }).get()
+    }
 }

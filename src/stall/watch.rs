@@ -167,6 +167,15 @@ impl StallWatch {
             .is_none_or(|led| led.contains(what))
     }
 
+    /// What this instance leads (`probe:<id>`, `shard:<hosts>`, sorted); `None`: every one
+    /// (no fleet, or Redis unreachable).
+    pub fn led(&self) -> Option<Vec<String>> {
+        let led = lock(&self.led);
+        let mut v: Vec<String> = led.as_ref()?.iter().cloned().collect();
+        v.sort();
+        Some(v)
+    }
+
     /// What this instance leads from now on (`None`: everything, as without a fleet).
     pub fn set_led(&self, led: Option<HashSet<String>>) {
         *lock(&self.led) = led;
