@@ -145,22 +145,10 @@ min_wait = "0s"
     };
 
     // A reader with a small receive buffer taking 128 KiB every 50 ms: about 3.2 s.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(16 * 1024).unwrap();
-    let mut s = socket.connect(env.proxy_addr()).await.unwrap();
+    let mut s = slow_client(env.proxy_addr()).await;
     s.write_all(&find(1, "pay", "big")).await.unwrap();
     let started = Instant::now();
-    let mut head = [0u8; 4];
-    s.read_exact(&mut head).await.unwrap();
-    let len = i32::from_le_bytes(head) as usize;
-    let mut left = len - 4;
-    let mut buf = vec![0u8; 128 * 1024];
-    while left > 0 {
-        let n = left.min(buf.len());
-        s.read_exact(&mut buf[..n]).await.unwrap();
-        left -= n;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let len = read_slowly(&mut s).await;
     let took = started.elapsed();
     assert!(
         len > 8_000_000 && took > Duration::from_millis(2000),
@@ -200,6 +188,14 @@ fn find_marked(id: i32, marker: &str) -> Bytes {
             "$db": "demo",
         },
     )
+}
+
+/// A client with a small fixed receive buffer (16 KiB): what it does not take waits in the
+/// proxy's socket and then in mongos's.
+async fn slow_client(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    socket.connect(addr).await.unwrap()
 }
 
 /// Takes one reply off `s` at about 2.5 MB/s (128 KiB every 50 ms); its length.
@@ -256,9 +252,7 @@ min_wait = "0s"
     env.wait_state("demo.store_inventory", State::Open).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
 
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(16 * 1024).unwrap();
-    let mut slow = socket.connect(env.proxy_addr()).await.unwrap();
+    let mut slow = slow_client(env.proxy_addr()).await;
     slow.write_all(&find_marked(10, "big")).await.unwrap();
     let reader = tokio::spawn(async move { read_slowly(&mut slow).await });
     tokio::time::sleep(Duration::from_millis(800)).await;

@@ -23,8 +23,8 @@ use tokio::time::Instant;
 
 use super::reads::{Tracked, ORPHAN_SCAN_CAP};
 use super::Handler;
-use crate::policy::{Ending, Rung, SampleEnd, Then};
-use crate::wire::{Head, ReplyStatus, StreamScan, WireError};
+use crate::policy::{Ending, Rung, SampleEnd};
+use crate::wire::{Head, StreamScan};
 
 /// Replies to tracked reads and followed writes up to this size are read whole and judged
 /// before they go on (so an error can be replaced, or a read sent up its ladder); larger
@@ -129,33 +129,7 @@ impl Handler {
             }
             status
         });
-        self.judge_relayed(t, status, at);
-    }
-
-    /// Judges a tracked read whose reply already went to the client: the verdict is carried
-    /// out (breaker, metrics, a confirming read), except the reply's replacement.
-    fn judge_relayed(&mut self, t: Tracked, status: Result<ReplyStatus, WireError>, at: Instant) {
-        if let Err(e) = &status {
-            match e {
-                WireError::Streamed(_) => {
-                    tracing::debug!(ns = %t.ns, error = %e, "large reply to a tracked read not judged")
-                }
-                _ => {
-                    tracing::warn!(ns = %t.ns, error = %e, "cannot read reply to a tracked read")
-                }
-            }
-        }
-        let ending = match &status {
-            Ok(s) => Ending::Reply(s),
-            Err(_) => Ending::Unreadable,
-        };
-        let answered = status.as_ref().is_ok_and(|s| s.ok);
-        let mut verdict = self.verdict(&t, ending, at);
-        if !matches!(verdict.then, Then::Reply | Then::NoTime(_)) {
-            tracing::info!(ns = %t.ns, command = %t.command, "reply too large to hold went to the client as it came; the next step of its read was not taken");
-            verdict.then = Then::Reply;
-        }
-        self.apply_verdict(t, verdict, answered, at);
+        self.judge_status(t, status, at, true);
     }
 
     /// A session that ends with a large reply half passed on: the read it answers ends

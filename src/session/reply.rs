@@ -25,7 +25,7 @@ use crate::policy::{self, Bounded, Ending, Evidence, Failure, Heard, Rung, Sampl
 use crate::rewrite::{self, RewriteSpec};
 use crate::upstream::LadderPermit;
 use crate::wire::dupids::{DupCount, IdSet};
-use crate::wire::{Head, Incoming, Reply, ReplyCodec};
+use crate::wire::{Head, Incoming, Reply, ReplyCodec, ReplyStatus, WireError};
 
 impl Handler {
     /// One message, or part of one, from the upstream.
@@ -183,15 +183,36 @@ impl Handler {
         } else {
             reply.status(max)
         };
+        self.judge_status(t, status, now, false)
+    }
+
+    /// Judges `t` by its reply's `status` at `now` and carries the verdict out; returns true
+    /// when the reply is replaced. `relayed`: the reply already went to the client (judged
+    /// in pieces, `judging.rs`), so it stands whatever the verdict says.
+    pub(super) fn judge_status(
+        &mut self,
+        t: Tracked,
+        status: Result<ReplyStatus, WireError>,
+        now: Instant,
+        relayed: bool,
+    ) -> bool {
         let ending = match &status {
             Ok(s) => Ending::Reply(s),
+            Err(e @ WireError::Streamed(_)) => {
+                tracing::debug!(ns = %t.ns, error = %e, "large reply to a tracked read not judged");
+                Ending::Unreadable
+            }
             Err(e) => {
                 tracing::warn!(ns = %t.ns, error = %e, "cannot read reply to a tracked read");
                 Ending::Unreadable
             }
         };
         let answered = status.as_ref().is_ok_and(|s| s.ok);
-        let verdict = self.verdict(&t, ending, now);
+        let mut verdict = self.verdict(&t, ending, now);
+        if relayed && !matches!(verdict.then, Then::Reply | Then::NoTime(_)) {
+            tracing::info!(ns = %t.ns, command = %t.command, "reply too large to hold went to the client as it came; the next step of its read was not taken");
+            verdict.then = Then::Reply;
+        }
         self.apply_verdict(t, verdict, answered, now)
     }
 

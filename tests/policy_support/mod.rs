@@ -471,3 +471,23 @@ pub fn cursor_reply(ns: &str, docs: &[RawDocumentBuf]) -> RawDocumentBuf {
     }
     rawdoc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": ns }, "ok": 1.0 }
 }
+
+/// A secondary read the driver sent once with `maxTimeMS` 5000 (`original`, as it reached
+/// the fake), then the proxy's `available` resend: the driver's read preference, the resend
+/// with `available` and the rest of the budget, nothing else changed.
+pub fn assert_available_resend(original: &RawDocument, resend: &RawDocument) {
+    assert_eq!(
+        original
+            .get_document("$readPreference")
+            .ok()
+            .map(|d| d.to_owned()),
+        Some(bson::rawdoc! { "mode": "secondary" })
+    );
+    assert_eq!(read_concern(resend), Some(available()));
+    let budget = max_time_ms(resend).expect("maxTimeMS");
+    assert!(budget > 0 && budget <= 5000 - 100, "budget {budget}");
+    assert_eq!(
+        without(original, &["readConcern", "maxTimeMS"]),
+        without(resend, &["readConcern", "maxTimeMS"])
+    );
+}

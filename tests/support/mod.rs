@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod bin;
+pub mod child;
 pub mod js;
 pub mod mongos;
 pub mod py;

@@ -3,9 +3,9 @@
 //! that cannot be made fails the test; nothing is skipped.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long one script run may take.
 pub const SCRIPT_DEADLINE: Duration = Duration::from_secs(60);
@@ -56,27 +56,12 @@ pub async fn run_check(script: &str, mode: &str, args: Vec<String>) -> String {
     let (script, mode) = (script.to_string(), mode.to_string());
     let job = tokio::task::spawn_blocking(move || {
         let python = venv_python();
-        let mut child = Command::new(&python)
-            .arg(manifest_dir().join("tests/py").join(&script))
+        let mut cmd = Command::new(&python);
+        cmd.arg(manifest_dir().join("tests/py").join(&script))
             .arg(&mode)
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", python.display()));
-        let deadline = Instant::now() + SCRIPT_DEADLINE;
-        loop {
-            match child.try_wait().expect("wait for the script") {
-                Some(_) => break,
-                None if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("{mode}: script ran past {SCRIPT_DEADLINE:?}");
-                }
-                None => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
-        let out = child.wait_with_output().expect("script output");
+            .args(&args);
+        let out = super::child::run(cmd, SCRIPT_DEADLINE)
+            .unwrap_or_else(|e| panic!("{mode}: script {e}"));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         println!("{mode}: {}\n{stdout}{stderr}", out.status);
