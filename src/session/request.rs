@@ -4,16 +4,16 @@
 //! watch), refused (legacy OP_QUERY), or governed. A governed read is classified from the
 //! message as opened, decided on (`policy::decide`, pure) and carried out: forwarded as it
 //! arrived, rewritten, sent to the primary, or answered by the proxy; a followed one becomes
-//! a tracked read (`reads`) on the attempt its decision names (`policy::Attempt`).
-
-use std::borrow::Cow;
-use std::time::SystemTime;
+//! a [`Followed`] read (`followed.rs`) on the attempt its decision names (`policy::Attempt`).
+//! While the connection has not proved itself to the cluster, its authentication steps are
+//! followed too (`reads::Proof`).
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::followed::{First, Followed};
 use super::gate::{self, Gate};
-use super::reads::Tracked;
+use super::reads::Step;
 use super::{Handler, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
 use crate::policy::{self, Admission, Attempt, Decision, ErrorReply, Mode, Target};
@@ -74,12 +74,8 @@ impl Handler {
         self.meter.limit("reused_request_id");
         // The followed reads end unjudged: a sample among them says nothing (a probe gives
         // its slot back).
-        let now = Instant::now();
-        for t in self.reads.samples() {
-            let unknown = crate::breaker::Sample::Unknown;
-            self.shared
-                .breakers
-                .sampled(&t.ns, &t.policy, unknown, self.id, now);
+        for f in self.reads.samples() {
+            self.release_sample(f);
         }
         Err(SessionError::ReusedRequestId(request_id))
     }
@@ -128,6 +124,7 @@ impl Handler {
             }
         };
         let Some(target) = policy::resolve(&info, &self.config.policy) else {
+            self.follow_proof(&req, &info);
             self.pass(req.frame().clone(), true);
             return Ok(());
         };
@@ -138,7 +135,7 @@ impl Handler {
         ns.push('.');
         ns.push_str(target.ns.coll);
         let now = Instant::now();
-        let admission = self.admit(&target, &ns, now);
+        let admission = self.admit(&target, &info, &ns, now);
         let decided = policy::decide(&target, &info, admission);
         let (decision, held) = policy::apply_dry_run(decided, &target.policy);
         if let Some(h) = held {
@@ -161,15 +158,25 @@ impl Handler {
     }
 
     /// What the breaker of `ns` admits for an eligible read (and the write-stall watch's
-    /// hold on fallback namespaces); other reads are not the breaker's business.
-    fn admit(&self, target: &Target<'_>, ns: &str, now: Instant) -> Admission {
+    /// hold on fallback namespaces); other reads are not the breaker's business. A read
+    /// pinned by tag sets never climbs to the primary, so it is admitted as it would be
+    /// without the primary rung.
+    fn admit(
+        &self,
+        target: &Target<'_>,
+        info: &CommandInfo<'_>,
+        ns: &str,
+        now: Instant,
+    ) -> Admission {
         if target.kind != policy::ReadKind::Eligible {
             return Admission::Closed;
         }
         if target.policy.mode == Mode::Fallback && self.shared.stall.holding() {
             self.shared.breakers.hold_on_read(ns, now);
         }
-        self.shared.breakers.admit(ns, &target.policy, now)
+        let climbs = target.policy.primary_rung && !info.read_pref_tags;
+        let breakers = &self.shared.breakers;
+        breakers.admit(ns, &target.policy, self.id, climbs, now)
     }
 
     /// Carries out a decision, counted as decided.
@@ -181,7 +188,10 @@ impl Handler {
     fn carry_out(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
         match decision {
-            Decision::Forward => self.forward(req.frame().clone(), true),
+            Decision::Forward => {
+                self.follow_proof(req, info);
+                self.forward(req.frame().clone(), true)
+            }
             Decision::Track { .. } => self.track(&decision, g),
             Decision::Rewrite { .. } => self.send_available(&decision, g),
             Decision::Primary { .. } => self.send_primary(decision, g),
@@ -209,7 +219,7 @@ impl Handler {
                 (self.edited(&decision, req, ns, info.name), attempt)
             {
                 tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
-                self.follow(out, g, attempt, Some(permit));
+                self.follow(out, g, attempt, Some(permit), written(&decision));
                 return;
             }
         }
@@ -225,7 +235,7 @@ impl Handler {
         errors: u32,
     ) {
         let Governed { req, info, ns, .. } = g;
-        let reply = policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
+        let reply = policy::fail_fast_reply(ns, reason, errors);
         self.meter.fail_fast(ns);
         tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
         self.reply_error(req.request_id(), &reply);
@@ -242,7 +252,7 @@ impl Handler {
             (Some(out), Some(attempt)) => {
                 self.meter.preemptive_rewrite(ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
-                self.follow(out, g, attempt, None);
+                self.follow(out, g, attempt, None, written(decision));
             }
             _ => self.forward(req.frame().clone(), true),
         }
@@ -257,11 +267,7 @@ impl Handler {
         };
         // A dry run's read is judged with the rungs it would have had (see `reply.rs`).
         let attempt = match g.held {
-            Some(h) => Attempt {
-                primary: h.primary,
-                retry: h.retry,
-                ..attempt
-            },
+            Some(h) => h.attempt(attempt),
             None => attempt,
         };
         let (out, attempt) = match self.edited(decision, req, ns, info.name) {
@@ -271,20 +277,22 @@ impl Handler {
         if attempt.bounded.is_some() {
             tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent bounded by open_time_limit");
         }
-        if !self.follow(out, g, attempt, None) && attempt.sample {
+        if !self.follow(out, g, attempt, None, written(decision)) && attempt.sample {
             self.shared.breakers.release_probe(ns);
         }
     }
 
-    /// Sends `out` (the governed request, as `attempt`) and remembers it for its reply.
-    /// Past `max_pending_reads` the read is sent but not followed (false): no next rung and
-    /// no evidence from it (its ladder slot is freed at once).
+    /// Sends `out` (the governed request, as `attempt`, with the `maxTimeMS` staleguard
+    /// `written` when it wrote one) and remembers it for its reply. Past
+    /// `max_pending_reads` the read is sent but not followed (false): no next rung and no
+    /// evidence from it (its ladder slot is freed at once).
     fn follow(
         &mut self,
         out: Bytes,
         g: Governed<'_, '_>,
         attempt: Attempt,
         permit: Option<LadderPermit>,
+        written: Option<i64>,
     ) -> bool {
         let Governed {
             req,
@@ -300,27 +308,28 @@ impl Handler {
             self.forward(out, true);
             return false;
         }
-        let tracked_ns = self.reads.ns(ns);
-        // mongos serves a connection's requests in order: this read starts now only when
-        // nothing sent before it is still waiting for its reply.
-        let began = self.peers.all_answered().then_some(now);
-        self.reads.track(Tracked {
-            request_id: req.request_id(),
-            ns: tracked_ns,
-            command: tracked_command(info.name),
+        // The limit the attempt goes out with: the one staleguard wrote, or the client's own.
+        let limit_ms = match attempt.limit_ours {
+            true => written,
+            false => info.max_time_ms.filter(|&ms| ms > 0),
+        };
+        let followed = Followed::first(First {
+            req,
+            info,
+            ns: self.reads.ns(ns),
             policy: target.policy.clone(),
-            original: req.clone(),
-            started: now,
-            began,
             attempt,
-            tagged: info.read_pref_tags,
-            pref: info.read_pref,
             permit,
+            limit_ms,
             // `forward` below counts it.
             seq: self.peers.next_place(),
-            unique_ids: info.unique_ids,
+            now,
+            // mongos serves a connection's requests in order: this read starts now only when
+            // nothing sent before it is still waiting for its reply.
+            at_once: self.peers.all_answered(),
             dry: held.is_some(),
         });
+        self.reads.follow(followed);
         self.forward(out, true);
         true
     }
@@ -355,6 +364,24 @@ impl Handler {
         }
     }
 
+    /// Until the connection has proved itself, the reply to an authentication step or a
+    /// read it sends is followed: mongos accepting the one, or answering the other `ok: 1`,
+    /// proves it (`reads::Proof`).
+    fn follow_proof(&mut self, req: &Request, info: &CommandInfo<'_>) {
+        if self.reads.proof.proven() {
+            return;
+        }
+        let step = if is_auth_step(info) {
+            Step::Auth
+        } else if command::is_read_command(info.name) {
+            Step::Read
+        } else {
+            return;
+        };
+        let place = self.peers.next_place();
+        self.reads.follow_proof(req.request_id(), place, step);
+    }
+
     /// Forwards a request no policy looked at.
     fn pass(&mut self, msg: Bytes, expects_reply: bool) {
         self.meter.forwarded();
@@ -380,13 +407,14 @@ impl Handler {
     }
 }
 
-/// A tracked read's command name without an allocation when the metrics know it (every read
-/// command the policy tracks does).
-fn tracked_command(name: &str) -> Cow<'static, str> {
-    let known = crate::metrics::Metrics::command_label(name);
-    if known == name {
-        Cow::Borrowed(known)
-    } else {
-        Cow::Owned(name.to_string())
-    }
+/// The `maxTimeMS` `decision` writes on the request, if any.
+fn written(decision: &Decision<'_>) -> Option<i64> {
+    policy::rewrite_spec(decision).and_then(|spec| spec.max_time_ms)
+}
+
+/// An authentication step whose reply says whether mongos accepted the connection:
+/// `saslStart`, `saslContinue`, `authenticate`, or a `hello` carrying
+/// `speculativeAuthenticate`.
+fn is_auth_step(info: &CommandInfo<'_>) -> bool {
+    matches!(info.name, "saslStart" | "saslContinue" | "authenticate") || info.speculative_auth
 }
