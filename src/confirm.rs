@@ -17,7 +17,8 @@
 //!
 //! Bounded: questions wait in a queue of [`QUEUE`]; at most [`IN_FLIGHT`] cheap reads run at
 //! once; one per namespace and upstream at a time, which the questions asked meanwhile join
-//! (at most [`JOINERS`]); an answer serves the questions on its namespace for [`FRESH`];
+//! (at most [`JOINERS`]); a confirmed failure serves the questions on its namespace for
+//! [`FRESH`];
 //! at most [`VIEWS_KEPT`] namespaces' view lookups are kept. A question past these bounds is
 //! answered "unknown" at once. Without `[confirm]` credentials on a cluster that requires
 //! authentication every answer is "unknown": time limits then never count, and a read cut by
@@ -45,7 +46,7 @@ pub const QUEUE: usize = 256;
 pub const IN_FLIGHT: usize = 32;
 /// Questions that may join the one in flight on the same namespace and upstream.
 pub const JOINERS: usize = 16;
-/// How long an answer serves the questions on its namespace.
+/// How long a confirmed failure serves the questions on its namespace and upstream.
 pub const FRESH: Duration = Duration::from_secs(1);
 /// Namespaces whose view lookup is kept (all are let go of past it).
 pub const VIEWS_KEPT: usize = 4096;
@@ -210,7 +211,14 @@ impl State {
             self.recent
                 .retain(|_, (at, _)| now.saturating_duration_since(*at) < FRESH);
         }
-        self.recent.insert(d.key.clone(), (now, d.confirmation));
+        // Only a failure is shared past its flight: in a partial incident each question
+        // deserves its own cheap read (mongos picks a member for each), and an answer from
+        // the healthy member must not hide the stale one from the next question.
+        if let Confirmation::Confirmed { .. } = d.confirmation {
+            self.recent.insert(d.key.clone(), (now, d.confirmation));
+        } else {
+            self.recent.remove(&d.key);
+        }
         let Some(flight) = self.flights.remove(&d.key) else {
             return;
         };

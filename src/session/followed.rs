@@ -29,7 +29,7 @@ use crate::wire::Request;
 /// How long past an attempt's `maxTimeMS` mongos may take to answer before staleguard
 /// answers the client itself (mongos checks its limit between steps, and the reply has a
 /// network to cross).
-pub(super) const SILENT_GRACE: Duration = Duration::from_millis(250);
+pub(super) const SILENT_GRACE: Duration = Duration::from_secs(1);
 
 /// A read whose replies the session judges.
 #[derive(Debug)]
@@ -452,11 +452,11 @@ mod tests {
                 max_time_ms: Some(300),
                 ..RewriteSpec::default()
             },
-            or_else: Some(available.clone()),
+            or_else: Some(available),
         };
         let to_available = Then::Climb {
             to: Rung::Available,
-            spec: available.clone(),
+            spec: available,
             or_else: None,
         };
         let b = Bounded {

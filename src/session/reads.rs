@@ -41,9 +41,11 @@ pub(super) const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_se
 /// Whether a connection has proved itself to the cluster: only then does what its reads
 /// meet count for a breaker (`breaker::Witness`). It has when mongos accepted its
 /// authentication (a SCRAM or x509 conversation that ended with `ok: 1`, or speculative
-/// authentication accepted in the handshake), or answered one of its reads with `ok: 1`
-/// or with a stale-routing error (mongos checks a command's authorization before it routes
-/// it, so neither reaches a client the cluster did not let read).
+/// authentication accepted in the handshake), or ran one of its reads: answered it
+/// `ok: 1`, or failed it with an error only a read that runs can meet (stale routing, a
+/// time limit, no member to run it on). mongos checks a command's authorization before it
+/// runs it, so none of these reaches a client the cluster did not let read; Unauthorized
+/// and other refusals prove nothing.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Proof {
     proven: bool,
@@ -72,9 +74,8 @@ pub(super) struct Reads {
         mpsc::UnboundedReceiver<Answer>,
     )>,
     next_token: u64,
-    /// When this connection last had a time limit confirmed for the evidence only: at most
-    /// one such question per `window`.
-    pub(super) last_asked: Option<Instant>,
+    /// This connection's share of questions asked for the evidence only.
+    pub(super) asks: Asks,
     /// Writes sent and not answered yet (write-stall watch).
     pub(super) writes: WriteTracker,
     /// Requests whose replies can prove the connection (followed only until it has proved
@@ -89,6 +90,33 @@ pub(super) struct Reads {
     ladder: Option<Arc<LadderGuard>>,
     /// This connection's share of it (`per_connection_per_second`).
     ladder_share: ConnLadder,
+}
+
+/// A connection's share of the questions it may ask the cluster for the evidence only (a
+/// time limit on a closed breaker's read): `per_connection` per `min_cooldown`, the share it
+/// has of the openings, over the shortest time one of its reads can take to run out of a
+/// limit that is not below the evidence floor.
+#[derive(Debug, Default)]
+pub(super) struct Asks {
+    since: Option<Instant>,
+    asked: u32,
+}
+
+impl Asks {
+    /// One question, if the share has room at `now`.
+    pub(super) fn take(&mut self, policy: &crate::policy::NsPolicy, now: Instant) -> bool {
+        let span = policy.min_cooldown.min(policy.window);
+        match self.since {
+            Some(t) if now.saturating_duration_since(t) < span => {
+                if self.asked >= policy.per_connection.max(1) {
+                    return false;
+                }
+                self.asked += 1;
+            }
+            _ => (self.since, self.asked) = (Some(now), 1),
+        }
+        true
+    }
 }
 
 /// At most this many requests are followed for the connection's proof at once (drivers

@@ -34,9 +34,10 @@ use crate::upstream::LadderPermit;
 use crate::wire::dupids::IdSet;
 use crate::wire::{Head, Incoming, Reply, ReplyCodec, ReplyStatus, WireError};
 
-/// Stale-routing codes: a reply with one proves the connection (mongos authorizes a command
-/// before it routes it).
-const ROUTING: [i32; 4] = [13388, 63, 150, 249];
+/// Codes mongos returns only for a read it ran, past its authorization check (stale
+/// routing, a time limit met while running, no member to run it on): a reply with one
+/// proves the connection, as an answer does.
+const RAN: [i32; 9] = [13388, 63, 150, 249, 50, 262, 202, 89, 133];
 
 impl Handler {
     /// One message, or part of one, from the upstream.
@@ -174,7 +175,9 @@ impl Handler {
             (Arrival::Proof(step), _) => {
                 let proves = match step {
                     Step::Auth => reply.auth_accepted(max),
-                    Step::Read => reply.status(max).is_ok_and(|s| s.ok),
+                    Step::Read => reply
+                        .status(max)
+                        .is_ok_and(|s| s.ok || s.code.is_some_and(|c| RAN.contains(&c))),
                 };
                 if proves {
                     self.reads.proof.prove();
@@ -239,7 +242,7 @@ impl Handler {
             }
         };
         if let Ok(s) = &status {
-            if s.ok || s.code.is_some_and(|c| ROUTING.contains(&c)) {
+            if s.ok || s.code.is_some_and(|c| RAN.contains(&c)) {
                 // mongos let this connection read: it has proved itself.
                 self.reads.proof.prove();
             }
@@ -341,25 +344,19 @@ impl Handler {
 
     /// A question whose answer only the breaker waits for: asked for a sample (its outcome
     /// is the answer), or for a closed read when the answer can still count (this
-    /// connection proved itself, has not asked within the window, and has its share of the
-    /// window left).
+    /// connection proved itself, has its share of questions left, and its share of the
+    /// window's errors).
     fn ask_aside(&mut self, f: &Followed, failure: &Failure<'_>, now: Instant) {
         let who = self.witness();
         if !f.sample() {
-            let window = f.policy().window;
-            let asked_lately = self
-                .reads
-                .last_asked
-                .is_some_and(|t| now.saturating_duration_since(t) < window);
             let breakers = &self.shared.breakers;
             if !who.proven
-                || asked_lately
                 || !breakers.would_count(f.ns(), f.policy(), self.id, now)
+                || !self.reads.asks.take(f.policy(), now)
             {
                 self.meter.confirm("skipped");
                 return;
             }
-            self.reads.last_asked = Some(now);
         }
         let q = self.question(f, failure, None);
         if !self.shared.confirmer.ask(q) {
