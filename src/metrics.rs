@@ -131,7 +131,6 @@ pub struct Metrics {
     pub upstream_up: Family<UpstreamLabel, Gauge>,
     pub upstream_latency: Family<UpstreamLabel, LatencyHistogram>,
     pub upstream_hello: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
-    /// Reads an upstream left unanswered past their limit and a grace.
     pub upstream_silent: Family<UpstreamLabel, Counter>,
     pub reloads: Family<ResultLabel, Counter>,
     /// TLS handshakes that failed, by side (client, upstream).
@@ -453,10 +452,9 @@ impl Metrics {
 
     /// A read through `upstream` got no reply past its limit and a grace.
     pub fn upstream_silent(&self, upstream: &str) {
+        let upstream = upstream.to_string();
         self.upstream_silent
-            .get_or_create(&UpstreamLabel {
-                upstream: upstream.to_string(),
-            })
+            .get_or_create(&UpstreamLabel { upstream })
             .inc();
     }
 

@@ -92,8 +92,7 @@ pub struct UpstreamStatus {
     pub last_error: Option<String>,
     /// Primary-rung reads through this router waiting for their reply (`[ladder_guard]`).
     pub ladder_in_flight: u32,
-    /// Reads it left unanswered past their `maxTimeMS` and a grace (answered by staleguard
-    /// with MaxTimeMSExpired instead), and when the last was.
+    /// Reads it left unanswered past their limit and a grace (staleguard answered them).
     pub silent_reads: u64,
     pub last_silent: Option<String>,
 }

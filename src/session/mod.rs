@@ -16,6 +16,8 @@
 //! arrival   what a reply answers (Arrival), a large reply judged in pieces (Pieces)
 //! reads     what is followed in flight: followed reads (waiting, or waiting for the
 //!           cluster's answer), writes, authentication steps (Proof), the ladder share
+//! witness   the one evidence gate, as this connection's: its word to the breaker, or a
+//!           question to the cluster first
 //! gate      the early gates (request + config → Gate); off-worker decompression
 //! counters  Meter: every count the session makes, one way; per-request counts batched
 //! outbox    what waits to be written to one peer
@@ -37,6 +39,7 @@ mod reads;
 mod relay;
 mod reply;
 mod request;
+mod witness;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -159,12 +159,6 @@ impl Reads {
             || (!self.writes.is_empty() && self.writes.contains(request_id))
     }
 
-    /// The followed reads that are samples of an open breaker (waiting, or asking).
-    pub(super) fn samples(&self) -> impl Iterator<Item = &Followed> {
-        let parked = self.parked.iter().map(|p| &p.read);
-        self.pending.iter().chain(parked).filter(|f| f.sample())
-    }
-
     /// `max` reads are followed already (`max_pending_reads`).
     pub(super) fn full(&self, max: usize) -> bool {
         self.pending.len() + self.parked.len() >= max

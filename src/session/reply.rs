@@ -22,15 +22,14 @@
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::arrival::{log_failure, Arrival, Found, Pieces, JUDGE_WHOLE};
+use super::arrival::{Arrival, Found, Pieces, JUDGE_WHOLE};
 use super::followed::{Followed, Next};
 use super::reads::Step;
+use super::witness::Witnessing;
 use super::Handler;
-use crate::breaker::{Heard, Witness};
-use crate::confirm::{Answer, Question};
+use crate::confirm::Answer;
 use crate::policy::{self, Ending, Failure, Rung, Word};
 use crate::rewrite::{self, RewriteSpec};
-use crate::upstream::LadderPermit;
 use crate::wire::dupids::IdSet;
 use crate::wire::{Head, Incoming, Reply, ReplyCodec, ReplyStatus, WireError};
 
@@ -115,7 +114,7 @@ impl Handler {
             // What needs only mongos's answer happens now: a client taking the reply slowly
             // holds nothing another client needs.
             if f.head() {
-                self.release_sample(f);
+                self.witnessing().release_sample(f);
             }
         }
         let max = self.config.max_message_size;
@@ -254,7 +253,7 @@ impl Handler {
         }
         let verdict = self.verdict(&f, ending, at);
         let in_path = matches!(verdict.then, policy::Then::Confirm) && !relayed;
-        self.hear(&f, &verdict.word, in_path);
+        self.witnessing().hear(&f, &verdict.word, in_path);
         if answered && matches!(verdict.then, policy::Then::Reply) {
             self.meter.answered(f.ns());
         }
@@ -287,117 +286,15 @@ impl Handler {
         held
     }
 
-    /// The one evidence gate: what a read said about the cluster reaches its breaker here,
-    /// as the word of this connection (which must have proved itself), or as a question to
-    /// the cluster first (`in_path`: the read itself waits on it, see [`Handler::ask`]).
-    pub(super) fn hear(&mut self, f: &Followed, word: &Word<'_>, in_path: bool) {
-        let now = Instant::now();
-        let who = self.witness();
-        let heard = match word {
-            Word::Neutral(why) => {
-                if let Some(why) = why {
-                    self.meter.ignored(why.label());
-                }
-                Heard::Neutral
-            }
-            Word::Answered => Heard::Answered,
-            Word::Failed(failure) => {
-                log_failure(f, failure, now);
-                self.meter.trigger_error(f.ns(), &failure.evidence.label());
-                if !who.proven {
-                    self.meter.ignored("unproven");
-                }
-                let what = failure.evidence.to_string();
-                let heard = Heard::Failed {
-                    reason: failure.reason,
-                    what: &what,
-                };
-                let (ns, policy) = (f.ns(), f.policy());
-                self.shared
-                    .breakers
-                    .hear(ns, policy, heard, f.sample(), who, now);
-                return;
-            }
-            Word::Ask(failure) => {
-                log_failure(f, failure, now);
-                self.meter.trigger_error(f.ns(), &failure.evidence.label());
-                if !in_path {
-                    self.ask_aside(f, failure, now);
-                }
-                return;
-            }
-        };
-        if f.sample() {
-            let (ns, policy) = (f.ns(), f.policy());
-            self.shared
-                .breakers
-                .hear(ns, policy, heard, f.sample(), who, now);
-        }
-    }
-
-    fn witness(&self) -> Witness {
-        Witness {
+    /// The one evidence gate, as this connection's (`witness.rs`).
+    pub(super) fn witnessing(&mut self) -> Witnessing<'_> {
+        Witnessing {
+            shared: &self.shared,
+            meter: &self.meter,
+            reads: &mut self.reads,
             conn: self.id,
-            proven: self.reads.proof.proven(),
+            upstream: &self.upstream,
         }
-    }
-
-    /// A question whose answer only the breaker waits for: asked for a sample (its outcome
-    /// is the answer), or for a closed read when the answer can still count (this
-    /// connection proved itself, has its share of questions left, and its share of the
-    /// window's errors).
-    fn ask_aside(&mut self, f: &Followed, failure: &Failure<'_>, now: Instant) {
-        let who = self.witness();
-        if !f.sample() {
-            let breakers = &self.shared.breakers;
-            if !who.proven
-                || !breakers.would_count(f.ns(), f.policy(), self.id, now)
-                || !self.reads.asks.take(f.policy(), now)
-            {
-                self.meter.confirm("skipped");
-                return;
-            }
-        }
-        let q = self.question(f, failure, None);
-        if !self.shared.confirmer.ask(q) {
-            self.meter.confirm("skipped");
-            if f.sample() {
-                self.release_sample(f);
-            }
-        }
-    }
-
-    fn question(
-        &self,
-        f: &Followed,
-        failure: &Failure<'_>,
-        reply: Option<(tokio::sync::mpsc::UnboundedSender<Answer>, u64)>,
-    ) -> Question {
-        Question {
-            ns: f.ns().clone(),
-            policy: f.policy().clone(),
-            mode: f.pref(),
-            upstream: self.upstream.clone(),
-            who: self.witness(),
-            sample: f.sample(),
-            reason: failure.reason,
-            what: failure.evidence.to_string(),
-            reply,
-        }
-    }
-
-    /// A sample whose outcome will never be known: its breaker lets the next one go.
-    pub(super) fn release_sample(&self, f: &Followed) {
-        let now = Instant::now();
-        let breakers = &self.shared.breakers;
-        breakers.hear(
-            f.ns(),
-            f.policy(),
-            Heard::Neutral,
-            true,
-            self.witness(),
-            now,
-        );
     }
 
     /// Carries out a followed read's next step; true when its reply is replaced.
@@ -447,7 +344,7 @@ impl Handler {
     /// question its own time limit raised (`on_answer` settles it).
     fn ask(&mut self, f: Followed, failure: &Failure<'_>, frame: Bytes) {
         tracing::debug!(ns = %f.ns(), command = %f.command(), "staleguard's own limit cut the read: asking the cluster before the next rung");
-        let mut q = self.question(&f, failure, None);
+        let mut q = self.witnessing().question(&f, failure, None);
         let (token, tx) = self.reads.park(f, frame);
         q.reply = Some((tx, token));
         if !self.shared.confirmer.ask(q) {
@@ -514,32 +411,6 @@ impl Handler {
         true
     }
 
-    /// A slot on this connection's upstream for one primary-rung read about to be sent,
-    /// within this connection's share (`upstream::ConnLadder`: only when mongos starts it at
-    /// once), or `None` (counted as `denied`).
-    pub(super) fn claim_ladder(&mut self, ns: &str) -> Option<LadderPermit> {
-        // The read would be the next request sent: mongos starts it once every earlier one
-        // has its final reply.
-        let queued = !self.peers.all_answered();
-        match self.reads.claim_ladder(self.config.ladder_guard, queued)? {
-            // Within the local guard: then within this instance's share of the fleet
-            // budget (`[fleet]`; passes untouched without one).
-            Ok(permit) => match self.shared.fleet_budget(permit, Instant::now()) {
-                Ok(permit) => Some(permit),
-                Err(denied) => {
-                    self.meter.ladder_not_sent(ns, "primary", "denied");
-                    tracing::debug!(ns = %ns, limit = denied.as_str(), "primary rung refused by the fleet budget");
-                    None
-                }
-            },
-            Err((denied, held)) => {
-                self.meter.ladder_not_sent(ns, "primary", "denied");
-                tracing::debug!(ns = %ns, limit = denied.as_str(), held, upstream = %self.upstream, "primary rung refused by the ladder guard");
-                None
-            }
-        }
-    }
-
     /// Followed reads whose turn for a reply has passed (mongos answered them with a
     /// `responseTo` that names another request): nothing can be judged of them, so they
     /// leave instead of waiting forever (a sample lets the next one go).
@@ -552,7 +423,7 @@ impl Handler {
                 tracing::warn!(ns = %f.ns(), command = %f.command(), request_id = f.request_id(), "followed read answered with another responseTo; not judged");
             }
             if f.sample() {
-                self.release_sample(&f);
+                self.witnessing().release_sample(&f);
             }
         }
     }
@@ -591,14 +462,14 @@ impl Handler {
         let half = self.pieces.take().and_then(|p| p.read);
         for f in half.into_iter().chain(self.reads.take_all()) {
             let verdict = policy::judge(&f.read(), ending, now);
-            self.hear(&f, &verdict.word, false);
+            self.witnessing().hear(&f, &verdict.word, false);
         }
     }
 
     /// A followed read that ended without a reply while the session goes on.
     fn end_without_reply(&mut self, f: Followed, ending: Ending<'_>, now: Instant) {
         let verdict = self.verdict(&f, ending, now);
-        self.hear(&f, &verdict.word, false);
+        self.witnessing().hear(&f, &verdict.word, false);
         let (ns, request_id) = (f.ns().clone(), f.request_id());
         let next = f.settle(&verdict, false, |_| None);
         self.take_step(next, &ns, request_id, None, None);

@@ -67,15 +67,17 @@ impl Handler {
     /// still waiting for its reply closes the client, since its reply could be taken for
     /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
     /// connection's requests in flight.
-    fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
+    fn refuse_reused_id(&mut self, request_id: i32) -> Result<(), SessionError> {
         if !self.reads.reuses(request_id) {
             return Ok(());
         }
         self.meter.limit("reused_request_id");
         // The followed reads end unjudged: a sample among them says nothing (a probe gives
         // its slot back).
-        for f in self.reads.samples() {
-            self.release_sample(f);
+        for f in self.reads.take_all() {
+            if f.sample() {
+                self.witnessing().release_sample(&f);
+            }
         }
         Err(SessionError::ReusedRequestId(request_id))
     }
@@ -398,6 +400,32 @@ impl Handler {
         tracing::debug!(ns = %refusal.ns, code = refusal.reply.code, "refused: legacy OP_QUERY on a database with governed namespaces");
         let out = refusal.to_message(self.shared.ids.request_id(), request_id);
         self.peers.answer(out);
+    }
+
+    /// A slot on this connection's upstream for one primary-rung read about to be sent,
+    /// within this connection's share (`upstream::ConnLadder`: only when mongos starts it at
+    /// once), or `None` (counted as `denied`).
+    pub(super) fn claim_ladder(&mut self, ns: &str) -> Option<LadderPermit> {
+        // The read would be the next request sent: mongos starts it once every earlier one
+        // has its final reply.
+        let queued = !self.peers.all_answered();
+        match self.reads.claim_ladder(self.config.ladder_guard, queued)? {
+            // Within the local guard: then within this instance's share of the fleet
+            // budget (`[fleet]`; passes untouched without one).
+            Ok(permit) => match self.shared.fleet_budget(permit, Instant::now()) {
+                Ok(permit) => Some(permit),
+                Err(denied) => {
+                    self.meter.ladder_not_sent(ns, "primary", "denied");
+                    tracing::debug!(ns = %ns, limit = denied.as_str(), "primary rung refused by the fleet budget");
+                    None
+                }
+            },
+            Err((denied, held)) => {
+                self.meter.ladder_not_sent(ns, "primary", "denied");
+                tracing::debug!(ns = %ns, limit = denied.as_str(), held, upstream = %self.upstream, "primary rung refused by the ladder guard");
+                None
+            }
+        }
     }
 
     /// Answers request `request_id` with `reply` instead of sending it upstream.
