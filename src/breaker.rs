@@ -706,6 +706,40 @@ mod tests {
         assert_eq!(b.admit(NS, &p, 2, false, later), Admission::Probe);
     }
 
+    /// Bound mode sends every read bounded, but one at a time goes as a probe (unbounded):
+    /// a namespace whose healthy reads take longer than the bound still closes.
+    #[test]
+    fn bound_mode_lets_one_unbounded_probe_through_at_a_time() {
+        let b = Breakers::default();
+        let p = strict();
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let due = t0 + p.min_cooldown;
+        assert!(matches!(
+            b.admit(NS, &p, 1, false, due - ms(1)),
+            Admission::Bounded { .. }
+        ));
+        assert_eq!(b.admit(NS, &p, 1, false, due), Admission::Probe);
+        // One at a time: the others are bounded meanwhile.
+        assert!(matches!(
+            b.admit(NS, &p, 2, false, due),
+            Admission::Bounded { .. }
+        ));
+        // The slow probe answers; the next one goes from another connection at once.
+        // The slow probe answers: while samples are answered no unbounded probe is needed;
+        // after min_cooldown without one, the next goes (from another connection).
+        let answered = due + ms(1_200);
+        sample(&b, &p, Sample::Answered, 1, answered);
+        assert!(matches!(
+            b.admit(NS, &p, 2, false, answered + ms(999)),
+            Admission::Bounded { .. }
+        ));
+        assert_eq!(
+            b.admit(NS, &p, 2, false, answered + p.min_cooldown),
+            Admission::Probe
+        );
+    }
+
     /// A tag-pinned read on a strict namespace with the primary rung is admitted as it
     /// would be without the rung: sent bounded, not refused.
     #[test]

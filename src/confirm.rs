@@ -2,12 +2,14 @@
 //! cut is relaxed or sent to the primary. A read that ran out of time may have met a hung
 //! secondary or may just be slow (its own query, its own limit, a view's pipeline); only the
 //! cluster can tell. So staleguard asks it, on connections of its own (never the client's,
-//! whose next request would wait behind the question at mongos): a cheap read of the
+//! whose next request would wait behind the question at mongos): three cheap reads of the
 //! namespace's *collection* (a view is followed to its source collection, learned once per
 //! namespace with `listCollections`) through the same mongos, `find` with an empty filter,
 //! `limit: 1`, `singleBatch`, a projection that keeps nothing (each document comes back as
 //! `{}`, so the reply is tiny whatever the documents), `maxTimeMS` = `confirm_time`, with
-//! `secondary` when the read asked for it and `secondaryPreferred` otherwise, no tags.
+//! `secondary` when the read asked for it and `secondaryPreferred` otherwise, no tags; sent
+//! at once, so that a stale member beside a healthy one is met by at least one (confirmed
+//! when any fails, unconfirmed when all are answered).
 //!
 //! What the answer says ([`policy::confirmation`]) reaches the breaker as the asking
 //! connection's word (`breaker::Breakers::hear`, its share applies): confirmed, a failure;
@@ -18,7 +20,8 @@
 //! Bounded: questions wait in a queue of [`QUEUE`]; at most [`IN_FLIGHT`] cheap reads run at
 //! once; one per namespace and upstream at a time, which the questions asked meanwhile join
 //! (at most [`JOINERS`]); a confirmed failure serves the questions on its namespace for
-//! [`FRESH`];
+//! [`FRESH`]; a question asked only for the evidence starts at most `per_connection` cheap
+//! reads per `window` for its connection (remembered for [`CONNECTIONS_KEPT`] connections);
 //! at most [`VIEWS_KEPT`] namespaces' view lookups are kept. A question past these bounds is
 //! answered "unknown" at once. Without `[confirm]` credentials on a cluster that requires
 //! authentication every answer is "unknown": time limits then never count, and a read cut by
@@ -47,11 +50,14 @@ pub const IN_FLIGHT: usize = 32;
 /// Questions that may join the one in flight on the same namespace and upstream.
 pub const JOINERS: usize = 16;
 /// How long a confirmed failure serves the questions on its namespace and upstream.
-pub const FRESH: Duration = Duration::from_secs(1);
+pub const FRESH: Duration = Duration::from_secs(2);
 /// Namespaces whose view lookup is kept (all are let go of past it).
 pub const VIEWS_KEPT: usize = 4096;
 /// How long a view lookup is kept.
 pub const VIEW_TTL: Duration = Duration::from_secs(60);
+/// Connections whose share of cheap reads is remembered (past it, those whose window has
+/// passed are let go of).
+pub const CONNECTIONS_KEPT: usize = 8192;
 
 /// A question about one read.
 #[derive(Debug)]
@@ -68,6 +74,11 @@ pub struct Question {
     pub who: Witness,
     /// The read was a sample of an open breaker.
     pub sample: bool,
+    /// The answer serves the evidence only (a closed breaker's read whose reply already went
+    /// to the client): such a question starts a cheap read only within its connection's
+    /// share, `per_connection` per `window` (joining one in flight, or a fresh failure, is
+    /// free).
+    pub limited: bool,
     /// Why the read failed, and how (the breaker's reason and text if confirmed).
     pub reason: Reason,
     pub what: String,
@@ -128,6 +139,8 @@ struct State {
     recent: HashMap<(String, Arc<str>), (Instant, Confirmation)>,
     /// Per namespace, the collection a cheap read reads (itself, or a view's source).
     views: HashMap<Arc<str>, (Instant, Arc<str>)>,
+    /// Per connection, the cheap reads its limited questions started: since when, how many.
+    starts: HashMap<u64, (Instant, u32)>,
     done: mpsc::UnboundedSender<ask::Done>,
 }
 
@@ -141,6 +154,7 @@ pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
         flights: HashMap::new(),
         recent: HashMap::new(),
         views: HashMap::new(),
+        starts: HashMap::new(),
         done,
     };
     loop {
@@ -171,7 +185,7 @@ impl State {
             }
             return deliver(&self.ctx, &q, Confirmation::Unknown, "skipped");
         }
-        if self.flights.len() >= IN_FLIGHT {
+        if self.flights.len() >= IN_FLIGHT || (q.limited && !self.take_share(&q, now)) {
             return deliver(&self.ctx, &q, Confirmation::Unknown, "skipped");
         }
         let config = self.ctx.config.load_full();
@@ -189,6 +203,24 @@ impl State {
         };
         tokio::spawn(read.run(key.clone(), self.done.clone()));
         self.flights.insert(key, Flight { waiting: vec![q] });
+    }
+
+    /// One start from the share of `q`'s connection: `per_connection` per `window`.
+    fn take_share(&mut self, q: &Question, now: Instant) -> bool {
+        let window = q.policy.window;
+        if self.starts.len() >= CONNECTIONS_KEPT {
+            self.starts
+                .retain(|_, (since, _)| now.saturating_duration_since(*since) < window);
+        }
+        let share = self.starts.entry(q.who.conn).or_insert((now, 0));
+        if now.saturating_duration_since(share.0) >= window {
+            *share = (now, 0);
+        }
+        if share.1 >= q.policy.per_connection.max(1) {
+            return false;
+        }
+        share.1 += 1;
+        true
     }
 
     /// The collection a cheap read of `ns` reads, when known and fresh.
@@ -249,7 +281,9 @@ fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
                 what: &what,
             }
         }
-        Confirmation::Unconfirmed if q.sample => Heard::Answered,
+        // The cheap read was answered: the time limit was not the cluster's failure. For a
+        // sample that is no answer either (the read itself failed; in a partial incident
+        // the cheap read may have met the healthy member): neutral.
         Confirmation::Unconfirmed => {
             tracing::debug!(ns = %q.ns, evidence = %q.what, "time limit not confirmed: the cheap read was answered");
             ctx.metrics.limits.ignored("unconfirmed");

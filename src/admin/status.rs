@@ -360,9 +360,7 @@ fn namespaces(shared: &AdminHandles, table: &crate::policy::PolicyTable) -> Vec<
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
         let totals = shared.metrics.ns_totals(&snap.ns);
-        let next_probe = policy
-            .and_then(|p| snap.next_probe(p))
-            .map(|at| at.saturating_duration_since(now));
+        let next_probe = (snap.next_probe()).map(|at| at.saturating_duration_since(now));
         rows.push(NsStatus {
             namespace: snap.ns.clone(),
             kind: "namespace",

@@ -42,6 +42,8 @@ pub(super) struct Breaker {
     /// The connection that took the last probe: the next goes to another when one comes
     /// (see [`Breaker::peek`]).
     pub(super) last_prober: Option<u64>,
+    /// When a sample was last answered (bound mode probes only without a recent one).
+    pub(super) last_answered: Option<Instant>,
     /// The fleet instance whose opening opened this breaker (see `fleet`); none when it
     /// opened on this instance's own evidence, and always none while closed.
     pub(super) opener: Option<std::sync::Arc<str>>,
@@ -161,6 +163,7 @@ impl Breaker {
             early: false,
             streak: Streak::default(),
             last_prober: None,
+            last_answered: None,
             opener: None,
             last_read: AtomicU64::new(0),
         }
@@ -227,30 +230,43 @@ impl Breaker {
             // Unknown while held: probing starts when the write stall clears.
             return self.admission(policy.cooldown);
         }
-        if sends_every_read(policy, climbs) {
-            return Admission::Bounded {
-                reason: self.reason,
-                errors: self.errors.len() as u32,
-            };
+        let bounded = Admission::Bounded {
+            reason: self.reason,
+            errors: self.errors.len() as u32,
+        };
+        let every_read = sends_every_read(policy, climbs);
+        // Sending every read bounded, one read at a time still goes as a probe, sent as a
+        // closed read would be, when no sample was answered within `min_cooldown`: the bound
+        // says nothing of a namespace whose healthy reads take longer, and only answers
+        // close the breaker. While bounded samples are answered, none is needed.
+        let not_yet = |probe_in| match every_read {
+            true => bounded,
+            false => self.admission(probe_in),
+        };
+        let span = policy.min_cooldown.min(policy.cooldown);
+        let answered_lately =
+            (self.last_answered).is_some_and(|t| now.saturating_duration_since(t) < span);
+        if every_read && answered_lately {
+            return bounded;
         }
         // A probe that never reported (its client vanished without us noticing) is given
         // up after `cooldown`, so the breaker cannot stop probing.
         if let Some(since) = self.probe_since {
             match since.checked_add(policy.cooldown) {
-                Some(at) if now < at => return self.admission(at - now),
-                None => return self.admission(policy.cooldown),
+                Some(at) if now < at => return not_yet(at - now),
+                None => return not_yet(policy.cooldown),
                 Some(_) => {}
             }
         }
         if !self.early && now < self.probe_after {
-            return self.admission(self.probe_after - now);
+            return not_yet(self.probe_after - now);
         }
         // Round robin: the connection that took the last probe waits `min_cooldown` past
         // the due time for another connection to take this one.
         if self.last_prober == Some(conn) {
             let turn = later(self.probe_after, policy.min_cooldown.min(policy.cooldown));
             if now < turn {
-                return self.admission(turn - now);
+                return not_yet(turn - now);
             }
         }
         Admission::Probe
@@ -281,6 +297,7 @@ impl Breaker {
         // After a good answer the next read may probe at once: a healed cluster is seen
         // at the pace of its readers.
         self.probe_after = now;
+        self.last_answered = Some(now);
         self.streak.add(policy, conn, now)
             && self.state == State::Open
             && self.streak.enough(policy, now)

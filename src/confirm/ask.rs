@@ -17,6 +17,10 @@ use crate::config::Config;
 use crate::policy::{self, Confirmation, NsPolicy};
 use crate::wire::ReplyStatus;
 
+/// Cheap reads per question, sent at once: mongos picks the member of each, so a stale or
+/// hung secondary beside a healthy one is met by at least one of three seven times in eight.
+pub(super) const TRIES: usize = 3;
+
 /// Views followed to their source at most this deep (a view on a view on ...).
 const VIEW_DEPTH: usize = 4;
 
@@ -133,10 +137,15 @@ impl Cheap {
         let confirmation = match source {
             // Whether it is a view is not known: a read of it might run a view's pipeline.
             None => Confirmation::Unknown,
-            Some(src) => match tokio::time::timeout(deadline, self.read(&src)).await {
-                Ok(status) => policy::confirmation(&self.policy, status.as_ref()),
-                Err(_) => Confirmation::Unknown,
-            },
+            Some(src) => {
+                let reads = (0..TRIES).map(|_| tokio::time::timeout(deadline, self.read(&src)));
+                let answers = futures::future::join_all(reads).await;
+                let judged = answers.into_iter().map(|a| match a {
+                    Ok(status) => policy::confirmation(&self.policy, status.as_ref()),
+                    Err(_) => Confirmation::Unknown,
+                });
+                combined(judged)
+            }
         };
         let label = match confirmation {
             Confirmation::Confirmed { .. } => "confirmed",
@@ -212,6 +221,25 @@ impl Cheap {
     }
 }
 
+/// What several cheap reads of one question say together: confirmed when any failed (mongos
+/// picks a member for each, so together they reach a stale or hung one that a single read
+/// would miss half the time beside a healthy one), unconfirmed when every one was answered,
+/// otherwise unknown.
+fn combined(judged: impl Iterator<Item = Confirmation>) -> Confirmation {
+    let mut all_answered = true;
+    for c in judged {
+        match c {
+            Confirmation::Confirmed { .. } => return c,
+            Confirmation::Unconfirmed => {}
+            Confirmation::Unknown => all_answered = false,
+        }
+    }
+    match all_answered {
+        true => Confirmation::Unconfirmed,
+        false => Confirmation::Unknown,
+    }
+}
+
 /// `db` and `coll` of `db.coll`.
 fn split(ns: &str) -> (&str, String) {
     let (db, coll) = ns.split_once('.').unwrap_or((ns, ""));
@@ -253,6 +281,20 @@ mod tests {
         assert_eq!(view_source(&coll), None);
         let none = doc! {"cursor": {"firstBatch": [], "id": 0_i64}, "ok": 1};
         assert_eq!(view_source(&none), None);
+    }
+
+    #[test]
+    fn any_failure_confirms_and_all_answers_unconfirm() {
+        use crate::policy::Reason;
+        let failed = Confirmation::Confirmed {
+            code: 50,
+            reason: Reason::TimeLimit,
+        };
+        let (ok, unknown) = (Confirmation::Unconfirmed, Confirmation::Unknown);
+        assert_eq!(combined([ok, failed, ok].into_iter()), failed);
+        assert_eq!(combined([unknown, failed].into_iter()), failed);
+        assert_eq!(combined([ok, ok, ok].into_iter()), ok);
+        assert_eq!(combined([ok, unknown, ok].into_iter()), unknown);
     }
 
     #[test]

@@ -65,8 +65,11 @@ fn next(read: &Read<'_>, trigger: Option<i32>, now: Instant) -> Then {
         };
     }
     // A limit staleguard set cut the read before a rung that would relax it or send it to
-    // the primary: a question, not an answer. The cluster is asked first.
-    if !read.asked && (read.primary || read.retry) && evidence::own_limit_cut(read, code) {
+    // the primary: a question, not an answer. The cluster is asked first, unless the read
+    // is a sample of an open breaker, whose opening was the cluster's word already (the
+    // question then only says what the sample met).
+    let question = !read.asked && !read.sample && (read.primary || read.retry);
+    if question && evidence::own_limit_cut(read, code) {
         return Then::Confirm;
     }
     // The next rung carries what the first attempt left of the read's whole budget.
@@ -338,6 +341,18 @@ mod tests {
         // A stale error is the cluster's word: no question, the rung at once.
         assert!(matches!(
             then(&cut, &err(STALE), t0 + ms(20)),
+            Then::Climb {
+                to: Rung::Available,
+                ..
+            }
+        ));
+        // A probe of an open breaker climbs at once: the opening was the cluster's word.
+        let probe = Read {
+            sample: true,
+            ..cut
+        };
+        assert!(matches!(
+            then(&probe, &err(MAX_TIME), t0 + ms(500)),
             Then::Climb {
                 to: Rung::Available,
                 ..

@@ -74,8 +74,6 @@ pub(super) struct Reads {
         mpsc::UnboundedReceiver<Answer>,
     )>,
     next_token: u64,
-    /// This connection's share of questions asked for the evidence only.
-    pub(super) asks: Asks,
     /// Writes sent and not answered yet (write-stall watch).
     pub(super) writes: WriteTracker,
     /// Requests whose replies can prove the connection (followed only until it has proved
@@ -90,33 +88,6 @@ pub(super) struct Reads {
     ladder: Option<Arc<LadderGuard>>,
     /// This connection's share of it (`per_connection_per_second`).
     ladder_share: ConnLadder,
-}
-
-/// A connection's share of the questions it may ask the cluster for the evidence only (a
-/// time limit on a closed breaker's read): `per_connection` per `min_cooldown`, the share it
-/// has of the openings, over the shortest time one of its reads can take to run out of a
-/// limit that is not below the evidence floor.
-#[derive(Debug, Default)]
-pub(super) struct Asks {
-    since: Option<Instant>,
-    asked: u32,
-}
-
-impl Asks {
-    /// One question, if the share has room at `now`.
-    pub(super) fn take(&mut self, policy: &crate::policy::NsPolicy, now: Instant) -> bool {
-        let span = policy.min_cooldown.min(policy.window);
-        match self.since {
-            Some(t) if now.saturating_duration_since(t) < span => {
-                if self.asked >= policy.per_connection.max(1) {
-                    return false;
-                }
-                self.asked += 1;
-            }
-            _ => (self.since, self.asked) = (Some(now), 1),
-        }
-        true
-    }
 }
 
 /// At most this many requests are followed for the connection's proof at once (drivers

@@ -84,16 +84,13 @@ impl Witnessing<'_> {
 
     /// A question whose answer only the breaker waits for: asked for a sample (its outcome
     /// is the answer), or for a closed read when the answer can still count (this
-    /// connection proved itself, has its share of questions left, and its share of the
-    /// window's errors).
+    /// connection proved itself and has its share of the window's errors left; the
+    /// confirming task holds it to its share of cheap reads).
     fn ask_aside(&mut self, f: &Followed, failure: &Failure<'_>, now: Instant) {
         let who = self.witness();
         if !f.sample() {
             let breakers = &self.shared.breakers;
-            if !who.proven
-                || !breakers.would_count(f.ns(), f.policy(), self.conn, now)
-                || !self.reads.asks.take(f.policy(), now)
-            {
+            if !who.proven || !breakers.would_count(f.ns(), f.policy(), self.conn, now) {
                 self.meter.confirm("skipped");
                 return;
             }
@@ -120,6 +117,7 @@ impl Witnessing<'_> {
             upstream: self.upstream.to_string(),
             who: self.witness(),
             sample: f.sample(),
+            limited: reply.is_none() && !f.sample(),
             reason: failure.reason,
             what: failure.evidence.to_string(),
             reply,
