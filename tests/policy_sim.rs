@@ -208,7 +208,7 @@ impl SimEnv {
     /// The confirming reads staleguard sent on `ns` after time-limit errors.
     fn confirms(&self, ns: &str) -> Vec<RawDocumentBuf> {
         let all = bodies(self.back.to_server(), "find", ns);
-        all.into_iter().filter(is_confirm).collect()
+        all.into_iter().filter(|b| is_confirm(b)).collect()
     }
 
     /// Bodies of the `name` commands on `ns` the driver sent to staleguard.
