@@ -7,7 +7,7 @@ mod ladder;
 mod share;
 
 pub use ladder::{ConnLadder, Denied, LadderGuard, LadderPermit};
-pub use share::{FleetShare, ShareSaid};
+pub use share::{FleetShare, ShareSaid, Slots, Starts};
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

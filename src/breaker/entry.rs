@@ -42,6 +42,9 @@ pub(super) struct Breaker {
     /// The fleet instance whose opening opened this breaker (see `fleet`); none when it
     /// opened on this instance's own evidence, and always none while closed.
     pub(super) opener: Option<std::sync::Arc<str>>,
+    /// When this instance's own last failed sample came, since it opened (none before one,
+    /// and once one is answered): what the fleet's close weighs (`fleet.rs`).
+    pub(super) last_failed: Option<Instant>,
     /// When an eligible read last met it, in ms since `Breakers::epoch` (0: never); kept
     /// by `Breakers::touch` under the map's read lock.
     pub(super) last_read: AtomicU64,
@@ -104,6 +107,7 @@ impl Breaker {
             early: false,
             streak: Streak::default(),
             opener: None,
+            last_failed: None,
             last_read: AtomicU64::new(0),
         }
     }
@@ -137,6 +141,7 @@ impl Breaker {
         self.step = 0;
         self.probe_after = later(now, first_wait);
         self.streak = Streak::default();
+        self.last_failed = None;
         self.move_to(State::Open, why, now)
     }
 
@@ -206,6 +211,7 @@ impl Breaker {
         // After a good answer the next read may probe at once: a healed cluster is seen
         // at the pace of its readers.
         self.probe_after = now;
+        self.last_failed = None;
         self.streak.add(conn, now);
         self.state == State::Open && self.streak.enough(policy, now)
     }
@@ -214,6 +220,7 @@ impl Breaker {
     pub(super) fn sample_failed(&mut self, policy: &NsPolicy, now: Instant) {
         self.probe_since = None;
         self.streak = Streak::default();
+        self.last_failed = Some(now);
         self.step = self.step.saturating_add(1);
         let wait = backoff(policy, self.step);
         self.probe_after = later(now, wait);
