@@ -34,7 +34,7 @@ impl Snapshot {
     /// when not open, or when every read is a sample).
     pub fn next_probe(&self, policy: &NsPolicy) -> Option<Instant> {
         match self.state {
-            State::Open if self.held || sends_every_read(policy) => None,
+            State::Open if self.held || sends_every_read(policy, policy.primary_rung) => None,
             State::Open if self.early => Some(self.opened_at.min(self.probe_after)),
             State::Open => Some(self.probe_after),
             State::Closed => None,

@@ -267,7 +267,8 @@ pub async fn client(addr: SocketAddr, options: &str) -> Client {
 pub fn is_confirm(b: &RawDocumentBuf) -> bool {
     b.get_i32("limit").ok() == Some(1)
         && b.get_bool("singleBatch").ok() == Some(true)
-        && b.get("lsid").ok().flatten().is_none()
+        && b.get_document("projection")
+            .is_ok_and(|p| p.get("staleguard_confirm_nothing").ok().flatten().is_some())
 }
 
 pub fn select(msgs: Vec<Bytes>, name: &str, coll: &str) -> Vec<Bytes> {
