@@ -187,8 +187,8 @@ pub(super) struct Polled {
     /// The index read whole, when it changed since the version asked about (none when it
     /// did not).
     pub read: Option<Vec<Message>>,
-    /// Every field was read (nothing too large, past the caps or unusable): what is not in
-    /// `read` is not in Redis.
+    /// Every field was looked at (none left past the caps): an opening not in `read` is not
+    /// in Redis (a field set aside holds none).
     pub complete: bool,
     pub skipped: Skipped,
 }
@@ -362,7 +362,9 @@ fn parse_poll(reply: Value, known: &str) -> Polled {
     Polled {
         version,
         read: Some(read),
-        complete: skipped == Skipped::default(),
+        // What was set aside is no opening anyone can apply; only fields not read leave the
+        // answer open.
+        complete: skipped.not_read == 0,
         skipped,
     }
 }
@@ -427,7 +429,20 @@ mod tests {
                 ..Skipped::default()
             }
         );
-        assert!(!p.complete);
+        assert!(p.complete, "every field was looked at");
+        let partial = parse_poll(
+            Value::Array(vec![
+                bulk(b"v3"),
+                Value::Int(2000),
+                Value::Int(0),
+                Value::Int(1000),
+            ]),
+            "v2",
+        );
+        assert!(
+            !partial.complete,
+            "fields past the caps leave absence unproven"
+        );
         let bad = parse_poll(Value::Array(vec![]), "v2");
         assert_eq!((bad.version.as_str(), bad.skipped.unusable), ("v2", 1));
     }
