@@ -960,7 +960,7 @@ fn rand_part() -> u128 {
 /// rescan.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crowded_database_odd_names_and_huge_values_cost_the_fleet_nothing() {
-    let fleet = Fleet::start("", "[]").await;
+    let mut fleet = Fleet::start("", "[]").await;
     let redis = &fleet.redis;
     let populated = cli_bytes(redis, &[b"DEBUG", b"POPULATE", b"2000000", b"unrelated"]);
     assert_eq!(populated.trim(), "OK");
@@ -1032,6 +1032,17 @@ async fn a_crowded_database_odd_names_and_huge_values_cost_the_fleet_nothing() {
         assert!(metric(i.admin, &skipped("not_utf8")).await >= 1.0);
         assert!(metric(i.admin, &skipped("malformed")).await >= 1.0);
     }
+    // The opener dies (SIGKILL) with the odd fields still in the index: its opening
+    // expires, and the others close what it opened.
+    drop(fleet.instances.remove(0));
+    let limit = Duration::from_millis(2500);
+    futures::future::join_all(
+        fleet
+            .instances
+            .iter()
+            .map(|i| until_breaker(i.admin, NS_PAY, "closed", limit)),
+    )
+    .await;
     // The index key of another type (someone else's data under the prefix): counted,
     // and nobody leaves the fleet.
     // (DEBUG POPULATE itself blocked Redis for a moment: an instance may have acted alone
