@@ -1109,12 +1109,13 @@ async fn two_instances_with_one_name_are_told_apart_at_join() {
 /// Issue 30, item 5: primary-rung reads cost nothing when Redis is slow (+400 ms), cut off
 /// or killed, and the first reads of a burst after a quiet spell are not denied (before:
 /// 1-3 primary-rung reads per phase got the raw StaleConfig, and a burst's first reads were
-/// denied because grants followed the last 100 ms of demand). The fleet budget is ample
-/// here: any denial is the budget's own doing, not a spent budget.
+/// denied because grants followed the last 100 ms of demand). The fleet budget is far
+/// beyond what the readers ask (100,000/s): a denial is the budget's own doing (a grant
+/// sized to the last 100 ms, used up while Redis does not answer), never a spent budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primary_rung_reads_lose_nothing_to_a_slow_or_gone_redis_or_a_burst() {
     let guard = "[ladder_guard]\nmax_per_second = 1000\nper_connection_per_second = 1000\n\
-                 fleet_max_per_second = 1000\nfleet_max_in_flight = 100";
+                 fleet_max_per_second = 100000\nfleet_max_in_flight = 10000";
     let cut = Cut::default();
     let mut fleet = Fleet::start_via(guard, "[\"primary\"]", Some(&cut)).await;
     let three = fleet.instances[2].listen;

@@ -16,6 +16,8 @@
 //!   this instance what it holds plus what it asked, within what the others hold, and its
 //!   spare of what is free, divided in the same way.
 //!
+//! Refills come every 100 ms, and just after each second of Redis's clock ends (the answer
+//! says how long it still lasts), so a new second's starts are there within a round trip.
 //! The grant lands in `upstream::FleetShare`, which reads take with atomics. A call that
 //! fails or takes longer than `budget_timeout` grants nothing, and the share leaves every
 //! read to the local guard until a grant comes: Redis slow, stopped or gone costs no read.
@@ -26,7 +28,7 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::Script;
-use tokio::time::{interval, Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::link::{self, within};
@@ -39,6 +41,8 @@ use crate::upstream::{FleetShare, Slots, Starts};
 const REFILL: Duration = Duration::from_millis(100);
 /// How old a grant may be before the share stands aside: two refills missed.
 pub const STALE: Duration = Duration::from_millis(250);
+/// How long after Redis's second ends the refill asks for the next one's starts.
+const SECOND_SLACK: Duration = Duration::from_millis(2);
 /// How long an instance that asked counts among the members the spare is divided by.
 const MEMBER_MS: u64 = 1000;
 
@@ -119,13 +123,15 @@ pub(super) async fn run(
         until_key: format!("{}:budget:slots:until", cfg.prefix),
     };
     let mut conn: Option<MultiplexedConnection> = None;
-    let mut tick = interval(REFILL);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The next refill: every REFILL, and just after Redis's second ends, so that a new
+    // second's starts are granted at once rather than up to REFILL into it.
+    let mut next = Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(next) => {}
         }
+        next = Instant::now() + REFILL;
         let live = config.load();
         let Some(f) = live.fleet.as_ref() else {
             continue;
@@ -150,7 +156,8 @@ pub(super) async fn run(
         let demand = share.demand();
         share.asking(Instant::now());
         match refill(c, &s, &cfg, &me.token, &share, (rate, slots), demand).await {
-            Ok(()) => {}
+            Ok(Some(left)) => next = next.min(Instant::now() + left + SECOND_SLACK),
+            Ok(None) => {}
             Err(e) => {
                 tracing::debug!(error = %e, "fleet budget: no grant");
                 share.failed();
@@ -170,7 +177,7 @@ async fn refill(
     share: &FleetShare,
     (rate, slots): (Option<u32>, Option<u32>),
     (asked, _, borrowed): (u32, u32, u32),
-) -> Result<(), link::LinkError> {
+) -> Result<Option<Duration>, link::LinkError> {
     let limit = cfg.budget_timeout;
     let starts = match rate {
         Some(max) => {
@@ -209,5 +216,5 @@ async fn refill(
         None => None,
     };
     share.grant(starts, slots, Instant::now());
-    Ok(())
+    Ok(starts.map(|s| s.left))
 }
