@@ -11,6 +11,7 @@ mod incident;
 mod page;
 mod plots;
 pub mod status;
+mod text;
 
 use std::sync::Arc;
 
@@ -24,8 +25,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::handles::AdminHandles;
 use crate::metrics::Format;
-
-pub use page::esc;
 
 #[derive(Clone)]
 struct AdminState {

@@ -83,7 +83,7 @@ pub fn events(shared: &AdminHandles) -> Vec<EventView> {
         .recent()
         .into_iter()
         .map(|event| EventView {
-            at: super::status::rfc3339(
+            at: super::text::rfc3339(
                 SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(event.at_unix_ms),
             ),
             seconds_ago: now.saturating_sub(event.at_unix_ms) / 1000,

@@ -5,30 +5,14 @@
 //! when there was one. And the events list. Times are relative ("for 7 s").
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use super::history::EventView;
-use super::page::esc;
 use super::status::{NsStatus, SignalStatus, Status, WriteStallStatus};
+use super::text::{esc, secs};
 use crate::events::Kind;
 
 /// Events shown on the page (`/status` has every one kept).
 pub const PAGE_EVENTS: usize = 50;
-
-/// `d` in words: `7 s`, `3 min 4 s`, `30 min`, `1 h 2 min`.
-pub fn words(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=59 => format!("{s} s"),
-        60..=3599 if s % 60 == 0 => format!("{} min", s / 60),
-        60..=3599 => format!("{} min {} s", s / 60, s % 60),
-        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
-    }
-}
-
-fn secs(s: u64) -> String {
-    words(Duration::from_secs(s))
-}
 
 /// Where writes do not complete, as a clause: a shard's primary when the serverStatus
 /// signal names it, else the router writes go through.
@@ -232,19 +216,5 @@ pub fn events(out: &mut String, events: &[EventView], total: u64) {
             "<p class=\"muted\">{shown} of {total} events since start shown; <a href=\"status\">status JSON</a> keeps the last {}.</p>",
             crate::events::CAPACITY
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::words;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_in_words() {
-        assert_eq!(words(Duration::from_secs(7)), "7 s");
-        assert_eq!(words(Duration::from_secs(184)), "3 min 4 s");
-        assert_eq!(words(Duration::from_secs(1800)), "30 min");
-        assert_eq!(words(Duration::from_secs(3720)), "1 h 2 min");
     }
 }

@@ -5,24 +5,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::incident::words;
-use super::status::{short_duration, NsStatus, Status, UpstreamStatus, WriteStallStatus};
-
-/// `&`, `<`, `>`, `"` and `'` escaped for text and attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use super::status::{NsStatus, Status, UpstreamStatus, WriteStallStatus};
+use super::text::{esc, rfc3339, short_duration, words};
+use crate::metrics::DRY_RUN_ACTIONS;
 
 const STYLE: &str = r#"
 body{font:15px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1f;background:#f6f6f4}
@@ -90,7 +75,7 @@ pub fn render(s: &Status) -> String {
     super::incident::banners(&mut out, s);
     out.push_str("<h2>Namespaces</h2>");
     namespaces(&mut out, &s.namespaces);
-    super::dry_run::render(&mut out, &s.namespaces);
+    dry_run_table(&mut out, &s.namespaces);
     super::plots::section(&mut out, &s.history);
     super::incident::events(&mut out, &s.events, s.events_recorded_total);
     out.push_str("<h2>Write-stall watch</h2>");
@@ -103,7 +88,7 @@ pub fn render(s: &Status) -> String {
         out,
         "<footer>Page built {} (UTC) &middot; refreshes every 2 s &middot; \
          <a href=\"status\">status JSON</a> &middot; <a href=\"metrics\">metrics</a></footer>",
-        esc(&super::status::rfc3339(std::time::SystemTime::now()))
+        esc(&rfc3339(std::time::SystemTime::now()))
     );
     out.push_str("</main></div>");
     let _ = writeln!(out, "<script>{SCRIPT}</script></body></html>");
@@ -343,15 +328,46 @@ fn config(out: &mut String, s: &Status) {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::esc;
-
-    #[test]
-    fn escapes_markup() {
-        assert_eq!(
-            esc("<script>a&b\"c'</script>"),
-            "&lt;script&gt;a&amp;b&quot;c&#39;&lt;/script&gt;"
-        );
+/// The page's "Dry run" section: one row per namespace in a dry run or with counts (a
+/// namespace whose dry run was turned off keeps its counts); nothing when there is none.
+fn dry_run_table(out: &mut String, rows: &[NsStatus]) {
+    let shown: Vec<&NsStatus> = rows
+        .iter()
+        .filter(|r| r.dry_run_status.enabled || r.dry_run_status.any())
+        .collect();
+    if shown.is_empty() {
+        return;
     }
+    out.push_str(
+        "<h2>Dry run</h2><p class=\"muted\">What these namespaces would have done; nothing \
+         of it was done (<code>staleguard_dry_run_total</code>). A read may count twice: its \
+         time limit, then a retry.</p><table id=\"dry-run\"><tr><th>namespace</th><th>dry run</th>",
+    );
+    for action in DRY_RUN_ACTIONS {
+        let _ = write!(out, "<th>{}</th>", action.replace('_', " "));
+    }
+    out.push_str("</tr>");
+    for r in shown {
+        let _ = write!(
+            out,
+            "<tr><td><code>{}</code></td><td>{}</td>",
+            esc(&r.namespace),
+            if r.dry_run_status.enabled {
+                "on"
+            } else {
+                "off"
+            }
+        );
+        for action in DRY_RUN_ACTIONS {
+            match &r.dry_run_status.would {
+                Some(w) => {
+                    let n = w.get(action).copied().unwrap_or(0);
+                    let _ = write!(out, "<td data-action=\"{action}\">{n}</td>");
+                }
+                None => out.push_str("<td class=\"muted\">per namespace</td>"),
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
 }

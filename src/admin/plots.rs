@@ -7,8 +7,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::history::{EntryView, HistoryView};
-use super::incident::words;
-use super::page::esc;
+use super::text::{esc, words};
 use crate::events::MEASURES;
 
 const W: f64 = 720.0;

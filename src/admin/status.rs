@@ -1,7 +1,7 @@
 //! The status model behind `/status` (JSON) and `/` (HTML): one snapshot of the live
 //! config, breakers, upstreams, the write-stall watch and counters.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::Serialize;
 use tokio::time::Instant;
@@ -10,6 +10,8 @@ use crate::breaker::State;
 use crate::handles::AdminHandles;
 use crate::policy::{Mode, NsPolicy};
 use crate::stall::Evidence;
+
+use super::text::rfc3339;
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -205,10 +207,6 @@ impl LadderReads {
             no_time: n("primary", "no_time") + n("available", "no_time"),
         }
     }
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 /// Ready to serve: at least one upstream answered its last health check (with checks off:
@@ -482,15 +480,5 @@ fn action(policy: Option<&NsPolicy>, state: State, code_name: &str) -> String {
         format!("dry run (only logged and counted); would be: {what}")
     } else {
         what
-    }
-}
-
-/// `d` as `1h 2m`, `3m 4s` or `5s`.
-pub fn short_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=59 => format!("{s}s"),
-        60..=3599 => format!("{}m {}s", s / 60, s % 60),
-        _ => format!("{}h {}m", s / 3600, (s % 3600) / 60),
     }
 }
