@@ -35,6 +35,7 @@ history_interval = "1s"
 
 [stall_watch]
 stall_after = "1s"
+min_client_addresses = 1
 on_write_stall = "open_fallback_breakers"
 
 [stall_watch.shards]

@@ -554,6 +554,8 @@ listen = "127.0.0.1:0"
 
 [stall_watch]
 stall_after = "1s"
+# The writers all run on this machine: one client address.
+min_client_addresses = 1
 on_write_stall = "open_fallback_breakers"
 
 [stall_watch.probe]

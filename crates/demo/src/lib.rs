@@ -224,6 +224,9 @@ upstreams = ["{sim}"]
 
 [stall_watch]
 stall_after = "{after}"
+# Every client of this demo runs on this machine (one client address); in production the
+# default of two addresses keeps one client's writes from raising the signal alone.
+min_client_addresses = 1
 on_write_stall = "open_fallback_breakers"
 
 [stall_watch.shards]
