@@ -8,9 +8,15 @@ mod conn;
 mod dry_run;
 pub mod history;
 mod incident;
+mod ns_rows;
 mod page;
 mod plots;
+mod screen;
+mod sections;
+mod stall_status;
 pub mod status;
+mod summary;
+mod tables;
 mod text;
 
 use std::sync::Arc;
@@ -139,7 +145,7 @@ async fn page(State(st): State<AdminState>, headers: HeaderMap, uri: Uri) -> Res
             ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
         ],
-        page::render(&s),
+        page::render(&s, &page::Asked::from_query(uri.query())),
     )
         .into_response()
 }

@@ -270,7 +270,7 @@ async fn the_page_shows_the_incident_over_time_and_status_keeps_its_events() {
         "{stall_banner}"
     );
     assert!(
-        stall_banner.contains("holding the breakers of fallback namespaces open"),
+        stall_banner.contains(&format!("holding the breakers of {INVENTORY} open")),
         "{stall_banner}"
     );
     let pay = section(&dom, &format!("data-ns=\"{PAYMENTS}\">"), "</div>");
@@ -312,7 +312,7 @@ async fn the_page_shows_the_incident_over_time_and_status_keeps_its_events() {
         "a point per bucket: {points}"
     );
     // The events list, most recent first, with the transition.
-    let events = section(&dom, "<table id=\"events\">", "</table>");
+    let events = section(&dom, "<table id=\"events\" class=\"cards\">", "</table>");
     assert!(events.contains("data-kind=\"breaker_opened\""), "{events}");
     assert!(
         events.contains("data-kind=\"write_stall_raised\""),

@@ -46,6 +46,27 @@ pub fn words(d: Duration) -> String {
     }
 }
 
+/// The UTC time of day of `unix_ms`: `14:02` or, `with_seconds`, `14:02:11`.
+pub fn clock(unix_ms: u64, with_seconds: bool) -> String {
+    let s = unix_ms / 1000;
+    let (h, m, sec) = ((s / 3600) % 24, (s / 60) % 60, s % 60);
+    if with_seconds {
+        format!("{h:02}:{m:02}:{sec:02}")
+    } else {
+        format!("{h:02}:{m:02}")
+    }
+}
+
+/// `12 s ago` over the time of day of `at` (RFC 3339), the whole time in its tooltip.
+pub fn ago(seconds_ago: u64, at: &str) -> String {
+    format!(
+        "{} ago<br><span class=\"muted\" title=\"{}\">{} UTC</span>",
+        secs(seconds_ago),
+        esc(at),
+        esc(at.get(11..19).unwrap_or(at))
+    )
+}
+
 /// `s` seconds in words.
 pub fn secs(s: u64) -> String {
     words(Duration::from_secs(s))
@@ -70,5 +91,8 @@ mod tests {
         assert_eq!(words(Duration::from_secs(1800)), "30 min");
         assert_eq!(words(Duration::from_secs(3720)), "1 h 2 min");
         assert_eq!(short_duration(Duration::from_secs(184)), "3m 4s");
+        // 2026-12-01T14:02:11Z
+        assert_eq!(clock(1_796_133_731_000, true), "14:02:11");
+        assert_eq!(clock(1_796_133_731_999, false), "14:02");
     }
 }

@@ -23,10 +23,12 @@ use tokio::time::Instant;
 
 use staleguard_sim as sim;
 
+mod incident;
 mod proxy;
 mod run;
 mod summary;
 
+pub use incident::{drive as drive_incident, IncidentOptions, Scenario};
 pub use proxy::{BreakerView, Launch, Proxy, SignalView, StallKind};
 pub use run::run;
 pub use summary::summary;

@@ -206,21 +206,21 @@ async fn migrate_one_chunk(admin: &Client) -> Result<i64, mongodb::error::Error>
     Err(last.unwrap_or_else(|| mongodb::error::Error::custom("no shard to move to")))
 }
 
-async fn control(admin: &Client, cmd: Document) {
+pub(crate) async fn control(admin: &Client, cmd: Document) {
     if let Err(e) = admin.database("admin").run_command(cmd.clone()).await {
         eprintln!("demo: control command {cmd} failed: {e}");
     }
 }
 
 /// The order service's client: a pool large enough for the writes a stall holds.
-async fn writer_client(addr: &str) -> Result<Client, mongodb::error::Error> {
+pub(crate) async fn writer_client(addr: &str) -> Result<Client, mongodb::error::Error> {
     let mut o =
         ClientOptions::parse(format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000")).await?;
     o.max_pool_size = Some(MAX_IN_FLIGHT as u32);
     Client::with_options(o)
 }
 
-async fn client(addr: &str) -> Result<Client, mongodb::error::Error> {
+pub(crate) async fn client(addr: &str) -> Result<Client, mongodb::error::Error> {
     let mut o =
         ClientOptions::parse(format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000")).await?;
     o.selection_criteria = Some(SelectionCriteria::ReadPreference(
