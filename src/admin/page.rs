@@ -56,6 +56,7 @@ table{border-collapse:collapse;width:100%;background:#fff}
 th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e2e2df;vertical-align:top}
 th{background:#ecece8;font-weight:600}
 tr.open td{background:#fde2e1}
+#namespaces td:first-child,#right-now td:first-child{min-width:11em}
 tr.open td.state b,tr.raised td.state b{color:#b3001b;text-transform:uppercase}
 tr.raised td{background:#fde2e1}
 .summary{display:grid;grid-template-columns:minmax(0,1.1fr) minmax(0,1fr);gap:14px;margin:10px 0;padding:12px 14px;border-radius:6px;background:#fff;border-left:8px solid #17582a}

@@ -297,10 +297,7 @@ pub fn section(out: &mut String, h: &HistoryView, asked: Option<Window>, query: 
     if !quiet.is_empty() {
         let _ = write!(
             out,
-            "<p class=\"muted\">Nothing in the last {} for {}.</p>",
-            words(Duration::from_secs_f64(
-                h.fine.bucket_seconds * h.fine.max_buckets as f64
-            )),
+            "<p class=\"muted\">No governed read of {} in the plots' window.</p>",
             quiet.join(", ")
         );
     }

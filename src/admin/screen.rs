@@ -57,7 +57,7 @@ fn right_now(out: &mut String, now: Option<&RightNow>) {
         secs(n.ended_seconds_ago)
     );
     if n.entries.is_empty() {
-        out.push_str("<p class=\"muted\" id=\"right-now-empty\">No governed read in the last 30 minutes.</p></div>");
+        out.push_str("<p class=\"muted\" id=\"right-now-empty\">No governed read in the plots' window.</p></div>");
         return;
     }
     out.push_str(

@@ -99,10 +99,7 @@ impl Summary {
             let why = if n.held_by_write_stall {
                 "held open while writes are not completing"
             } else {
-                n.reason
-                    .as_deref()
-                    .and_then(|r| r.split(": ").next())
-                    .unwrap_or("-")
+                n.reason.as_deref().map_or("-", first_clause)
             };
             wrong.push(format!(
                 "The breaker of {} ({}) is open: {why}.",
@@ -222,4 +219,32 @@ fn right_now(i: &Inputs<'_>) -> Option<RightNow> {
         ended_seconds_ago: i.now_unix_ms.saturating_sub(end) / 1000,
         entries,
     })
+}
+
+/// A reason's first clause: up to its first `: ` or ` (`, whichever comes first.
+fn first_clause(reason: &str) -> &str {
+    let end = [reason.find(": "), reason.find(" (")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(reason.len());
+    &reason[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_clause;
+
+    #[test]
+    fn reasons_are_cut_at_their_first_clause() {
+        assert_eq!(
+            first_clause("3 trigger errors within 10s (last: 13388 StaleConfig)"),
+            "3 trigger errors within 10s"
+        );
+        assert_eq!(
+            first_clause("write stall suspected: writes are not completing through x (probe)"),
+            "write stall suspected"
+        );
+        assert_eq!(first_clause("plain"), "plain");
+    }
 }

@@ -51,10 +51,9 @@ fn row(out: &mut String, r: &NsStatus) {
         Some(b) => format!("<b>{b}</b>{window}{probe}"),
         None => "<span class=\"muted\">per namespace</span>".to_string(),
     };
-    let mut counts = vec![format!(
-        "{} trigger errors",
-        r.trigger_errors_total
-            .map_or_else(|| "-".to_string(), |n| n.to_string())
+    let mut counts = vec![r.trigger_errors_total.map_or_else(
+        || "<span class=\"muted\">per namespace</span>".to_string(),
+        |n| format!("{n} trigger errors"),
     )];
     for (n, what) in [
         (r.failed_fast_total, "failed fast"),
