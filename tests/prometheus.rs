@@ -813,11 +813,14 @@ async fn alerts_fire_during_the_simulated_stall_and_resolve_after_it() {
 
     // The dashboard and the rules against this Prometheus and this staleguard's metrics.
     check_dashboard(&prom).await;
-    // Families with no sample yet are not rendered: TLS failures and serverStatus poll
-    // errors did not happen here, so take their names from an exporter that saw one.
+    // Families with no sample yet are not rendered: TLS failures, serverStatus poll errors
+    // and dry-run counts did not happen here (nor is there a fleet), so take their names
+    // from an exporter that saw one.
     let mut exported = exported_names(&proxy.shared().metrics.render());
     let rare = staleguard::metrics::Metrics::new();
+    rare.register_fleet();
     rare.tls_failure("client");
+    rare.hot_dry_run(&rare.ns_hot("dry.run"), "rewrite");
     rare.stall
         .poll_errors
         .get_or_create(&staleguard::metrics::ShardLabel {
