@@ -219,7 +219,7 @@ impl Breakers {
         let a = b.peek(policy, now);
         if a == Admission::Probe {
             b.claim_probe(now);
-            tracing::info!(ns = %ns, "breaker open: probe sent to the secondaries");
+            crate::logs::sampled!(info, ns = %ns, "breaker open: probe sent to the secondaries");
         }
         a
     }

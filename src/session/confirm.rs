@@ -50,7 +50,7 @@ impl Ask {
             .confirm_time
             .as_millis()
             .clamp(1, i32::MAX as u128) as i64;
-        tracing::info!(ns = %self.ns, evidence = %self.what, confirm_ms = ms, "time limit: confirming with a cheap read before it counts");
+        crate::logs::sampled!(info, ns = %self.ns, evidence = %self.what, confirm_ms = ms, "time limit: confirming with a cheap read before it counts");
         message(&self.ns, self.pref, ms, request_id)
     }
 }
@@ -103,7 +103,7 @@ impl Confirm {
         let waited_ms = now.saturating_duration_since(c.sent).as_millis() as u64;
         let (result, set_aside, count) = match policy::confirmation(&c.ask.policy, status) {
             Confirmation::Confirmed { code, reason } => {
-                tracing::info!(ns = %c.ask.ns, evidence = %c.ask.what, code, waited_ms, "time limit confirmed: the cheap read failed too");
+                crate::logs::sampled!(info, ns = %c.ask.ns, evidence = %c.ask.what, code, waited_ms, "time limit confirmed: the cheap read failed too");
                 let what = format!("{}, confirmed by a limit-1 read: {code}", c.ask.what);
                 // The confirming read's own code says best why (stale routing or a hang).
                 let reason = if reason == Reason::StaleRouting {

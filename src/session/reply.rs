@@ -240,7 +240,7 @@ impl Handler {
     /// see, added to the orphan estimate.
     pub(super) fn count_orphans(&mut self, ns: &str, n: DupCount) {
         if n.duplicates > 0 {
-            tracing::info!(ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
+            crate::logs::sampled!(info, ns = %ns, duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
         }
         self.meter.orphans(ns, u64::from(n.duplicates));
     }
@@ -304,7 +304,7 @@ impl Handler {
             Then::Reply => false,
             Then::NoTime(rung) => {
                 self.meter.ladder_not_sent(&t.ns, rung.as_str(), "no_time");
-                tracing::info!(ns = %t.ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
+                crate::logs::sampled!(info, ns = %t.ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
                 false
             }
             Then::FailFast(b) => {
@@ -420,13 +420,13 @@ impl Handler {
         };
         match to {
             Rung::Primary => {
-                tracing::info!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)");
+                crate::logs::sampled!(info, ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "resending to the primary (ladder)");
             }
             Rung::Again => {
                 tracing::debug!(ns = %t.ns, command = %t.command, max_time_ms = ?spec.max_time_ms, "breaker open: bounded read failed, sending it once more under the bound");
             }
             _ => {
-                tracing::info!(ns = %t.ns, command = %t.command, kind = "retry", max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
+                crate::logs::sampled!(info, ns = %t.ns, command = %t.command, kind = "retry", max_time_ms = ?spec.max_time_ms, "resending with readConcern available");
                 self.meter.retry_rewrite(&t.ns);
             }
         }
@@ -489,10 +489,10 @@ fn log_failure(t: &Tracked, failure: &Failure<'_>, now: Instant) {
     match failure.evidence {
         Evidence::Code { code, code_name } => {
             let elapsed_ms = now.saturating_duration_since(t.started).as_millis() as u64;
-            tracing::info!(ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
+            crate::logs::sampled!(info, ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
         }
         Evidence::Slow { elapsed, .. } => {
-            tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
+            crate::logs::sampled!(info, ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
         }
     }
 }
