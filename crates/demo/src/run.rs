@@ -51,8 +51,18 @@ pub async fn run<L: Launch>(
             "staleguard proxy at {}: demo.store_inventory = fallback, pay.* = strict",
             proxy.local_addr()
         );
-        if let Some(admin) = proxy.admin_addr() {
-            println!("staleguard status page: http://{admin}/ (watch the breakers change during the run)");
+        match proxy.admin_addr() {
+            Some(admin) if admin.to_string() == L::DEFAULT_ADMIN_LISTEN => {
+                println!("staleguard status page: http://{admin}/ (watch the breakers change during the run)");
+            }
+            Some(admin) => println!(
+                "staleguard status page: http://{admin}/ (watch the breakers change during the run; {} was taken, by a staleguard already running here perhaps, so the demo's page is on this free port)",
+                L::DEFAULT_ADMIN_LISTEN
+            ),
+            None => println!(
+                "staleguard status page: none ({} was taken as the demo started; the demo runs without it)",
+                L::DEFAULT_ADMIN_LISTEN
+            ),
         }
         println!("Two services read from secondaries (secondaryPreferred), each once straight to mongos and once through staleguard:");
         println!("  inventory display: demo.store_inventory, product lookups and store views, gives up after {} ms", opts.app_timeout.as_millis());
