@@ -199,7 +199,7 @@ fn settings_align_the_fleet_prints_and_explain_says_what_strict_does() {
     assert_eq!(code, Some(0), "{err}");
     let settings: Vec<&str> = out.lines().take_while(|l| !l.is_empty()).collect();
     let column = |l: &str| {
-        l.find(|c: char| c == ' ')
+        l.find(' ')
             .map(|i| i + l[i..].find(|c: char| c != ' ').unwrap_or(0))
     };
     let starts: Vec<usize> = settings

@@ -162,7 +162,7 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
 /// demo's proxy a free port for its page, not an error it cannot act on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_page_goes_on_a_free_port_when_the_default_is_taken() {
-    use staleguard::demo::{Launch, Proxy};
+    use staleguard::demo::Launch;
     // Taken: by this listener, or by whatever already holds it.
     let _held = std::net::TcpListener::bind(staleguard::config::DEFAULT_ADMIN_LISTEN);
     let config =

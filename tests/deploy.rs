@@ -350,7 +350,9 @@ fn systemd_unit_verifies_and_reloads_with_sighup() {
             continue;
         };
         assert!(
-            installs.iter().any(|i| i.split_whitespace().any(|w| w == file)),
+            installs
+                .iter()
+                .any(|i| i.split_whitespace().any(|w| w == file)),
             "{key}={path}: no install step puts a file there: {installs:?}"
         );
     }

@@ -105,8 +105,8 @@ pub(super) fn namespaces(
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
         let totals = shared.metrics.ns_totals(&snap.ns);
-        let next_probe = policy
-            .and_then(|p| snap.next_probe(p))
+        let next_probe = snap
+            .next_probe()
             .map(|at| at.saturating_duration_since(now));
         rows.push(NsStatus {
             namespace: snap.ns.clone(),

@@ -106,6 +106,9 @@ pub struct UpstreamStatus {
     pub last_error: Option<String>,
     /// Primary-rung reads through this router waiting for their reply (`[ladder_guard]`).
     pub ladder_in_flight: u32,
+    /// Reads it left unanswered past their limit and a grace (staleguard answered them).
+    pub silent_reads: u64,
+    pub last_silent: Option<String>,
 }
 
 /// Ready to serve: at least one upstream answered its last health check (with checks off:
@@ -134,6 +137,8 @@ pub fn collect(shared: &AdminHandles, listening: bool) -> Status {
                 last_hello_ms: i.last_latency.map(|d| d.as_secs_f64() * 1000.0),
                 last_error: i.last_error,
                 ladder_in_flight: u.ladder.in_flight(),
+                silent_reads: i.silent_reads,
+                last_silent: i.last_silent.map(rfc3339),
             }
         })
         .collect();
