@@ -119,7 +119,7 @@ pub fn upstreams(out: &mut String, s: &Status) {
     );
     out.push_str(
         "<table id=\"upstreams\" class=\"cards\"><tr class=\"head\"><th>address</th><th>health</th><th>last hello</th>\
-         <th>last check</th><th>primary-rung reads in flight</th><th>last error</th></tr>",
+         <th>last check</th><th>primary-rung reads in flight</th><th>reads it left unanswered</th><th>last error</th></tr>",
     );
     for u in &s.upstreams {
         upstream_row(out, u);
@@ -131,11 +131,19 @@ fn upstream_row(out: &mut String, u: &UpstreamStatus) {
     let latency = u
         .last_hello_ms
         .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1} ms"));
+    let silent = match (&u.last_silent, u.silent_reads) {
+        (Some(at), n) if n > 0 => format!(
+            "<span class=\"down\">{n}</span><br><span class=\"muted\">last {}</span>",
+            esc(at)
+        ),
+        (_, n) => n.to_string(),
+    };
     let _ = write!(
         out,
         "<tr><td data-label=\"address\"><code>{}</code></td><td class=\"{h}\" data-label=\"health\">{h}<br><span class=\"muted\">since {}</span></td>\
          <td data-label=\"last hello\">{latency}</td><td data-label=\"last check\">{}</td>\
-         <td data-label=\"primary-rung reads in flight\">{}</td><td data-label=\"last error\">{}</td></tr>",
+         <td data-label=\"primary-rung reads in flight\">{}</td>\
+         <td data-label=\"reads it left unanswered\">{silent}</td><td data-label=\"last error\">{}</td></tr>",
         esc(&u.address),
         esc(&u.since),
         esc(u.last_check.as_deref().unwrap_or("-")),
