@@ -198,6 +198,7 @@ impl Breaker {
         self.step = 0;
         self.probe_after = later(now, first_wait);
         self.streak = Streak::default();
+        (self.last_prober, self.last_answered) = (None, None);
         self.move_to(State::Open, why, now)
     }
 
