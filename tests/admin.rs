@@ -208,7 +208,7 @@ async fn status_page_in_headless_chromium() {
     // The namespace table: the open breaker is the first row, highlighted, with its mode,
     // what happens to reads, and why it opened.
     let table = dom
-        .split("<table id=\"namespaces\">")
+        .split("<table id=\"namespaces\" class=\"cards\">")
         .nth(1)
         .and_then(|t| t.split("</table>").next())
         .expect("namespaces table");

@@ -206,13 +206,13 @@ async fn a_dry_run_counts_every_action_and_takes_none() {
     // The page lists them.
     let page = get(admin, "/", &[]).await.body;
     let table = page
-        .split_once("<table id=\"dry-run\">")
+        .split_once("<table id=\"dry-run\" class=\"cards\">")
         .map(|(_, t)| t.split_once("</table>").map_or(t, |(t, _)| t))
         .unwrap_or_else(|| panic!("no dry-run table:\n{page}"));
     assert!(
-        table.contains("<code>dry.ladder</code></td><td>on</td>")
-            && table.contains("<td data-action=\"primary\">5</td>")
-            && table.contains("<td data-action=\"rewrite\">2</td>"),
+        table.contains("<code>dry.ladder</code></td><td data-label=\"dry run\">on</td>")
+            && table.contains("<td data-action=\"primary\" data-label=\"primary\">5</td>")
+            && table.contains("<td data-action=\"rewrite\" data-label=\"rewrite\">2</td>"),
         "{table}"
     );
 

@@ -175,8 +175,12 @@ pub fn start(ctx: Ctx, fleet: FleetConfig, stop: CancellationToken) {
 
 impl Ctx {
     fn set_connected(&self, up: bool) {
-        self.fleet.connected.store(up, Ordering::Release);
+        let was = self.fleet.connected.swap(up, Ordering::AcqRel);
         self.metrics.fleet.connected.set(i64::from(up));
+        if was != up {
+            let e = crate::events::Event::fleet(up, &self.fleet.name());
+            self.metrics.recent.events.record(e);
+        }
     }
 }
 
