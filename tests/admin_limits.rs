@@ -3,8 +3,8 @@
 //! cut at `request_timeout`; past `max_connections` a connection gets a bare 503; each is
 //! counted in `limit_hits_total`. And the token from a file or an environment variable.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;
