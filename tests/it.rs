@@ -22,7 +22,7 @@
 //!   than direct), or it keeps both cores busy for a minute (`soak.rs`): a neighbour would
 //!   change its result, or have its own changed.
 //!
-//! Environment variables a test sets carry a name no other test reads. `harness.rs` fails
+//! Environment variables a test sets carry a name no other test reads. `test_files.rs` fails
 //! when a file of `tests/` is built by nothing, or twice.
 
 // Shared helpers.
@@ -50,11 +50,11 @@ mod connections;
 mod deploy;
 mod dry_run;
 mod evidence;
+mod evidence_rule;
 mod fake_mongos;
 #[cfg(feature = "sim")]
 mod fleet;
 mod fuzz_smoke;
-mod harness;
 mod health;
 mod integrity;
 mod judged_pieces;
@@ -89,4 +89,5 @@ mod sim;
 mod stall;
 #[cfg(feature = "sim")]
 mod stall_evidence;
+mod test_files;
 mod tls;
