@@ -2,7 +2,8 @@
 //! `autotests = false`): each file of `tests/` is a module of this crate, so `cargo test`
 //! compiles the shared helpers and links the proxy, the driver and the rest into one
 //! executable rather than one per file (issue 32: fifty executables of about 45 MB each were
-//! most of `target/`). Run one file's tests with a name filter: `cargo test --test it policy::`.
+//! most of `target/`). Run one file's tests with a name filter: `cargo test --test it policy::`
+//! (a substring of the test's path: `evidence::` runs `stall_evidence::` too).
 //!
 //! To add a test file `tests/foo.rs`:
 //! - declare it below, `mod foo;`, in alphabetical order; behind `#[cfg(feature = "sim")]`
