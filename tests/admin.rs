@@ -1,8 +1,8 @@
 //! The admin endpoint: `/healthz`, `/readyz`, `/metrics`, `/status`, the bearer token, and
 //! the HTML status page as a person sees it in a real headless Chromium.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use ops_support::http::get;
 use ops_support::*;

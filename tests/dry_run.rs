@@ -5,9 +5,8 @@
 //! action a policy would have taken is counted once: fail fast, bounded, rewrite, retry,
 //! primary (at once while open, and climbing after a trigger error), refuse, time limit.
 
-mod ops_support;
-mod policy_support;
-mod support;
+use crate::ops_support;
+use crate::policy_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -16,8 +16,8 @@
 //! - the breakers an opener opened elsewhere close within 2 leases after it dies;
 //! - one instance probes per interval, and a dead leader is replaced within 2 leases.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};

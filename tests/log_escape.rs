@@ -3,7 +3,7 @@
 //! JSON: no line of the log starts with the text after the newline, and the namespace is
 //! there, escaped.
 
-mod support;
+use crate::support;
 
 use bson::rawdoc;
 use support::bin::Binary;

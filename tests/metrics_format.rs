@@ -5,9 +5,8 @@
 //! `Content-Type`, every family name is unique, breaker transitions are counted, and every
 //! `find` the driver sent is in `requests_total` under its decision, the primary included.
 
-mod ops_support;
-mod policy_support;
-mod support;
+use crate::ops_support;
+use crate::policy_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

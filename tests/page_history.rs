@@ -13,8 +13,8 @@
 //! Buckets of 1 s (`[admin] history_interval`); the screenshots are kept in
 //! `target/tmp/page_history/` (their paths are printed).
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

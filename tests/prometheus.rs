@@ -15,7 +15,7 @@
 //! The end-to-end run loads the shipped rules with every `for` and range window divided by
 //! [`TIME_SCALE`] (2m becomes 6s), scraping and evaluating every second.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -9,7 +9,7 @@
 //! serves each connection in order, with an awaitable hello held as mongos holds it);
 //! `stall_after` is 1 s.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;
