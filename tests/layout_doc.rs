@@ -160,10 +160,16 @@ fn the_check_sees_a_file_left_out_a_stale_one_and_a_repeat() {
             "src/gone.rs: named, but there is no such file",
         ]
     );
-    assert!(listed("- `src/`\n  - `a.rs`\n", &roots).is_err(), "no heading");
+    assert!(
+        listed("- `src/`\n  - `a.rs`\n", &roots).is_err(),
+        "no heading"
+    );
     let skipped = "## The files\n- `src/`\n    - `a.rs`\n";
     assert!(listed(skipped, &roots).is_err(), "a level skipped");
-    assert!(listed("## The files\n- `lib/`\n", &roots).is_err(), "not a root");
+    assert!(
+        listed("## The files\n- `lib/`\n", &roots).is_err(),
+        "not a root"
+    );
 }
 
 /// GitHub's anchor of a heading: lower case, punctuation dropped but `-` and `_`, spaces as
