@@ -365,7 +365,7 @@ fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: Option<
                 println!("  node {node} on {a}");
             }
         }
-        println!("faults: run {{simControl: \"status\"}} on the admin database (see README), or `staleguard incident --scenario partial|full|stall`");
+        println!("faults: run {{simControl: \"status\"}} on the admin database (see docs/demo.md), or `staleguard incident --scenario partial|full|stall`");
         wait_for_signal().await;
         handle.shutdown().await;
         ExitCode::SUCCESS

@@ -293,7 +293,7 @@ fn relay_through(codec: &mut MessageCodec, buf: &mut BytesMut, input: &[u8]) -> 
 /// read (issue 21: a 40 MB ping kept 34.4 MiB for the connection's life).
 #[test]
 fn a_large_message_does_not_stay_in_the_read_buffer() {
-    // What README promises an idle connection keeps per direction (`SHRINK_AFTER`).
+    // What docs/capacity.md promises an idle connection keeps per direction (`SHRINK_AFTER`).
     const SHRINK_AFTER: usize = 16 * 1024;
     const BIG: usize = 48_000_000;
     let large = with_length(4_000_000, OpCode::MSG, &vec![1; 4_000_000 - HEADER_LEN]);

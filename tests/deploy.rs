@@ -1,4 +1,4 @@
-//! The deployment files: the Kubernetes manifests parse and say what the README promises
+//! The deployment files: the Kubernetes manifests parse and say what docs/deploying.md promises
 //! (probes, ConfigMap mounted as a folder, grace period from `shutdown_timeout`, requests,
 //! a PodDisruptionBudget, a NetworkPolicy that opens the exposed admin port only to listed
 //! peers), their embedded configs pass `staleguard check-config`; the systemd unit passes
@@ -409,6 +409,17 @@ fn systemd_unit_verifies_and_reloads_with_sighup() {
             "{key}={path}: no install step puts a file there: {installs:?}"
         );
     }
+    // The README links to docs/*.md: they are installed beside it.
+    assert!(
+        installs.iter().any(|i| {
+            let words: Vec<&str> = i.split_whitespace().collect();
+            words.contains(&"docs/*.md")
+                && words
+                    .windows(2)
+                    .any(|w| w == ["-t", "/usr/local/share/doc/staleguard/docs"])
+        }),
+        "no install step puts docs/*.md beside the README: {installs:?}"
+    );
     // The stop timeout covers shutdown_timeout's default (10 s).
     let stop = unit
         .lines()

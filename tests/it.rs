@@ -63,6 +63,7 @@ mod ladder;
 #[cfg(feature = "sim")]
 mod ladder_attack;
 mod layers;
+mod layout_doc;
 mod limits;
 mod log_escape;
 mod max_time;

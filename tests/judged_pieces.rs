@@ -1,5 +1,5 @@
 //! Issue 21: a reply of more than 1 MiB to a tracked read is not held whole to be judged; it
-//! goes on to the client in pieces and is judged as it passes (`src/session/judging.rs`).
+//! goes on to the client in pieces and is judged as it passes (`src/session/reply.rs`).
 //! What a judgement needs still happens: the orphans of an `available` reply are counted,
 //! the client gets mongos's bytes untouched, and the read's time is that of mongos's answer,
 //! not of the client's reading (a client that takes a large reply slowly does not make its

@@ -581,7 +581,7 @@ fn only_would(text: &str, what: &str) {
 }
 
 /// Issue 32 item 1: with `dry_run` and `on_write_stall = "open_fallback_breakers"` (the
-/// README's rollout path), during a stall and a restarted secondary, the page and `/status`
+/// rollout path of docs/production.md), during a stall and a restarted secondary, the page and `/status`
 /// say what would be done, never that a read was rewritten, bounded or failed fast.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_dry_run_during_a_stall_the_page_says_what_would_be_done_not_that_it_was() {

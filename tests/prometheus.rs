@@ -3,7 +3,7 @@
 //! fails these tests, it never skips them):
 //!
 //! - `promtool check rules` and `promtool test rules` on `config/prometheus/`;
-//! - every alert has a summary, a description, a runbook section in the README, and unit
+//! - every alert has a summary, a description, a runbook section in docs/monitoring.md, and unit
 //!   tests that see it fire, stay quiet on zero traffic, and resolve;
 //! - end to end: a real Prometheus scrapes a real staleguard in front of the simulated
 //!   cluster through the incident (shard A's primary stalls, its secondaries restart, it
@@ -133,7 +133,7 @@ fn promtool_unit_tests_of_every_alert_pass() {
 #[test]
 fn every_alert_is_documented_and_unit_tested_three_ways() {
     let doc = yaml(RULES);
-    let readme = read("README.md");
+    let runbooks = read("docs/monitoring.md");
     let alerts = alert_names(&doc);
     assert!(alerts.len() >= 8, "{alerts:?}");
     for r in rules(&doc).iter().filter(|r| r["alert"].as_str().is_some()) {
@@ -151,13 +151,13 @@ fn every_alert_is_documented_and_unit_tested_three_ways() {
         let anchor = name.to_lowercase();
         assert_eq!(
             a["runbook"].as_str(),
-            Some(format!("README.md#{anchor}").as_str()),
+            Some(format!("docs/monitoring.md#{anchor}").as_str()),
             "{name}: runbook annotation"
         );
-        // GitHub's anchor of a `#### Name` heading is the name in lower case.
+        // GitHub's anchor of a `### Name` heading is the name in lower case.
         assert!(
-            readme.lines().any(|l| l.trim() == format!("#### {name}")),
-            "README has no runbook section `#### {name}`"
+            runbooks.lines().any(|l| l.trim() == format!("### {name}")),
+            "docs/monitoring.md has no runbook section `### {name}`"
         );
     }
 

@@ -231,7 +231,7 @@ pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
 /// Default `first_message_timeout`: a driver sends its handshake at once.
 pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `idle_timeout`: longer than any pause a pooled driver connection makes while it
-/// is in use (see README, *Configuration reference*), so only connections left unused are
+/// is in use (see docs/configuration.md), so only connections left unused are
 /// closed; drivers open a new one when they need it.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 

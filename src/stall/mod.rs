@@ -1,5 +1,6 @@
 //! The write-progress watch: notices a primary that answers heartbeats but completes no
-//! write (see `docs/background.md` §1), and optionally acts before secondary reads fail.
+//! write (see `background.md` §1 in the shared docs folder, `../shared/docs/`), and
+//! optionally acts before secondary reads fail.
 //!
 //! ```text
 //! signals (each per target, raised or clear, with its evidence)

@@ -1,6 +1,6 @@
 //! A simulated sharded MongoDB cluster: one mongos speaking the wire protocol, a config
 //! server's routing tables, and two shards of a primary and two secondaries each. It models
-//! exactly what the incident in `docs/background.md` needs: per-node routing tables that are
+//! exactly what the incident in the shared `background.md` needs: per-node routing tables that are
 //! lost on restart, the secondary refresh that needs a write on its primary, a primary that
 //! stalls writes while answering heartbeats, chunk migrations that leave orphans, mongos's
 //! internal StaleConfig retries under `maxTimeMS`, and `readConcern: available` skipping the
