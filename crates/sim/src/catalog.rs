@@ -8,7 +8,7 @@ use super::model::lock;
 use super::pipeline;
 use super::query::check_filter;
 use super::routing::Target;
-use super::{status, Cluster, SimError};
+use super::{status, views, Cluster, SimError};
 
 /// `explain` of find, count, distinct, aggregate, update or delete: the shards mongos
 /// would target (from its cached routing table), in 4.4's queryPlanner shape.
@@ -101,10 +101,19 @@ pub fn list_databases(cluster: &Cluster) -> Document {
 
 pub fn list_collections(cluster: &Cluster, db: &str) -> Document {
     let prefix = format!("{db}.");
-    let batch: Vec<Bson> = collection_names(cluster)
+    let mut entries: Vec<(String, Document)> = collection_names(cluster)
         .into_iter()
         .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_string))
-        .map(|name| Bson::Document(doc! { "name": name, "type": "collection", "options": {}, "info": { "readOnly": false } }))
+        .map(|name| {
+            let d = doc! { "name": &name, "type": "collection", "options": {}, "info": { "readOnly": false } };
+            (name, d)
+        })
+        .collect();
+    entries.extend(views::catalog_entries(cluster, db));
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let batch: Vec<Bson> = entries
+        .into_iter()
+        .map(|(_, d)| Bson::Document(d))
         .collect();
     doc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": format!("{db}.$cmd.listCollections") }, "ok": 1.0 }
 }
