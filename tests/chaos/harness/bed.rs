@@ -1,0 +1,132 @@
+//! The test bed: the simulated cluster (auth on unless asked otherwise, a 2 s view, a 1 ms
+//! hop between mongos and the shards, the read log) and one staleguard in front of it with
+//! the shipped policies (`demo.store_inventory` fallback, `pay.*` strict, every other
+//! setting at its default) and its admin endpoint, which is how the harness watches it.
+//! The incidents are driven here.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::Bson;
+use staleguard::config::Config;
+use staleguard::server::Running;
+use staleguard::sim::{self, SimConfig, SimHandle};
+
+use super::plan::{Incident, Plan};
+
+pub const USER: &str = "app";
+pub const PASSWORD: &str = "chaos-secret";
+pub const PAYMENTS: &str = "pay.transactions";
+pub const INVENTORY: &str = "demo.store_inventory";
+/// A view of `pay.transactions` whose pipeline takes [`VIEW_COST`]: strict by `pay.*`.
+pub const VIEW: &str = "pay.slow_view";
+pub const VIEW_COST: Duration = Duration::from_secs(2);
+
+pub struct Bed {
+    pub sim: SimHandle,
+    pub proxy: Running,
+    pub mongos: SocketAddr,
+    pub guarded: SocketAddr,
+    pub admin: SocketAddr,
+    pub auth: bool,
+}
+
+/// The shipped policies, with the admin endpoint on an ephemeral port.
+fn proxy_config(upstream: SocketAddr) -> String {
+    format!(
+        r#"listen = "127.0.0.1:0"
+upstreams = ["{upstream}"]
+shutdown_timeout = "0s"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[[namespaces]]
+pattern = "demo.store_inventory"
+mode = "fallback"
+
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+"#
+    )
+}
+
+impl Bed {
+    pub async fn start(plan: &Plan) -> Bed {
+        let users = if plan.opts.auth {
+            vec![(USER.to_string(), PASSWORD.to_string())]
+        } else {
+            Vec::new()
+        };
+        let sim = sim::start(SimConfig {
+            listen: "127.0.0.1:0".into(),
+            seed: plan.sim_seed,
+            hop_latency: Duration::from_millis(1),
+            read_log: 1_000_000,
+            users,
+            ..SimConfig::default()
+        })
+        .await
+        .expect("the simulated cluster starts");
+        sim.cluster()
+            .create_view(VIEW, "transactions", &Vec::<Bson>::new(), VIEW_COST)
+            .unwrap_or_else(|e| panic!("view {VIEW}: {e}"));
+        let mongos = sim.addr();
+        let config = Config::parse(&proxy_config(mongos), Path::new("chaos.toml"))
+            .unwrap_or_else(|e| panic!("chaos config: {e:?}"));
+        let proxy = staleguard::server::start(Arc::new(config))
+            .await
+            .expect("staleguard starts");
+        let guarded = proxy.local_addr();
+        let admin = proxy.admin_addr().expect("the admin endpoint listens");
+        Bed {
+            sim,
+            proxy,
+            mongos,
+            guarded,
+            admin,
+            auth: plan.opts.auth,
+        }
+    }
+
+    /// The driver URI of `addr` (with the harness's user when auth is on).
+    pub fn uri(&self, addr: SocketAddr) -> String {
+        let creds = if self.auth {
+            format!("{USER}:{PASSWORD}@")
+        } else {
+            String::new()
+        };
+        format!(
+            "mongodb://{creds}{addr}/?directConnection=true&authSource=admin&serverSelectionTimeoutMS=5000&connectTimeoutMS=5000"
+        )
+    }
+
+    /// Shard A's primary stalls, and one or both of its secondaries restart.
+    pub fn inject(&self, incident: Incident, partial_node: &str) {
+        let cluster = self.sim.cluster();
+        cluster.stall_primary("shardA").expect("stall shard A");
+        let nodes: &[&str] = match incident {
+            Incident::Partial => &[partial_node],
+            Incident::Full => &["a1", "a2"],
+        };
+        for n in nodes {
+            cluster.restart_node(n).expect("restart a secondary");
+        }
+    }
+
+    /// The primary resumes: secondaries can refresh again.
+    pub fn heal(&self) {
+        self.sim
+            .cluster()
+            .resume_primary("shardA")
+            .expect("resume shard A");
+    }
+
+    pub async fn stop(self) {
+        self.proxy.shutdown().await;
+        self.sim.shutdown().await;
+    }
+}
