@@ -20,8 +20,8 @@ mod harness;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_clients_change_nothing_for_honest_readers() {
-    let opts = harness::Options::short()
-        .from_env()
+    let opts = harness::Options::sized(false)
+        .with_env()
         .unwrap_or_else(|e| panic!("{e}"));
     let report = harness::run(opts).await;
     report.print();

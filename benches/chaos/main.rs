@@ -12,7 +12,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let first = match harness::Options::long().from_env() {
+    let first = match harness::Options::sized(true).with_env() {
         Ok(o) => o,
         Err(e) => {
             eprintln!("{e}");

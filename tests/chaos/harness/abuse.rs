@@ -65,14 +65,12 @@ pub async fn request_id_reuse(env: Env, mut rng: Rng) {
         };
         while env.running() {
             let id = c.id();
-            let first = find(
+            let (one, two) = (
                 *rng.pick(&[PAYMENTS, INVENTORY]),
-                doc! { "limit": 1, "maxTimeMS": 1000 },
-            );
-            let second = find(
                 *rng.pick(&[PAYMENTS, INVENTORY]),
-                doc! { "limit": 1, "maxTimeMS": 1000 },
             );
+            let first = find(one, doc! { "limit": 1, "maxTimeMS": 1000 });
+            let second = find(two, doc! { "limit": 1, "maxTimeMS": 1000 });
             let mut both = raw::message(id, 0, &first).to_vec();
             both.extend_from_slice(&raw::message(id, 0, &second));
             if c.send(&both).await.is_none() {

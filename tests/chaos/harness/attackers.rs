@@ -94,9 +94,7 @@ pub fn find(ns: &str, extra: Document) -> Document {
 
 /// Runs one task until the run ends.
 pub async fn run(task: Task, env: Env) {
-    let Task {
-        behaviour, mut rng, ..
-    } = task;
+    let Task { behaviour, mut rng } = task;
     // Start at a random moment of the first second, so the tasks do not move in step.
     env.pause(Duration::from_millis(rng.range(0, 1000))).await;
     match behaviour {
@@ -157,7 +155,7 @@ pub async fn run(task: Task, env: Env) {
         Behaviour::DeepPipelines => super::abuse::deep_pipelines(env, rng).await,
         Behaviour::NonReaders => super::abuse::non_readers(env, rng).await,
         // Honest readers, run by the driver side.
-        Behaviour::SlowReads | Behaviour::PreferredTags => {}
+        Behaviour::SlowReads | Behaviour::PreferredTags | Behaviour::PinnedReads => {}
     }
 }
 

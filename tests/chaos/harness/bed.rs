@@ -1,7 +1,8 @@
 //! The test bed: the simulated cluster (auth on unless asked otherwise, a 2 s view, a 1 ms
 //! hop between mongos and the shards, the read log) and one staleguard in front of it with
 //! the shipped policies (`demo.store_inventory` fallback, `pay.*` strict, every other
-//! setting at its default) and its admin endpoint, which is how the harness watches it.
+//! setting at its default), or the same with the primary rung, and its admin endpoint,
+//! which is how the harness watches it.
 //! The incidents are driven here.
 
 use std::net::SocketAddr;
@@ -14,7 +15,7 @@ use staleguard::config::Config;
 use staleguard::server::Running;
 use staleguard::sim::{self, SimConfig, SimHandle};
 
-use super::plan::{Incident, Plan};
+use super::plan::{Incident, Plan, Policy};
 
 pub const USER: &str = "app";
 pub const PASSWORD: &str = "chaos-secret";
@@ -33,8 +34,15 @@ pub struct Bed {
     pub auth: bool,
 }
 
-/// The shipped policies, with the admin endpoint on an ephemeral port.
-fn proxy_config(upstream: SocketAddr) -> String {
+/// The policies, with the admin endpoint on an ephemeral port.
+fn proxy_config(upstream: SocketAddr, policy: Policy) -> String {
+    let (fallback, strict) = match policy {
+        Policy::Shipped => ("", ""),
+        Policy::Ladder => (
+            "ladder = [\"primary\", \"available\"]\n",
+            "ladder = [\"primary\"]\n",
+        ),
+    };
     format!(
         r#"listen = "127.0.0.1:0"
 upstreams = ["{upstream}"]
@@ -46,11 +54,11 @@ listen = "127.0.0.1:0"
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"
-
+{fallback}
 [[namespaces]]
 pattern = "pay.*"
 mode = "strict"
-"#
+{strict}"#
     )
 }
 
@@ -75,7 +83,7 @@ impl Bed {
             .create_view(VIEW, "transactions", &Vec::<Bson>::new(), VIEW_COST)
             .unwrap_or_else(|e| panic!("view {VIEW}: {e}"));
         let mongos = sim.addr();
-        let config = Config::parse(&proxy_config(mongos), Path::new("chaos.toml"))
+        let config = Config::parse(&proxy_config(mongos, plan.policy), Path::new("chaos.toml"))
             .unwrap_or_else(|e| panic!("chaos config: {e:?}"));
         let proxy = staleguard::server::start(Arc::new(config))
             .await

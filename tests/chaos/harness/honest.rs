@@ -34,6 +34,9 @@ pub enum Kind {
     /// `find_one {}` on `pay.transactions`, `secondaryPreferred` with a tag set no member
     /// has (the primaries answer), 1 s.
     PreferredTags,
+    /// `secondary` on `pay.transactions` with tag sets `[{node: <shard A's secondary the
+    /// partial incident spares>}, {}]`, 1 s.
+    Pinned,
 }
 
 impl Kind {
@@ -46,6 +49,7 @@ impl Kind {
             Kind::SlowFallback => "slow_fallback",
             Kind::View => "view",
             Kind::PreferredTags => "preferred_tags",
+            Kind::Pinned => "pinned",
         }
     }
 
@@ -59,7 +63,7 @@ impl Kind {
 
     /// The paced strict reads the incident's share is judged on.
     pub fn strict_paced(self) -> bool {
-        matches!(self, Kind::Strict | Kind::StrictB)
+        matches!(self, Kind::Strict | Kind::StrictB | Kind::Pinned)
     }
 
     pub fn max_time(self) -> Option<Duration> {
@@ -138,6 +142,8 @@ pub struct Reader {
     pub offset: Duration,
     /// For `StrictB`: the `_id` it reads.
     pub id: i32,
+    /// For `Pinned`: the node of shard A it is pinned to.
+    pub pin: &'static str,
 }
 
 pub async fn client(uri: &str) -> Client {
@@ -165,12 +171,15 @@ fn secondary_preferred() -> SelectionCriteria {
 async fn read_once(c: &Client, r: &Reader, comment: &str) -> Result<(), mongodb::error::Error> {
     let (db, coll) = r.kind.ns().split_once('.').expect("db.coll");
     let database = c.database(db);
-    if r.kind == Kind::PreferredTags {
+    if matches!(r.kind, Kind::PreferredTags | Kind::Pinned) {
         // The Rust driver sends tag sets as `tagSets`, which mongos ignores: spelled out.
+        let pref = match r.kind {
+            Kind::Pinned => doc! { "mode": "secondary", "tags": [{ "node": r.pin }, {}] },
+            _ => doc! { "mode": "secondaryPreferred", "tags": [{ "node": "nowhere" }] },
+        };
         let mut cmd = doc! {
             "find": coll, "filter": {}, "limit": 1, "singleBatch": true,
-            "comment": comment,
-            "$readPreference": { "mode": "secondaryPreferred", "tags": [{ "node": "nowhere" }] },
+            "comment": comment, "$readPreference": pref,
         };
         if let Some(t) = r.kind.max_time() {
             cmd.insert("maxTimeMS", t.as_millis() as i64);
@@ -233,7 +242,12 @@ pub async fn run(c: Client, r: Reader, t0: Instant, stop: Instant, out: Arc<Mute
 }
 
 /// The readers of a run: for each kind, `n` schedules, each run on both paths.
-pub fn schedules(kinds: &[(Kind, usize, Duration)], rng: &mut Rng, id_b: i32) -> Vec<Reader> {
+pub fn schedules(
+    kinds: &[(Kind, usize, Duration)],
+    rng: &mut Rng,
+    id_b: i32,
+    pin: &'static str,
+) -> Vec<Reader> {
     let mut out = Vec::new();
     for &(kind, n, every) in kinds {
         for index in 0..n {
@@ -246,6 +260,7 @@ pub fn schedules(kinds: &[(Kind, usize, Duration)], rng: &mut Rng, id_b: i32) ->
                     every,
                     offset,
                     id: id_b,
+                    pin,
                 });
             }
         }

@@ -15,7 +15,6 @@
 //!
 //! Shared by `tests/chaos.rs` (the short run in `cargo test`) and `benches/chaos` (the long
 //! one).
-#![allow(dead_code)]
 
 mod abuse;
 mod attackers;
@@ -61,6 +60,9 @@ fn kinds(plan: &Plan) -> Vec<(Kind, usize, Duration)> {
     if plan.has(Behaviour::PreferredTags) {
         k.push((Kind::PreferredTags, 2, Duration::from_millis(500)));
     }
+    if plan.has(Behaviour::PinnedReads) {
+        k.push((Kind::Pinned, 2, Duration::from_millis(500)));
+    }
     k
 }
 
@@ -99,7 +101,7 @@ pub async fn run(opts: Options) -> Report {
     let mut rng = plan.rng.clone();
     let id_b = id_on_shard_b(&bed, &mut rng).await;
     let kinds = kinds(&plan);
-    let readers = honest::schedules(&kinds, &mut rng, id_b);
+    let readers = honest::schedules(&kinds, &mut rng, id_b, plan.healthy_node());
     let mut clients = Vec::new();
     for r in readers {
         let addr = match r.via {

@@ -8,6 +8,8 @@
 //!   of the names in [`Behaviour::ALL`]; a leading `-` removes one from `all` (`-views`);
 //! - `CHAOS_INCIDENTS`: `partial,full` in any order (default: both, order from the seed);
 //! - `CHAOS_AUTH`: `on` (default) or `off` (the simulated cluster without users);
+//! - `CHAOS_POLICY`: `shipped` or `ladder` (the primary rung on both namespaces; default:
+//!   one of them, from the seed);
 //! - `CHAOS_HEALTHY_SECS`, `CHAOS_INCIDENT_SECS`, `CHAOS_AFTER_SECS`, `CHAOS_READERS`
 //!   (paced strict and fallback readers per path), `CHAOS_RATE` (their reads per second).
 
@@ -26,6 +28,9 @@ pub enum Behaviour {
     Views,
     /// Honest `secondaryPreferred` reads with a tag set no member has: the primaries answer.
     PreferredTags,
+    /// Honest `secondary` reads pinned by a tag set to shard A's secondary that the partial
+    /// incident leaves healthy (`[{node}, {}]`: any secondary of shard B).
+    PinnedReads,
     /// Connections sending their own `maxTimeMS: 1` about every 0.3 s.
     ShortMaxTime,
     /// Slow queries (1.5 s) under their own `maxTimeMS` of 1 s.
@@ -49,10 +54,11 @@ pub enum Behaviour {
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 13] = [
+    pub const ALL: [Behaviour; 14] = [
         Behaviour::SlowReads,
         Behaviour::Views,
         Behaviour::PreferredTags,
+        Behaviour::PinnedReads,
         Behaviour::ShortMaxTime,
         Behaviour::SlowTimeouts,
         Behaviour::UnmatchedTags,
@@ -70,6 +76,7 @@ impl Behaviour {
             Behaviour::SlowReads => "slow_reads",
             Behaviour::Views => "views",
             Behaviour::PreferredTags => "preferred_tags",
+            Behaviour::PinnedReads => "pinned_reads",
             Behaviour::ShortMaxTime => "short_max_time",
             Behaviour::SlowTimeouts => "slow_timeouts",
             Behaviour::UnmatchedTags => "unmatched_tags",
@@ -91,14 +98,24 @@ impl Behaviour {
     fn connections(self, rng: &mut Rng) -> usize {
         match self {
             // Honest readers: one per path, their pace fixed.
-            Behaviour::SlowReads | Behaviour::PreferredTags => 1,
+            Behaviour::SlowReads | Behaviour::PreferredTags | Behaviour::PinnedReads => 1,
             Behaviour::HugeMessages | Behaviour::NonReaders => 1,
-            Behaviour::ShortMaxTime | Behaviour::Views | Behaviour::HelloPipeline => {
-                rng.range(2, 3) as usize
-            }
+            // Three connections can open a breaker (threshold 3, one error per connection).
+            Behaviour::Views => rng.range(3, 4) as usize,
+            Behaviour::ShortMaxTime | Behaviour::HelloPipeline => rng.range(2, 3) as usize,
             _ => rng.range(1, 3) as usize,
         }
     }
+}
+
+/// The policies staleguard runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The shipped config: `demo.store_inventory` fallback, `pay.*` strict (bound mode).
+    Shipped,
+    /// The same with the primary rung: `ladder = ["primary", "available"]` on the fallback
+    /// entry, `ladder = ["primary"]` on the strict one.
+    Ladder,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +136,8 @@ pub struct Options {
     /// The incidents in order; `None`: both, in an order the seed picks.
     pub incidents: Option<Vec<Incident>>,
     pub auth: bool,
+    /// `None`: either, from the seed.
+    pub policy: Option<Policy>,
     /// Clients connect and the secondaries load their routing tables (not judged but for
     /// breakers opening).
     pub warmup: Duration,
@@ -126,7 +145,7 @@ pub struct Options {
     pub incident: Duration,
     /// From each heal to the next incident (or the end).
     pub after: Duration,
-    /// Paced strict and fallback readers per path (`None`: 2 or 3, from the seed).
+    /// Paced strict and fallback readers per path (`None`: 3 or 4, from the seed).
     pub readers: Option<usize>,
     /// Their reads per second each (`None`: 1, 2 or 5, from the seed: sparse honest
     /// traffic leaves an attacker's samples more weight).
@@ -134,34 +153,36 @@ pub struct Options {
 }
 
 impl Options {
-    /// The short run `cargo test --test chaos` makes (about 50 s of clients).
-    pub fn short() -> Options {
-        Options {
+    /// The short run `cargo test --test chaos` makes (about 50 s of clients), or the long
+    /// one of `cargo bench --bench chaos` (30 s healthy, each incident 30 s and 15 s after
+    /// its heal: about 2 min 45 s).
+    pub fn sized(long: bool) -> Options {
+        let short = Options {
             seed: 0,
             behaviours: Behaviour::ALL.to_vec(),
             incidents: None,
             auth: true,
+            policy: None,
             warmup: Duration::from_secs(3),
             healthy: Duration::from_secs(10),
             incident: Duration::from_secs(10),
             after: Duration::from_secs(8),
             readers: None,
             rate: None,
+        };
+        if !long {
+            return short;
         }
-    }
-
-    /// The long run of `cargo bench --bench chaos`.
-    pub fn long() -> Options {
         Options {
             healthy: Duration::from_secs(30),
             incident: Duration::from_secs(30),
             after: Duration::from_secs(15),
-            ..Options::short()
+            ..short
         }
     }
 
     /// `self` with the environment's knobs applied; a seed from the clock when none is set.
-    pub fn from_env(mut self) -> Result<Options, String> {
+    pub fn with_env(mut self) -> Result<Options, String> {
         self.seed = match env("CHAOS_SEED") {
             Some(s) => s
                 .parse()
@@ -190,6 +211,13 @@ impl Options {
                 "off" => false,
                 other => return Err(format!("CHAOS_AUTH={other}: on or off")),
             };
+        }
+        if let Some(p) = env("CHAOS_POLICY") {
+            self.policy = Some(match p.as_str() {
+                "shipped" => Policy::Shipped,
+                "ladder" => Policy::Ladder,
+                other => return Err(format!("CHAOS_POLICY={other}: shipped or ladder")),
+            });
         }
         let secs = |name: &str, d: &mut Duration| -> Result<(), String> {
             if let Some(v) = env(name) {
@@ -248,11 +276,10 @@ fn behaviours(list: &str) -> Result<Vec<Behaviour>, String> {
     names.into_iter().map(lookup).collect()
 }
 
-/// One task of the mix: a behaviour's connection number `index`, with its own stream.
+/// One task of the mix: one connection's worth of a behaviour, with its own stream.
 #[derive(Debug, Clone)]
 pub struct Task {
     pub behaviour: Behaviour,
-    pub index: usize,
     pub rng: Rng,
 }
 
@@ -266,6 +293,7 @@ pub struct Plan {
     /// Paced strict and fallback readers per path, and their reads per second.
     pub readers: usize,
     pub rate: u32,
+    pub policy: Policy,
     /// The simulated cluster's own seed (node choice, cursor ids).
     pub sim_seed: u64,
     pub tasks: Vec<Task>,
@@ -284,16 +312,23 @@ impl Plan {
             }
         });
         let partial_node = *rng.pick(&["a1", "a2"]);
-        let readers = rng.range(2, 3) as usize;
+        // Three connections at least: a breaker opens on errors from three (threshold 3,
+        // one per connection by default).
+        let readers = rng.range(3, 4) as usize;
         let rate = *rng.pick(&[1, 2, 5]);
         let (readers, rate) = (opts.readers.unwrap_or(readers), opts.rate.unwrap_or(rate));
+        let policy = if rng.chance(0.5) {
+            Policy::Shipped
+        } else {
+            Policy::Ladder
+        };
+        let policy = opts.policy.unwrap_or(policy);
         let sim_seed = rng.next();
         let mut tasks = Vec::new();
         for &b in &opts.behaviours {
-            for index in 0..b.connections(&mut rng) {
+            for _ in 0..b.connections(&mut rng) {
                 tasks.push(Task {
                     behaviour: b,
-                    index,
                     rng: rng.fork(),
                 });
             }
@@ -304,6 +339,7 @@ impl Plan {
             partial_node,
             readers,
             rate,
+            policy,
             sim_seed,
             tasks,
             rng,
@@ -312,6 +348,15 @@ impl Plan {
 
     pub fn has(&self, b: Behaviour) -> bool {
         self.opts.behaviours.contains(&b)
+    }
+
+    /// The secondary of shard A the partial incident leaves healthy.
+    pub fn healthy_node(&self) -> &'static str {
+        if self.partial_node == "a1" {
+            "a2"
+        } else {
+            "a1"
+        }
     }
 
     /// How long the clients run: warmup, healthy, then each incident and its aftermath.
@@ -328,7 +373,8 @@ impl Plan {
             counts.push(format!("{}x{n}", b.name()));
         }
         format!(
-            "incidents {:?} (partial restarts {}), auth {}, {} + {} readers x {}/s per path, behaviours [{}]",
+            "policy {:?}, incidents {:?} (partial restarts {}), auth {}, {} + {} readers x {}/s per path, behaviours [{}]",
+            self.policy,
             self.incidents,
             self.partial_node,
             if self.opts.auth { "on" } else { "off" },
