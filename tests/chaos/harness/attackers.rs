@@ -155,7 +155,10 @@ pub async fn run(task: Task, env: Env) {
         Behaviour::DeepPipelines => super::abuse::deep_pipelines(env, rng).await,
         Behaviour::NonReaders => super::abuse::non_readers(env, rng).await,
         // Honest readers, run by the driver side.
-        Behaviour::SlowReads | Behaviour::PreferredTags | Behaviour::PinnedReads => {}
+        Behaviour::SlowReads
+        | Behaviour::PreferredTags
+        | Behaviour::PinnedReads
+        | Behaviour::Pymongo => {}
     }
 }
 

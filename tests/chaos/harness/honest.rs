@@ -37,6 +37,8 @@ pub enum Kind {
     /// `secondary` on `pay.transactions` with tag sets `[{node: <shard A's secondary the
     /// partial incident spares>}, {}]`, 1 s.
     Pinned,
+    /// As `Strict`, through pymongo.
+    PyStrict,
 }
 
 impl Kind {
@@ -50,6 +52,7 @@ impl Kind {
             Kind::View => "view",
             Kind::PreferredTags => "preferred_tags",
             Kind::Pinned => "pinned",
+            Kind::PyStrict => "py_strict",
         }
     }
 
@@ -63,7 +66,10 @@ impl Kind {
 
     /// The paced strict reads the incident's share is judged on.
     pub fn strict_paced(self) -> bool {
-        matches!(self, Kind::Strict | Kind::StrictB | Kind::Pinned)
+        matches!(
+            self,
+            Kind::Strict | Kind::StrictB | Kind::Pinned | Kind::PyStrict
+        )
     }
 
     pub fn max_time(self) -> Option<Duration> {

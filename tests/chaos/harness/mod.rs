@@ -8,7 +8,8 @@
 //! ```text
 //! plan     the seed's decisions, the environment's knobs
 //! bed      the simulated cluster and the proxy; incidents and heals
-//! honest   driver readers on both paths        attackers, abuse   raw-socket clients
+//! honest   Rust driver readers on both paths   attackers, abuse   raw-socket clients
+//! py       pymongo readers on both paths       raw                wire and SCRAM by hand
 //! watch    /metrics every 100 ms, /status events
 //! judge    invariants (a), (b), (c)            report   figures and verdicts, printed
 //! ```
@@ -22,6 +23,7 @@ mod bed;
 mod honest;
 mod judge;
 pub mod plan;
+mod py;
 mod raw;
 mod report;
 mod rng;
@@ -63,6 +65,9 @@ fn kinds(plan: &Plan) -> Vec<(Kind, usize, Duration)> {
     if plan.has(Behaviour::PinnedReads) {
         k.push((Kind::Pinned, 2, Duration::from_millis(500)));
     }
+    if plan.has(Behaviour::Pymongo) {
+        k.push((Kind::PyStrict, 1, every));
+    }
     k
 }
 
@@ -102,13 +107,22 @@ pub async fn run(opts: Options) -> Report {
     let id_b = id_on_shard_b(&bed, &mut rng).await;
     let kinds = kinds(&plan);
     let readers = honest::schedules(&kinds, &mut rng, id_b, plan.healthy_node());
+    let python = match plan.has(Behaviour::Pymongo) {
+        true => Some(py::python().await),
+        false => None,
+    };
     let mut clients = Vec::new();
+    let mut py_readers = Vec::new();
     for r in readers {
         let addr = match r.via {
             honest::Via::Direct => bed.mongos,
             honest::Via::Staleguard => bed.guarded,
         };
-        clients.push((honest::client(&bed.uri(addr)).await, r));
+        if r.kind == Kind::PyStrict {
+            py_readers.push((bed.uri(addr), r));
+        } else {
+            clients.push((honest::client(&bed.uri(addr)).await, r));
+        }
     }
 
     let t0 = Instant::now();
@@ -120,6 +134,14 @@ pub async fn run(opts: Options) -> Report {
     let mut tasks = Vec::new();
     for (c, r) in clients {
         tasks.push(tokio::spawn(honest::run(c, r, t0, stop, reads.clone())));
+    }
+    let stop_unix_ms = t0_unix_ms + plan.total().as_millis() as u64;
+    for (uri, r) in py_readers {
+        let python = python
+            .clone()
+            .expect("the venv is made when pymongo readers run");
+        let job = py::run(python, uri, r, t0_unix_ms, stop_unix_ms, reads.clone());
+        tasks.push(tokio::spawn(job));
     }
     let env = attackers::Env {
         addr: bed.guarded,

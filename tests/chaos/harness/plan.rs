@@ -31,6 +31,8 @@ pub enum Behaviour {
     /// Honest `secondary` reads pinned by a tag set to shard A's secondary that the partial
     /// incident leaves healthy (`[{node}, {}]`: any secondary of shard B).
     PinnedReads,
+    /// Honest paced strict readers through pymongo, beside the Rust driver's.
+    Pymongo,
     /// Connections sending their own `maxTimeMS: 1` about every 0.3 s.
     ShortMaxTime,
     /// Slow queries (1.5 s) under their own `maxTimeMS` of 1 s.
@@ -54,11 +56,12 @@ pub enum Behaviour {
 }
 
 impl Behaviour {
-    pub const ALL: [Behaviour; 14] = [
+    pub const ALL: [Behaviour; 15] = [
         Behaviour::SlowReads,
         Behaviour::Views,
         Behaviour::PreferredTags,
         Behaviour::PinnedReads,
+        Behaviour::Pymongo,
         Behaviour::ShortMaxTime,
         Behaviour::SlowTimeouts,
         Behaviour::UnmatchedTags,
@@ -77,6 +80,7 @@ impl Behaviour {
             Behaviour::Views => "views",
             Behaviour::PreferredTags => "preferred_tags",
             Behaviour::PinnedReads => "pinned_reads",
+            Behaviour::Pymongo => "pymongo",
             Behaviour::ShortMaxTime => "short_max_time",
             Behaviour::SlowTimeouts => "slow_timeouts",
             Behaviour::UnmatchedTags => "unmatched_tags",
@@ -98,7 +102,10 @@ impl Behaviour {
     fn connections(self, rng: &mut Rng) -> usize {
         match self {
             // Honest readers: one per path, their pace fixed.
-            Behaviour::SlowReads | Behaviour::PreferredTags | Behaviour::PinnedReads => 1,
+            Behaviour::SlowReads
+            | Behaviour::PreferredTags
+            | Behaviour::PinnedReads
+            | Behaviour::Pymongo => 1,
             Behaviour::HugeMessages | Behaviour::NonReaders => 1,
             // Three connections can open a breaker (threshold 3, one error per connection).
             Behaviour::Views => rng.range(3, 4) as usize,
