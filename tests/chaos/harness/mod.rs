@@ -52,12 +52,13 @@ fn kinds(plan: &Plan) -> Vec<(Kind, usize, Duration)> {
         (Kind::StrictB, 1, every),
         (Kind::Fallback, plan.readers, every),
     ];
+    // Two readers each, so that the healthy window holds several of these long reads.
     if plan.has(Behaviour::SlowReads) {
-        k.push((Kind::SlowStrict, 1, Duration::from_secs(2)));
-        k.push((Kind::SlowFallback, 1, Duration::from_secs(2)));
+        k.push((Kind::SlowStrict, 2, Duration::from_millis(1500)));
+        k.push((Kind::SlowFallback, 2, Duration::from_millis(1500)));
     }
     if plan.has(Behaviour::Views) {
-        k.push((Kind::View, 1, Duration::from_secs(3)));
+        k.push((Kind::View, 2, Duration::from_millis(2500)));
     }
     if plan.has(Behaviour::PreferredTags) {
         k.push((Kind::PreferredTags, 2, Duration::from_millis(500)));
