@@ -39,7 +39,16 @@ enum Event {
     Kill,
     Flush,
     Tick,
+    /// Time to look at the followed reads' deadlines (mongos silent past a read's limit).
+    ReadsDue,
+    /// The cluster answered a question a parked read waits on.
+    Answer(Option<crate::confirm::Answer>),
 }
+
+/// While reads are followed, their deadlines are looked at this often (a coarse tick, not
+/// a timer per read): staleguard answers a read mongos left silent within this of its
+/// limit and grace.
+const READS_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What a turn comes to: `Ok(None)` goes on; `Ok(Some(why))` ends the session as it should,
 /// `Err` as it should not.
@@ -92,7 +101,10 @@ impl Session {
         // a tick, not per message.
         let flush_timer = tokio::time::sleep(FLUSH_AFTER);
         let limits_timer = tokio::time::sleep(life::limits_tick(&self.h.config.limits));
-        tokio::pin!(killed, stopping, flush_timer, limits_timer);
+        // Armed while reads are followed, once per tick, never per message.
+        let reads_timer = tokio::time::sleep(READS_TICK);
+        let mut reads_armed = false;
+        tokio::pin!(killed, stopping, flush_timer, limits_timer, reads_timer);
         let end: Result<&str, SessionError> = loop {
             let streaming = ur.decoder().is_streaming();
             if let Some(why) = self.over(streaming) {
@@ -101,9 +113,15 @@ impl Session {
             if self.life.rearm_flush(self.h.meter.is_dirty()) {
                 flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
             }
+            if !reads_armed && self.h.reads.watching() {
+                reads_timer.as_mut().reset(Instant::now() + READS_TICK);
+                reads_armed = true;
+            }
             let (read_client, read_upstream) = self.reading(streaming);
             let (draining, flush_armed) = (self.life.is_draining(), self.life.flush_armed());
+            let asking = self.h.reads.asking();
             let p = &mut self.h.peers;
+            let reads = &mut self.h.reads;
             // Biased, in this order: writes; replies before new requests (finishing work
             // before taking more; each side is bounded by its outbox's room, so neither waits
             // long); then the kill, the stop and the timers, which are polled only in turns
@@ -120,15 +138,21 @@ impl Session {
                     Event::Wrote(w.map_err(SessionError::ClientIo))
                 }
                 rep = ur.next(), if read_upstream => Event::Reply(rep),
+                answer = reads.next_answer(), if asking => Event::Answer(answer),
                 req = cr.next(), if read_client => Event::Request(req),
                 _ = &mut stopping, if !draining => Event::Stop,
                 _ = &mut killed, if draining => Event::Kill,
                 _ = &mut flush_timer, if flush_armed => Event::Flush,
                 _ = &mut limits_timer => Event::Tick,
+                _ = &mut reads_timer, if reads_armed => Event::ReadsDue,
             };
-            if let Event::Tick = event {
-                let tick = life::limits_tick(&self.h.config.limits);
-                limits_timer.as_mut().reset(Instant::now() + tick);
+            match event {
+                Event::Tick => {
+                    let tick = life::limits_tick(&self.h.config.limits);
+                    limits_timer.as_mut().reset(Instant::now() + tick);
+                }
+                Event::ReadsDue => reads_armed = false,
+                _ => {}
             }
             match self.handle(event, &mut cr, &mut ur).await {
                 Ok(None) => {}
@@ -192,6 +216,15 @@ impl Session {
                 Ok(None)
             }
             Event::Tick => Ok(self.on_tick(cr.decoder(), Instant::now())),
+            Event::ReadsDue => {
+                self.h.on_deadline(Instant::now());
+                Ok(None)
+            }
+            Event::Answer(Some(answer)) => {
+                self.h.on_answer(answer);
+                Ok(None)
+            }
+            Event::Answer(None) => Ok(None),
         }
     }
 
