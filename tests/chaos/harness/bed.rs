@@ -1,8 +1,9 @@
 //! The test bed: the simulated cluster (auth on unless asked otherwise, a 2 s view, a 1 ms
 //! hop between mongos and the shards, the read log) and one staleguard in front of it with
 //! the shipped policies (`demo.store_inventory` fallback, `pay.*` strict, every other
-//! setting at its default), or the same with the primary rung, and its admin endpoint,
-//! which is how the harness watches it.
+//! setting at its default), or the same with the primary rung, the harness's user as the
+//! login of its own confirming connections (`[confirm]`) when auth is on, and its admin
+//! endpoint, which is how the harness watches it.
 //! The incidents are driven here.
 
 use std::net::SocketAddr;
@@ -34,8 +35,14 @@ pub struct Bed {
     pub auth: bool,
 }
 
-/// The policies, with the admin endpoint on an ephemeral port.
-fn proxy_config(upstream: SocketAddr, policy: Policy) -> String {
+/// The policies, with the admin endpoint on an ephemeral port, and the login of
+/// staleguard's own confirming connections when the cluster requires one.
+fn proxy_config(upstream: SocketAddr, policy: Policy, auth: bool) -> String {
+    let confirm = if auth {
+        format!("\n[confirm]\nusername = \"{USER}\"\npassword = \"{PASSWORD}\"\n")
+    } else {
+        String::new()
+    };
     let (fallback, strict) = match policy {
         Policy::Shipped => ("", ""),
         Policy::Ladder => (
@@ -50,7 +57,7 @@ shutdown_timeout = "0s"
 
 [admin]
 listen = "127.0.0.1:0"
-
+{confirm}
 [[namespaces]]
 pattern = "demo.store_inventory"
 mode = "fallback"
@@ -83,7 +90,7 @@ impl Bed {
             .create_view(VIEW, "transactions", &Vec::<Bson>::new(), VIEW_COST)
             .unwrap_or_else(|e| panic!("view {VIEW}: {e}"));
         let mongos = sim.addr();
-        let config = Config::parse(&proxy_config(mongos, plan.policy), Path::new("chaos.toml"))
+        let config = Config::parse(&proxy_config(mongos, plan.policy, plan.opts.auth), Path::new("chaos.toml"))
             .unwrap_or_else(|e| panic!("chaos config: {e:?}"));
         let proxy = staleguard::server::start(Arc::new(config))
             .await
