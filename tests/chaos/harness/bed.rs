@@ -90,8 +90,11 @@ impl Bed {
             .create_view(VIEW, "transactions", &Vec::<Bson>::new(), VIEW_COST)
             .unwrap_or_else(|e| panic!("view {VIEW}: {e}"));
         let mongos = sim.addr();
-        let config = Config::parse(&proxy_config(mongos, plan.policy, plan.opts.auth), Path::new("chaos.toml"))
-            .unwrap_or_else(|e| panic!("chaos config: {e:?}"));
+        let config = Config::parse(
+            &proxy_config(mongos, plan.policy, plan.opts.auth),
+            Path::new("chaos.toml"),
+        )
+        .unwrap_or_else(|e| panic!("chaos config: {e:?}"));
         let proxy = staleguard::server::start(Arc::new(config))
             .await
             .expect("staleguard starts");
