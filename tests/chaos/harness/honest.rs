@@ -72,6 +72,14 @@ impl Kind {
         )
     }
 
+    /// The `$readPreference.mode` its reads carry.
+    pub fn mode(self) -> &'static str {
+        match self {
+            Kind::Pinned => "secondary",
+            _ => "secondaryPreferred",
+        }
+    }
+
     pub fn max_time(self) -> Option<Duration> {
         match self {
             Kind::SlowStrict => None,

@@ -3,9 +3,9 @@
 //!
 //! - **(a)** on the healthy cluster no breaker opens, and every honest read through
 //!   staleguard ends as the same kind of read straight to mongos ends (or with mongos's own
-//!   error for it, relayed: a time limit on a loaded machine), reaches mongos with the read
-//!   concern its client sent and is answered by the same member class (primary or
-//!   secondary);
+//!   error for it, relayed: one attempt, as its client sent it), reaches mongos with the read
+//!   concern and read preference its client sent, and is answered by the same member class
+//!   (primary or secondary);
 //! - **(b)** during each incident no breaker closes, and the paced strict reads (`strict`,
 //!   `strict_b`, `pinned`, `py_strict`: each with its own 1 s budget) that ended while it
 //!   lasted are answered through staleguard at least as often as straight to mongos (within
@@ -152,15 +152,22 @@ pub fn healthy(seen: &Seen<'_>, t: &Timeline, kinds: &[Kind]) -> Vec<Check> {
             .map(|rec| class(rec))
             .collect();
         let mut outcome_misses: BTreeMap<String, usize> = BTreeMap::new();
-        let (mut relaxed, mut moved) = (0, 0);
+        let (mut relaxed, mut climbed, mut moved) = (0, 0, 0);
+        let own_limit = kind.max_time().map(|t| t.as_millis() as f64);
         for r in &guarded {
             let recs = records
                 .get(r.comment.as_str())
                 .map_or(&[][..], Vec::as_slice);
             // mongos's own error for the read as its client sent it (a time limit on a
-            // loaded machine) is relayed, not made by staleguard.
-            let relayed = match r.outcome {
-                Outcome::Code(c) => recs.iter().any(|rec| rec.code == Some(c)),
+            // loaded machine) is relayed, not made by staleguard: one attempt, with the
+            // client's own limit, read preference and read concern.
+            let relayed = match (r.outcome.clone(), recs) {
+                (Outcome::Code(c), [rec]) => {
+                    rec.code == Some(c)
+                        && rec.max_time_ms == own_limit
+                        && rec.mode == kind.mode()
+                        && rec.read_concern.is_none()
+                }
                 _ => false,
             };
             if !expected.contains(&r.outcome) && !relayed {
@@ -169,6 +176,9 @@ pub fn healthy(seen: &Seen<'_>, t: &Timeline, kinds: &[Kind]) -> Vec<Check> {
             for rec in recs {
                 if rec.read_concern.is_some() {
                     relaxed += 1;
+                }
+                if rec.mode != kind.mode() {
+                    climbed += 1;
                 }
                 if rec.code.is_none() && !classes.contains(class(rec)) {
                     moved += 1;
@@ -199,13 +209,16 @@ pub fn healthy(seen: &Seen<'_>, t: &Timeline, kinds: &[Kind]) -> Vec<Check> {
         out.push(Check {
             invariant: 'a',
             window: window.clone(),
-            what: format!("{} reads keep their read concern and member class", kind.name()),
-            ok: relaxed == 0 && moved == 0,
-            detail: if relaxed + moved == 0 {
+            what: format!(
+                "{} reads keep their read concern, read preference and member class",
+                kind.name()
+            ),
+            ok: relaxed + climbed + moved == 0,
+            detail: if relaxed + climbed + moved == 0 {
                 String::new()
             } else {
                 format!(
-                    "of {} reads through staleguard: {relaxed} attempts reached mongos with another read concern, {moved} were answered by another member class than {classes:?}",
+                    "of {} reads through staleguard: {relaxed} attempts reached mongos with another read concern, {climbed} with another read preference, {moved} were answered by another member class than {classes:?}",
                     guarded.len()
                 )
             },

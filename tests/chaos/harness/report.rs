@@ -122,7 +122,7 @@ impl Report {
                 r.outcome
             );
         }
-        out.push_str("# attempt\tcomment\tcommand\tns\tread_concern\tmode\tmembers\tcode\tstarted_ms\tfinished_ms\n");
+        out.push_str("# attempt\tcomment\tcommand\tns\tread_concern\tmode\tmax_time_ms\tmembers\tcode\tstarted_ms\tfinished_ms\n");
         for a in &self.log {
             let members: Vec<String> = a
                 .members
@@ -131,12 +131,13 @@ impl Report {
                 .collect();
             let _ = writeln!(
                 out,
-                "attempt\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                "attempt\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                 a.comment,
                 a.command,
                 a.ns,
                 a.read_concern.as_deref().unwrap_or("-"),
                 a.mode,
+                a.max_time_ms.map_or("-".to_string(), |m| m.to_string()),
                 members.join(","),
                 a.code.map_or("ok".to_string(), |c| c.to_string()),
                 a.started.saturating_duration_since(self.t0).as_millis(),
