@@ -3,8 +3,9 @@
 //! the shipped policies (`demo.store_inventory` fallback, `pay.*` strict, every other
 //! setting at its default), or the same with the primary rung, the harness's user as the
 //! login of its own confirming connections (`[confirm]`) when auth is on, and its admin
-//! endpoint, which is how the harness watches it.
-//! The incidents are driven here.
+//! endpoint, which is how the harness watches it. The cluster and the proxy each run on a
+//! runtime of their own (two threads each), as their own processes would: neither waits
+//! behind the clients' tasks for a worker. The incidents are driven here.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,6 +16,7 @@ use bson::Bson;
 use staleguard::config::Config;
 use staleguard::server::Running;
 use staleguard::sim::{self, SimConfig, SimHandle};
+use tokio::runtime::Runtime;
 
 use super::plan::{Incident, Plan, Policy};
 
@@ -33,6 +35,42 @@ pub struct Bed {
     pub guarded: SocketAddr,
     pub admin: SocketAddr,
     pub auth: bool,
+    sim_rt: Own,
+    proxy_rt: Own,
+}
+
+/// A runtime of its own, shut down without blocking when dropped (a runtime dropped in an
+/// async context would panic).
+struct Own(Option<Runtime>);
+
+impl Own {
+    fn new(name: &str) -> Own {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        Own(Some(rt))
+    }
+
+    /// Runs `fut` on this runtime and waits for it.
+    async fn run<F>(&self, fut: F) -> F::Output
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let rt = self.0.as_ref().expect("the runtime is alive");
+        rt.spawn(fut).await.expect("the task ends")
+    }
+}
+
+impl Drop for Own {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// The policies, with the admin endpoint on an ephemeral port, and the login of
@@ -76,16 +114,18 @@ impl Bed {
         } else {
             Vec::new()
         };
-        let sim = sim::start(SimConfig {
-            listen: "127.0.0.1:0".into(),
-            seed: plan.sim_seed,
-            hop_latency: Duration::from_millis(1),
-            read_log: 1_000_000,
-            users,
-            ..SimConfig::default()
-        })
-        .await
-        .expect("the simulated cluster starts");
+        let sim_rt = Own::new("chaos-sim");
+        let sim = sim_rt
+            .run(sim::start(SimConfig {
+                listen: "127.0.0.1:0".into(),
+                seed: plan.sim_seed,
+                hop_latency: Duration::from_millis(1),
+                read_log: 1_000_000,
+                users,
+                ..SimConfig::default()
+            }))
+            .await
+            .expect("the simulated cluster starts");
         sim.cluster()
             .create_view(VIEW, "transactions", &Vec::<Bson>::new(), VIEW_COST)
             .unwrap_or_else(|e| panic!("view {VIEW}: {e}"));
@@ -95,7 +135,9 @@ impl Bed {
             Path::new("chaos.toml"),
         )
         .unwrap_or_else(|e| panic!("chaos config: {e:?}"));
-        let proxy = staleguard::server::start(Arc::new(config))
+        let proxy_rt = Own::new("chaos-proxy");
+        let proxy = proxy_rt
+            .run(staleguard::server::start(Arc::new(config)))
             .await
             .expect("staleguard starts");
         let guarded = proxy.local_addr();
@@ -107,6 +149,8 @@ impl Bed {
             guarded,
             admin,
             auth: plan.opts.auth,
+            sim_rt,
+            proxy_rt,
         }
     }
 
@@ -144,7 +188,14 @@ impl Bed {
     }
 
     pub async fn stop(self) {
-        self.proxy.shutdown().await;
-        self.sim.shutdown().await;
+        let Bed {
+            sim,
+            proxy,
+            sim_rt,
+            proxy_rt,
+            ..
+        } = self;
+        proxy_rt.run(proxy.shutdown()).await;
+        sim_rt.run(sim.shutdown()).await;
     }
 }
