@@ -8,6 +8,7 @@ mod conn;
 mod dry_run;
 pub mod history;
 mod incident;
+mod lane;
 mod page;
 mod plots;
 pub mod status;

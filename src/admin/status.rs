@@ -278,7 +278,7 @@ pub fn collect(shared: &AdminHandles, listening: bool) -> Status {
         fleet: shared.fleet.as_ref().map(|f| {
             let m = &shared.metrics.fleet;
             FleetStatus {
-                name: f.name.clone(),
+                name: f.name(),
                 connected: f.connected(),
                 leads: shared.stall.led(),
                 budget: FleetBudgetCounts {

@@ -21,7 +21,7 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 11] = [
+pub const LIMITS: [&str; 13] = [
     "max_connections",
     "max_connections_per_peer",
     "first_message_timeout",
@@ -31,6 +31,8 @@ pub const LIMITS: [&str; 11] = [
     "max_pending_reads",
     "max_breakers",
     "admin_max_connections",
+    "admin_max_connections_per_peer",
+    "admin_health_lane",
     "admin_header_read_timeout",
     "admin_request_timeout",
 ];
