@@ -28,7 +28,7 @@ async fn chaos_clients_change_nothing_for_honest_readers() {
     let failed: Vec<String> = report
         .failures()
         .iter()
-        .map(|c| format!("({}) {}: {}: {}", c.invariant, c.window, c.what, c.detail))
+        .map(|c| report.failure_line(c))
         .collect();
     assert!(
         failed.is_empty(),

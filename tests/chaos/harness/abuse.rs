@@ -149,16 +149,23 @@ pub async fn deep_pipelines(env: Env, mut rng: Rng) {
         while env.running() {
             let ns = *rng.pick(&[PAYMENTS, INVENTORY]);
             let (db, coll) = ns.split_once('.').unwrap_or(("pay", "transactions"));
+            // Each begins with `$limit: 1`, so the cluster runs the rest on one document:
+            // the depth and the length are for staleguard, and 500 `$match` stages over every
+            // document held a worker of the simulated cluster for up to 2 s (debug build),
+            // so that it answered everyone late, as no mongos busy with one client does.
+            let limit = Bson::Document(doc! { "$limit": 1 });
             let pipeline: Vec<Bson> = match rng.below(3) {
                 0 => {
-                    let mut p: Vec<Bson> = vec![Bson::Document(doc! { "$limit": 1 })];
+                    let mut p: Vec<Bson> = vec![limit.clone()];
                     for _ in 0..40 {
                         p = vec![Bson::Document(doc! { "$facet": { "f": p } })];
                     }
-                    p
+                    vec![limit, p.remove(0)]
                 }
-                _ => (0..500)
-                    .map(|i| Bson::Document(doc! { "$match": { "amount": { "$gte": i % 7 } } }))
+                _ => std::iter::once(limit)
+                    .chain((1..500).map(|i| {
+                        Bson::Document(doc! { "$match": { "amount": { "$gte": i % 7 } } })
+                    }))
                     .collect(),
             };
             let mut body = doc! {

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::Bson;
@@ -17,6 +17,7 @@ use staleguard::config::Config;
 use staleguard::server::Running;
 use staleguard::sim::{self, SimConfig, SimHandle};
 use tokio::runtime::Runtime;
+use tokio::time::Instant;
 
 use super::plan::{Incident, Plan, Policy};
 
@@ -35,8 +36,48 @@ pub struct Bed {
     pub guarded: SocketAddr,
     pub admin: SocketAddr,
     pub auth: bool,
+    /// How late each runtime's ticks came (see [`Lags`]).
+    pub lags: Lags,
     sim_rt: Own,
     proxy_rt: Own,
+}
+
+/// Ticks every [`TICK`] on the simulated cluster's runtime and on the proxy's, each
+/// recorded when it came more than [`LATE`] late: on a machine busy with other work both
+/// wait for a core, the cluster answers late and staleguard's own timers fire late, and a
+/// failed check in a window where they did says so (the figures are the machine's too).
+#[derive(Clone, Default)]
+pub struct Lags(Arc<Mutex<Vec<(Instant, Duration, &'static str)>>>);
+
+const TICK: Duration = Duration::from_millis(50);
+const LATE: Duration = Duration::from_millis(20);
+
+impl Lags {
+    async fn tick(self, which: &'static str) {
+        loop {
+            let t = Instant::now();
+            tokio::time::sleep(TICK).await;
+            let late = t.elapsed().saturating_sub(TICK);
+            if late > LATE {
+                self.0.lock().expect("lags").push((t, late, which));
+            }
+        }
+    }
+
+    /// How late each runtime's latest tick in `[from, to)` came, by runtime.
+    pub fn max_in(&self, from: Instant, to: Instant) -> Vec<(&'static str, Duration)> {
+        let mut out: Vec<(&'static str, Duration)> = Vec::new();
+        for &(t, late, which) in self.0.lock().expect("lags").iter() {
+            if t < from || t >= to {
+                continue;
+            }
+            match out.iter_mut().find(|(w, _)| *w == which) {
+                Some((_, m)) => *m = (*m).max(late),
+                None => out.push((which, late)),
+            }
+        }
+        out
+    }
 }
 
 /// A runtime of its own, shut down without blocking when dropped (a runtime dropped in an
@@ -52,6 +93,15 @@ impl Own {
             .build()
             .expect("a runtime");
         Own(Some(rt))
+    }
+
+    /// Runs `fut` on this runtime until the runtime shuts down.
+    fn spawn<F>(&self, fut: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let rt = self.0.as_ref().expect("the runtime is alive");
+        rt.spawn(fut);
     }
 
     /// Runs `fut` on this runtime and waits for it.
@@ -142,6 +192,9 @@ impl Bed {
             .expect("staleguard starts");
         let guarded = proxy.local_addr();
         let admin = proxy.admin_addr().expect("the admin endpoint listens");
+        let lags = Lags::default();
+        sim_rt.spawn(lags.clone().tick("cluster"));
+        proxy_rt.spawn(lags.clone().tick("staleguard"));
         Bed {
             sim,
             proxy,
@@ -149,6 +202,7 @@ impl Bed {
             guarded,
             admin,
             auth: plan.opts.auth,
+            lags,
             sim_rt,
             proxy_rt,
         }

@@ -205,6 +205,7 @@ pub async fn run(opts: Options) -> Report {
         &judged,
     );
     let tally = std::mem::take(&mut *tally.lock().expect("tally"));
+    let lags = bed.lags.clone();
     bed.stop().await;
     Report {
         plan,
@@ -217,5 +218,6 @@ pub async fn run(opts: Options) -> Report {
         t0,
         log,
         tally,
+        lags,
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use staleguard::sim::ReadRecord;
 use tokio::time::Instant;
 
+use super::bed::Lags;
 use super::honest::{Kind, Outcome, Read, Via};
 use super::judge::{Check, Timeline};
 use super::plan::{Behaviour, Plan};
@@ -26,6 +27,7 @@ pub struct Report {
     /// The simulated cluster's read log (the honest reads' attempts).
     pub log: Vec<ReadRecord>,
     pub tally: BTreeMap<(Behaviour, String), u64>,
+    pub lags: Lags,
 }
 
 pub fn unix_ms() -> u64 {
@@ -106,6 +108,43 @@ impl Report {
         self.checks.iter().filter(|c| !c.ok).collect()
     }
 
+    /// How late the bed's runtimes ran in `[from, to)` (since the run started), or nothing
+    /// when neither ran more than 20 ms late.
+    pub fn lag(&self, from: Duration, to: Duration) -> String {
+        let lags = self.lags.max_in(self.t0 + from, self.t0 + to);
+        let shown: Vec<String> = lags
+            .iter()
+            .map(|(which, late)| format!("{which} {} ms", late.as_millis()))
+            .collect();
+        match shown.is_empty() {
+            true => String::new(),
+            false => format!("ticks up to {} late", shown.join(", ")),
+        }
+    }
+
+    /// A failed check, with how late the bed ran in its window when it did.
+    pub fn failure_line(&self, c: &Check) -> String {
+        let window = self
+            .windows()
+            .into_iter()
+            .find(|(name, _, _)| {
+                *name == c.window
+                    || name
+                        .strip_prefix("after ")
+                        .is_some_and(|n| c.window == format!("after the {n} incident"))
+            })
+            .map(|(_, from, to)| self.lag(from, to))
+            .unwrap_or_default();
+        let lag = match window.is_empty() {
+            true => String::new(),
+            false => format!(" [the machine starved the bed in this window: {window}]"),
+        };
+        format!(
+            "({}) {}: {}: {}{lag}",
+            c.invariant, c.window, c.what, c.detail
+        )
+    }
+
     /// Every honest read and every attempt the read log holds, as tab-separated lines
     /// (`CHAOS_DUMP=<file>`), for looking at one read closely.
     pub fn dump(&self) -> String {
@@ -157,10 +196,12 @@ impl Report {
         println!("{}", seed_line(&self.plan));
         println!("plan: {}", self.plan.describe());
         for (name, from, to) in self.windows() {
+            let lag = self.lag(from, to);
             println!(
-                "\n{name} ({:.1}-{:.1} s)\n  {:<15} {:<10} {:>5} {:>9} {:>8} {:>8}  not answered",
+                "\n{name} ({:.1}-{:.1} s{}{lag})\n  {:<15} {:<10} {:>5} {:>9} {:>8} {:>8}  not answered",
                 from.as_secs_f64(),
                 to.as_secs_f64(),
+                if lag.is_empty() { "" } else { "; the bed's " },
                 "kind",
                 "via",
                 "reads",
