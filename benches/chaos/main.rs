@@ -34,7 +34,7 @@ fn main() {
         let failed: Vec<String> = report
             .failures()
             .iter()
-            .map(|c| format!("({}) {} {}", c.invariant, c.window, c.what))
+            .map(|c| report.failure_line(c))
             .collect();
         lines.push(format!(
             "seed {}: {} of {} checks failed{}",
@@ -44,7 +44,7 @@ fn main() {
             if failed.is_empty() {
                 String::new()
             } else {
-                format!(": {}", failed.join("; "))
+                format!(":\n    {}", failed.join("\n    "))
             }
         ));
     }

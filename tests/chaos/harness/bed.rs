@@ -47,7 +47,10 @@ pub struct Bed {
 /// wait for a core, the cluster answers late and staleguard's own timers fire late, and a
 /// failed check in a window where they did says so (the figures are the machine's too).
 #[derive(Clone, Default)]
-pub struct Lags(Arc<Mutex<Vec<(Instant, Duration, &'static str)>>>);
+pub struct Lags(Arc<Mutex<Vec<Late>>>);
+
+/// A tick that came late: when it was due to start waiting, how late, on which runtime.
+type Late = (Instant, Duration, &'static str);
 
 const TICK: Duration = Duration::from_millis(50);
 const LATE: Duration = Duration::from_millis(20);

@@ -138,6 +138,8 @@ pub enum Incident {
 /// The knobs of a run.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The long run's windows (`cargo bench --bench chaos`), not the short one's.
+    pub long: bool,
     pub seed: u64,
     pub behaviours: Vec<Behaviour>,
     /// The incidents in order; `None`: both, in an order the seed picks.
@@ -162,9 +164,10 @@ pub struct Options {
 impl Options {
     /// The short run `cargo test --test chaos` makes (about 50 s of clients), or the long
     /// one of `cargo bench --bench chaos` (30 s healthy, each incident 30 s and 15 s after
-    /// its heal: about 2 min 45 s).
+    /// its heal: about 2 min).
     pub fn sized(long: bool) -> Options {
         let short = Options {
+            long: false,
             seed: 0,
             behaviours: Behaviour::ALL.to_vec(),
             incidents: None,
@@ -181,6 +184,7 @@ impl Options {
             return short;
         }
         Options {
+            long: true,
             healthy: Duration::from_secs(30),
             incident: Duration::from_secs(30),
             after: Duration::from_secs(15),

@@ -46,8 +46,12 @@ pub fn seed_line(plan: &Plan) -> String {
     } else {
         names.join(",")
     };
+    let command = match plan.opts.long {
+        true => "cargo bench --bench chaos",
+        false => "cargo test --test chaos -- --nocapture",
+    };
     format!(
-        "chaos seed {seed}: to run it again, CHAOS_SEED={seed} CHAOS_BEHAVIOURS={behaviours} cargo test --test chaos -- --nocapture",
+        "chaos seed {seed}: to run it again, CHAOS_SEED={seed} CHAOS_BEHAVIOURS={behaviours} {command}",
         seed = plan.opts.seed
     )
 }
