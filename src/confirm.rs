@@ -288,7 +288,7 @@ fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
     let what;
     let heard = match c {
         Confirmation::Confirmed { code, reason } => {
-            tracing::info!(ns = %q.ns, evidence = %q.what, code, "time limit confirmed: the cheap read failed too");
+            crate::logs::sampled!(info, ns = %q.ns, evidence = %q.what, code, "time limit confirmed: the cheap read failed too");
             what = format!("{}, confirmed by a limit-1 read: {code}", q.what);
             // The confirming read's own code says best why (stale routing or a hang).
             let reason = match reason {

@@ -7,8 +7,8 @@
 //! health lane), to kubelet-style probes (a new connection each, a 1 s timeout); and one
 //! address holds at most `max_connections_per_peer`.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

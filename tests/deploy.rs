@@ -392,6 +392,23 @@ fn systemd_unit_verifies_and_reloads_with_sighup() {
     ] {
         assert!(unit.lines().any(|l| l == line), "unit lacks `{line}`");
     }
+    // Every file the unit points at (Documentation=, the binary) is one its install steps
+    // put there.
+    let installs: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   install "))
+        .collect();
+    for (key, path) in unit.lines().filter_map(|l| l.split_once('=')) {
+        let Some(file) = path.strip_prefix("file:") else {
+            continue;
+        };
+        assert!(
+            installs
+                .iter()
+                .any(|i| i.split_whitespace().any(|w| w == file)),
+            "{key}={path}: no install step puts a file there: {installs:?}"
+        );
+    }
     // The stop timeout covers shutdown_timeout's default (10 s).
     let stop = unit
         .lines()
@@ -608,7 +625,10 @@ fn the_container_config_listens_on_all_interfaces_behind_an_admin_token() {
     };
     let (code, printed) = check(Some("s3cret-admin-token"));
     assert_eq!(code, Some(0), "{printed}");
-    assert!(printed.contains("admin.token       set"), "{printed}");
+    assert!(
+        printed.contains("admin.token               set"),
+        "{printed}"
+    );
     assert!(!printed.contains("warning"), "{printed}");
     let (code, printed) = check(None);
     assert_eq!(code, Some(2), "{printed}");

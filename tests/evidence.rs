@@ -4,8 +4,8 @@
 //! connection's requests in order; each must leave every breaker closed and the victim's
 //! reads as they would be without the attacker. The real incident must still open it.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

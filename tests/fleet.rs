@@ -16,8 +16,8 @@
 //! - the breakers an opener opened elsewhere close within 2 leases after it dies;
 //! - one instance probes per interval, and a dead leader is replaced within 2 leases.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -138,9 +138,12 @@ impl Drop for Redis {
 }
 
 impl Redis {
+    /// Resumes a stopped server before it is killed; quiet when it is already gone (no
+    /// `kill: ... No such process` in the test output).
     fn signal_quietly(&self) {
         let _ = Command::new("kill")
             .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
             .status();
     }
 }

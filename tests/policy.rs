@@ -7,8 +7,8 @@
 //! `readConcern` / `maxTimeMS` changed. Breaker cooldowns that tests wait out are 300ms of real
 //! time (no paused clock: the driver's own timers and sockets run on the real clock).
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

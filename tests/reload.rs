@@ -2,8 +2,8 @@
 //! request on connections already open; breakers of unchanged policies keep their state; an
 //! invalid file changes nothing and shows in `/status` and the metrics.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

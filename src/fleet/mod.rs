@@ -30,6 +30,7 @@
 //! that only queues (`try_send`); everything that talks to Redis runs here (`link.rs`).
 
 mod budget;
+mod conn;
 mod follow;
 mod index;
 mod leader;
@@ -175,8 +176,12 @@ pub fn start(ctx: Ctx, fleet: FleetConfig, stop: CancellationToken) {
 
 impl Ctx {
     fn set_connected(&self, up: bool) {
-        self.fleet.connected.store(up, Ordering::Release);
+        let was = self.fleet.connected.swap(up, Ordering::AcqRel);
         self.metrics.fleet.connected.set(i64::from(up));
+        if was != up {
+            let e = crate::events::Event::fleet(up, &self.fleet.name());
+            self.metrics.recent.events.record(e);
+        }
     }
 }
 
