@@ -6,7 +6,7 @@ use bson::{doc, Bson, Document};
 use super::commands::{doc_arg, namespace};
 use super::model::lock;
 use super::pipeline;
-use super::query::check_filter;
+use super::query::{check_filter, matches};
 use super::routing::Target;
 use super::{status, views, Cluster, SimError};
 
@@ -99,7 +99,15 @@ pub fn list_databases(cluster: &Cluster) -> Document {
     doc! { "databases": list, "totalSize": 0_i64, "ok": 1.0 }
 }
 
-pub fn list_collections(cluster: &Cluster, db: &str) -> Document {
+/// `listCollections` of `db`: its collections and views, the entries its `filter` matches
+/// (`{name: ...}` as drivers and staleguard's confirming task send it), by name.
+pub fn list_collections(
+    cluster: &Cluster,
+    db: &str,
+    body: &Document,
+) -> Result<Document, SimError> {
+    let filter = doc_arg(body, "filter")?;
+    check_filter(&filter)?;
     let prefix = format!("{db}.");
     let mut entries: Vec<(String, Document)> = collection_names(cluster)
         .into_iter()
@@ -113,9 +121,12 @@ pub fn list_collections(cluster: &Cluster, db: &str) -> Document {
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let batch: Vec<Bson> = entries
         .into_iter()
+        .filter(|(_, d)| matches(d, &filter))
         .map(|(_, d)| Bson::Document(d))
         .collect();
-    doc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": format!("{db}.$cmd.listCollections") }, "ok": 1.0 }
+    Ok(
+        doc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": format!("{db}.$cmd.listCollections") }, "ok": 1.0 },
+    )
 }
 
 /// Every namespace known to the config server or holding documents, sorted.

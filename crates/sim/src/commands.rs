@@ -46,7 +46,7 @@ pub async fn run(cluster: &Cluster, req: &Request) -> Result<Document, SimError>
         "delete" => writes::delete(cluster, &db, req).await,
         "explain" => catalog::explain(cluster, &db, body),
         "listDatabases" => Ok(catalog::list_databases(cluster)),
-        "listCollections" => Ok(catalog::list_collections(cluster, &db)),
+        "listCollections" => catalog::list_collections(cluster, &db, body),
         name => Err(SimError::new(
             59,
             "CommandNotFound",
