@@ -197,13 +197,29 @@ impl Breakers {
     /// Decides what an eligible read on `ns` from client connection `conn` may do now;
     /// claims the probe when one is due. `climbs`: the read may go to the primary (its
     /// namespace has the primary rung and the read is not pinned by tag sets); one that
-    /// cannot is admitted as it would be without the rung.
+    /// cannot is admitted as it would be without the rung. The connection has proved itself
+    /// to the cluster ([`Breakers::admit_as`] for one that may not have).
     pub fn admit(
         &self,
         ns: &str,
         policy: &NsPolicy,
         conn: u64,
         climbs: bool,
+        now: Instant,
+    ) -> Admission {
+        self.admit_as(ns, policy, conn, climbs, true, now)
+    }
+
+    /// [`Breakers::admit`] for connection `conn`, `proven` or not: a connection that has not
+    /// proved itself to the cluster takes a due probe only when no proven one has taken it
+    /// for `cooldown` (its sample would be neutral, see [`Breakers::hear`]).
+    pub fn admit_as(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        conn: u64,
+        climbs: bool,
+        proven: bool,
         now: Instant,
     ) -> Admission {
         // No breaker open anywhere (the common case): nothing to look up.
@@ -217,7 +233,7 @@ impl Breakers {
                 return Admission::Closed;
             };
             self.touch(&b, now);
-            match b.peek(policy, conn, climbs, now) {
+            match b.peek(policy, conn, climbs, proven, now) {
                 Admission::Probe => {}
                 a => return a,
             }
@@ -227,7 +243,7 @@ impl Breakers {
         let Some(mut b) = self.map.get_mut(ns) else {
             return Admission::Closed;
         };
-        let a = b.peek(policy, conn, climbs, now);
+        let a = b.peek(policy, conn, climbs, proven, now);
         if a == Admission::Probe {
             b.claim_probe(conn, now);
             tracing::debug!(ns = %ns, "breaker open: probe sent to the secondaries");
@@ -320,6 +336,7 @@ impl Breakers {
             match outcome {
                 Sample::Unknown => {
                     b.probe_since = None;
+                    b.freed = now;
                     None
                 }
                 Sample::Failed => {
@@ -328,6 +345,7 @@ impl Breakers {
                 }
                 Sample::Answered if b.held => {
                     b.probe_since = None;
+                    b.freed = now;
                     None
                 }
                 Sample::Answered => {
@@ -705,6 +723,66 @@ mod tests {
         ));
         let later = due + ms(10) + p.min_cooldown;
         assert_eq!(b.admit(NS, &p, 2, false, later), Admission::Probe);
+    }
+
+    /// A connection that has not proved itself never holds the probe while a proven one
+    /// could take it: its neutral samples, however many, leave the slot to the readers whose
+    /// answers close the breaker; it probes only when none has for `cooldown` past the due
+    /// time.
+    #[test]
+    fn unproven_connections_leave_the_probe_to_proven_ones() {
+        let b = Breakers::default();
+        let p = fallback();
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let due = t0 + p.min_cooldown;
+        // Due, and many unproven connections come first: none takes it.
+        for conn in 100..120 {
+            assert!(matches!(
+                b.admit_as(NS, &p, conn, false, false, due),
+                Admission::Open { probe_in, .. } if probe_in == p.cooldown
+            ));
+        }
+        // A proven connection takes it, and a streak from proven ones closes the breaker
+        // while unproven ones keep asking in between.
+        let mut at = due;
+        for (i, conn) in [1, 2, 1].into_iter().enumerate() {
+            assert_eq!(
+                b.admit_as(NS, &p, conn, false, true, at),
+                Admission::Probe,
+                "{i}"
+            );
+            assert!(matches!(
+                b.admit_as(NS, &p, 100 + i as u64, false, false, at + ms(1)),
+                Admission::Open { .. }
+            ));
+            let t = sample(&b, &p, Sample::Answered, conn, at + ms(5));
+            assert_eq!(t.is_some(), i == 2, "{i}");
+            at += p.min_cooldown;
+        }
+        assert_eq!(b.state(NS), State::Closed);
+        // With no proven reader at all, an unproven one probes once the probe has waited
+        // `cooldown` past its due time (and since the last sample was heard).
+        let t1 = at + Duration::from_secs(60);
+        opened(&b, &p, t1);
+        let due = t1 + p.min_cooldown;
+        assert!(matches!(
+            b.admit_as(NS, &p, 100, false, false, due + p.cooldown - ms(1)),
+            Admission::Open { .. }
+        ));
+        assert_eq!(
+            b.admit_as(NS, &p, 100, false, false, due + p.cooldown),
+            Admission::Probe
+        );
+        sample(&b, &p, Sample::Unknown, 100, due + p.cooldown + ms(10));
+        assert!(matches!(
+            b.admit_as(NS, &p, 101, false, false, due + p.cooldown + ms(20)),
+            Admission::Open { .. }
+        ));
+        assert_eq!(
+            b.admit_as(NS, &p, 1, false, true, due + p.cooldown + ms(20)),
+            Admission::Probe
+        );
     }
 
     /// Bound mode sends every read bounded, but one at a time goes as a probe (unbounded):

@@ -20,8 +20,8 @@
 //!   or signal dispositions on itself;
 //! - it is an incident in real time whose verdict compares timings of two paths (`demo.rs`:
 //!   the ladder's p99 below direct's; `partial.rs`: failures through staleguard come faster
-//!   than direct), or it keeps both cores busy for a minute (`soak.rs`): a neighbour would
-//!   change its result, or have its own changed.
+//!   than direct), or it keeps both cores busy for a minute (`soak.rs`, `chaos.rs`): a
+//!   neighbour would change its result, or have its own changed.
 //!
 //! Environment variables a test sets carry a name no other test reads. `test_files.rs` fails
 //! when a file of `tests/` is built by nothing, or twice.

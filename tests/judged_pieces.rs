@@ -190,6 +190,20 @@ fn find_marked(id: i32, marker: &str) -> Bytes {
     )
 }
 
+/// A read of a namespace no policy governs, answered: it proves its connection.
+fn find_elsewhere(id: i32) -> Bytes {
+    raw::msg(
+        id,
+        0,
+        &rawdoc! {
+            "find": "elsewhere",
+            "filter": {},
+            "$readPreference": {"mode": "secondary"},
+            "$db": "demo",
+        },
+    )
+}
+
 /// A client with a small fixed receive buffer (16 KiB): what it does not take waits in the
 /// proxy's socket and then in mongos's.
 async fn slow_client(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
@@ -217,7 +231,8 @@ async fn read_slowly(s: &mut tokio::net::TcpStream) -> usize {
 /// An open fallback breaker lets one probe through at a time. A probe whose 8 MB answer its
 /// client takes slowly gives the probe back when mongos's answer starts (its outcome counts
 /// at the end): another client's read meanwhile is the next probe, sent as the client sent
-/// it, not rewritten to `available` for as long as the slow client reads.
+/// it, not rewritten to `available` for as long as the slow client reads. (Both clients
+/// have had a read answered first: only a connection that has proved itself takes a probe.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_taken_slowly_does_not_hold_the_next_probe_back() {
     let namespaces = r#"
@@ -253,12 +268,15 @@ min_wait = "0s"
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     let mut slow = slow_client(env.proxy_addr()).await;
+    slow.write_all(&find_elsewhere(9)).await.unwrap();
+    read_slowly(&mut slow).await;
     slow.write_all(&find_marked(10, "big")).await.unwrap();
     let reader = tokio::spawn(async move { read_slowly(&mut slow).await });
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(!reader.is_finished(), "the slow client is still reading");
     // Another client's read, while the probe's answer is still on its way.
     let mut other = RawClient::connect(env.proxy_addr()).await;
+    other.roundtrip(&find_elsewhere(8)).await;
     let got = other.roundtrip(&find_marked(11, "after")).await;
     assert_eq!(raw::header(&got).response_to, 11);
     assert!(!reader.is_finished(), "the slow client is still reading");

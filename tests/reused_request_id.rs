@@ -188,6 +188,11 @@ per_connection = 1000
 min_wait = "0s"
 "#;
 
+/// A find of `store_inventory` as its client sent it (not rewritten to `available`).
+fn probe_like(name: &str, body: &bson::RawDocument) -> bool {
+    name == "find" && body.get_str("find").ok() == Some("store_inventory") && !available(body)
+}
+
 fn available(body: &bson::RawDocument) -> bool {
     body.get_document("readConcern")
         .ok()
@@ -228,12 +233,16 @@ async fn a_probe_whose_client_reuses_its_id_gives_its_slot_back() {
         env.fake
             .received_commands()
             .iter()
-            .filter(|(n, b)| n == "find" && !available(b))
+            .filter(|(n, b)| probe_like(n, b))
             .count()
     };
     let before = unmodified(&env);
-    // The probe (sent unmodified), then a ping with its id.
+    // The probe (sent unmodified), then a ping with its id; the attacker has had a read
+    // answered first (only a connection that has proved itself takes a probe).
     let mut attacker = RawClient::connect(env.proxy_addr()).await;
+    attacker
+        .roundtrip(&secondary_find(8, "demo", "elsewhere"))
+        .await;
     attacker
         .send(&secondary_find(9, "demo", "store_inventory"))
         .await;
@@ -241,7 +250,7 @@ async fn a_probe_whose_client_reuses_its_id_gives_its_slot_back() {
         .wait_for("the probe reached mongos", |log| {
             log.commands
                 .iter()
-                .filter(|(n, b)| n == "find" && !available(b))
+                .filter(|(n, b)| probe_like(n, b))
                 .count()
                 > before
         })
@@ -252,6 +261,8 @@ async fn a_probe_whose_client_reuses_its_id_gives_its_slot_back() {
     assert_eq!(env.state("demo.store_inventory"), State::Open);
     // The next read is the probe at once: unmodified, answered by the healthy fake.
     let mut next = RawClient::connect(env.proxy_addr()).await;
+    next.roundtrip(&secondary_find(2, "demo", "elsewhere"))
+        .await;
     let reply = next
         .roundtrip(&secondary_find(1, "demo", "store_inventory"))
         .await;

@@ -14,6 +14,9 @@ use staleguard::sim::{self, SimConfig, SimHandle, TableState};
 #[path = "sim/wire.rs"]
 mod wire;
 
+#[path = "sim/front.rs"]
+mod front;
+
 const INVENTORY: &str = "store_inventory";
 /// The client's time limit on reads that may hang (mongos retries inside it).
 const MAX_TIME: Duration = Duration::from_millis(1000);

@@ -27,6 +27,9 @@ pub(super) struct Breaker {
     pub(super) probe_since: Option<Instant>,
     /// Probe mode: the next probe may go from this instant on.
     pub(super) probe_after: Instant,
+    /// When the probe slot was last given back (a sample heard) or the breaker opened:
+    /// how long a due probe has waited for a connection that has proved itself.
+    pub(super) freed: Instant,
     pub(super) last_transition: Instant,
     pub(super) last_reason: String,
     /// Held open by the write-stall watch: no probe until released.
@@ -159,6 +162,7 @@ impl Breaker {
             reason: Reason::StaleRouting,
             probe_since: None,
             probe_after: now,
+            freed: now,
             last_transition: now,
             last_reason: String::from("created"),
             held: false,
@@ -201,6 +205,7 @@ impl Breaker {
         self.probe_since = None;
         self.step = 0;
         self.probe_after = later(now, first_wait);
+        self.freed = now;
         self.streak = Streak::default();
         (self.last_prober, self.last_answered) = (None, None);
         self.last_failed = None;
@@ -221,12 +226,14 @@ impl Breaker {
     /// What an eligible read from connection `conn` meets now, without claiming anything (a
     /// read lock is enough): `Probe` says a probe is due, to be claimed with
     /// [`Breaker::claim_probe`]. `climbs`: the read may go to the primary (the namespace has
-    /// the primary rung and the read is not pinned by tag sets).
+    /// the primary rung and the read is not pinned by tag sets). `proven`: `conn` has proved
+    /// itself to the cluster (see `Breakers::hear`).
     pub(super) fn peek(
         &self,
         policy: &NsPolicy,
         conn: u64,
         climbs: bool,
+        proven: bool,
         now: Instant,
     ) -> Admission {
         if self.state == State::Closed {
@@ -275,6 +282,16 @@ impl Breaker {
                 return not_yet(turn - now);
             }
         }
+        // What a connection that has not proved itself says is neutral, so its probe could
+        // only keep the slot busy while the readers whose answers close the breaker wait:
+        // it takes one only when none of them has for `cooldown` past the due time (a
+        // breaker whose readers are all new still probes).
+        if !proven {
+            let turn = later(self.probe_after.max(self.freed), policy.cooldown);
+            if now < turn {
+                return not_yet(turn - now);
+            }
+        }
         Admission::Probe
     }
 
@@ -299,6 +316,7 @@ impl Breaker {
     /// `true` when it is enough to close.
     pub(super) fn sample_ok(&mut self, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
         self.probe_since = None;
+        self.freed = now;
         self.step = 0;
         // After a good answer the next read may probe at once: a healed cluster is seen
         // at the pace of its readers.
@@ -314,6 +332,7 @@ impl Breaker {
     /// A sample failed: the streak starts over, and the next probe waits longer.
     pub(super) fn sample_failed(&mut self, policy: &NsPolicy, now: Instant) {
         self.probe_since = None;
+        self.freed = now;
         self.streak = Streak::default();
         self.last_failed = Some(now);
         self.step = self.step.saturating_add(1);

@@ -178,7 +178,8 @@ impl Handler {
         }
         let climbs = target.policy.primary_rung && !info.read_pref_tags;
         let breakers = &self.shared.breakers;
-        breakers.admit(ns, &target.policy, self.id, climbs, now)
+        let proven = self.reads.proof.proven();
+        breakers.admit_as(ns, &target.policy, self.id, climbs, proven, now)
     }
 
     /// Carries out a decision, counted as decided.

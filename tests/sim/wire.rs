@@ -18,13 +18,13 @@ use tokio_util::codec::FramedRead;
 
 use super::{config, start};
 
-struct Raw {
+pub(super) struct Raw {
     rd: FramedRead<tokio::net::tcp::OwnedReadHalf, MessageCodec>,
     wr: tokio::net::tcp::OwnedWriteHalf,
 }
 
 impl Raw {
-    async fn connect(addr: std::net::SocketAddr) -> Raw {
+    pub(super) async fn connect(addr: std::net::SocketAddr) -> Raw {
         let (rd, wr) = TcpStream::connect(addr)
             .await
             .expect("connect")
@@ -35,12 +35,12 @@ impl Raw {
         }
     }
 
-    async fn send(&mut self, msg: &[u8]) {
+    pub(super) async fn send(&mut self, msg: &[u8]) {
         self.wr.write_all(msg).await.expect("send");
     }
 
     /// The next message, or `None` if the server closed the connection.
-    async fn recv(&mut self) -> Option<Bytes> {
+    pub(super) async fn recv(&mut self) -> Option<Bytes> {
         tokio::time::timeout(Duration::from_secs(5), self.rd.next())
             .await
             .expect("a reply within 5 s")
@@ -48,7 +48,7 @@ impl Raw {
     }
 }
 
-fn body_of(msg: &[u8]) -> (Header, u32, Document) {
+pub(super) fn body_of(msg: &[u8]) -> (Header, u32, Document) {
     let header = Header::parse(msg).expect("header");
     assert_eq!(header.op_code, OpCode::MSG);
     let m = OpMsg::parse(&msg[HEADER_LEN..]).expect("op_msg");

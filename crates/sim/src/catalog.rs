@@ -6,9 +6,9 @@ use bson::{doc, Bson, Document};
 use super::commands::{doc_arg, namespace};
 use super::model::lock;
 use super::pipeline;
-use super::query::check_filter;
+use super::query::{check_filter, matches};
 use super::routing::Target;
-use super::{status, Cluster, SimError};
+use super::{status, views, Cluster, SimError};
 
 /// `explain` of find, count, distinct, aggregate, update or delete: the shards mongos
 /// would target (from its cached routing table), in 4.4's queryPlanner shape.
@@ -99,14 +99,34 @@ pub fn list_databases(cluster: &Cluster) -> Document {
     doc! { "databases": list, "totalSize": 0_i64, "ok": 1.0 }
 }
 
-pub fn list_collections(cluster: &Cluster, db: &str) -> Document {
+/// `listCollections` of `db`: its collections and views, the entries its `filter` matches
+/// (`{name: ...}` as drivers and staleguard's confirming task send it), by name.
+pub fn list_collections(
+    cluster: &Cluster,
+    db: &str,
+    body: &Document,
+) -> Result<Document, SimError> {
+    let filter = doc_arg(body, "filter")?;
+    check_filter(&filter)?;
     let prefix = format!("{db}.");
-    let batch: Vec<Bson> = collection_names(cluster)
+    let mut entries: Vec<(String, Document)> = collection_names(cluster)
         .into_iter()
         .filter_map(|ns| ns.strip_prefix(&prefix).map(str::to_string))
-        .map(|name| Bson::Document(doc! { "name": name, "type": "collection", "options": {}, "info": { "readOnly": false } }))
+        .map(|name| {
+            let d = doc! { "name": &name, "type": "collection", "options": {}, "info": { "readOnly": false } };
+            (name, d)
+        })
         .collect();
-    doc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": format!("{db}.$cmd.listCollections") }, "ok": 1.0 }
+    entries.extend(views::catalog_entries(cluster, db));
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let batch: Vec<Bson> = entries
+        .into_iter()
+        .filter(|(_, d)| matches(d, &filter))
+        .map(|(_, d)| Bson::Document(d))
+        .collect();
+    Ok(
+        doc! { "cursor": { "firstBatch": batch, "id": 0_i64, "ns": format!("{db}.$cmd.listCollections") }, "ok": 1.0 },
+    )
 }
 
 /// Every namespace known to the config server or holding documents, sorted.

@@ -9,12 +9,12 @@ use tokio::time::Instant;
 
 use super::model::{lock, Cursor};
 use super::pipeline;
-use super::query::{check_filter, get_path, project, sort, values_equal};
+use super::query::{check_filter, get_path, project, sort, values_equal, where_cost};
 use super::read::ReadSpec;
 use super::request::Request;
 use super::routing::number;
 use super::select::ReadPref;
-use super::{catalog, simcontrol, status, writes, Cluster, SimError};
+use super::{catalog, simcontrol, status, views, writes, Cluster, SimError};
 
 /// Documents in a first batch when the client does not say (as the server).
 const DEFAULT_BATCH: usize = 101;
@@ -37,18 +37,16 @@ pub async fn run(cluster: &Cluster, req: &Request) -> Result<Document, SimError>
             "Unauthorized",
             "simControl may only be run against the admin database",
         )),
-        "find" => find(cluster, &db, body).await,
+        "find" | "aggregate" | "count" | "distinct" => read(cluster, &db, req).await,
         "getMore" => get_more(cluster, &db, body),
         "killCursors" => kill_cursors(cluster, body),
-        "aggregate" => aggregate(cluster, &db, body).await,
-        "count" => count(cluster, &db, body).await,
-        "distinct" => distinct(cluster, &db, body).await,
+        "create" => views::create(cluster, &db, body),
         "insert" => writes::insert(cluster, &db, req).await,
         "update" => writes::update(cluster, &db, req).await,
         "delete" => writes::delete(cluster, &db, req).await,
         "explain" => catalog::explain(cluster, &db, body),
         "listDatabases" => Ok(catalog::list_databases(cluster)),
-        "listCollections" => Ok(catalog::list_collections(cluster, &db)),
+        "listCollections" => catalog::list_collections(cluster, &db, body),
         name => Err(SimError::new(
             59,
             "CommandNotFound",
@@ -84,11 +82,42 @@ pub fn read_spec(ns: String, filter: Document, body: &Document) -> Result<ReadSp
     check_filter(&filter)?;
     Ok(ReadSpec {
         ns,
+        cost: where_cost(&filter),
         filter,
         pref: ReadPref::from_body(body)?,
         available: read_concern_available(body)?,
         deadline: deadline(body)?,
     })
+}
+
+/// One read command, logged in the read log when it carries a comment.
+async fn read(cluster: &Cluster, db: &str, req: &Request) -> Result<Document, SimError> {
+    let started = Instant::now();
+    let mut served = Vec::new();
+    let body = &req.body;
+    let result = match req.name() {
+        "find" => find(cluster, db, body, &mut served).await,
+        "aggregate" => aggregate(cluster, db, body, &mut served).await,
+        "count" => count(cluster, db, body, &mut served).await,
+        _ => distinct(cluster, db, body, &mut served).await,
+    };
+    cluster.log_read(req, db, started, &served, &result);
+    result
+}
+
+/// The documents of `ns` (a collection or a view) that `filter` selects; `served` gets the
+/// nodes that answered.
+async fn select(
+    cluster: &Cluster,
+    ns: &str,
+    filter: Document,
+    body: &Document,
+    served: &mut Vec<usize>,
+) -> Result<Vec<Document>, SimError> {
+    match cluster.view(ns) {
+        Some(v) => views::read(cluster, &v, &filter, body, served).await,
+        None => read_docs(cluster, &read_spec(ns.to_string(), filter, body)?, served).await,
+    }
 }
 
 /// Whether `readConcern.level` is `available`; refuses what the server refuses.
@@ -166,18 +195,27 @@ fn count_arg(body: &Document, key: &str) -> Result<Option<usize>, SimError> {
     }
 }
 
-async fn read_docs(cluster: &Cluster, spec: &ReadSpec) -> Result<Vec<Document>, SimError> {
+pub(crate) async fn read_docs(
+    cluster: &Cluster,
+    spec: &ReadSpec,
+    served: &mut Vec<usize>,
+) -> Result<Vec<Document>, SimError> {
     let per_shard = cluster.read(spec).await?;
     for s in &per_shard {
         tracing::trace!(ns = %spec.ns, shard = s.shard, node = s.node, docs = s.docs.len(), "shard answered");
+        served.push(s.node);
     }
     Ok(per_shard.into_iter().flat_map(|s| s.docs).collect())
 }
 
-async fn find(cluster: &Cluster, db: &str, body: &Document) -> Result<Document, SimError> {
+async fn find(
+    cluster: &Cluster,
+    db: &str,
+    body: &Document,
+    served: &mut Vec<usize>,
+) -> Result<Document, SimError> {
     let ns = namespace(db, body)?;
-    let spec = read_spec(ns.clone(), doc_arg(body, "filter")?, body)?;
-    let mut docs = read_docs(cluster, &spec).await?;
+    let mut docs = select(cluster, &ns, doc_arg(body, "filter")?, body, served).await?;
     let sort_spec = doc_arg(body, "sort")?;
     if !sort_spec.is_empty() {
         sort(&mut docs, &sort_spec);
@@ -295,7 +333,12 @@ fn kill_cursors(cluster: &Cluster, body: &Document) -> Result<Document, SimError
     })
 }
 
-async fn aggregate(cluster: &Cluster, db: &str, body: &Document) -> Result<Document, SimError> {
+async fn aggregate(
+    cluster: &Cluster,
+    db: &str,
+    body: &Document,
+    served: &mut Vec<usize>,
+) -> Result<Document, SimError> {
     let ns = namespace(db, body)
         .map_err(|_| SimError::illegal("collection-less aggregate is not simulated"))?;
     let stages = pipeline::parse(body.get_array("pipeline").map_err(|_| {
@@ -304,16 +347,29 @@ async fn aggregate(cluster: &Cluster, db: &str, body: &Document) -> Result<Docum
     if body.get_bool("explain").unwrap_or(false) {
         return catalog::explain_targets(cluster, &ns, &pipeline::leading_match(&stages));
     }
-    let spec = read_spec(ns.clone(), pipeline::leading_match(&stages), body)?;
-    let docs = pipeline::run(&stages, read_docs(cluster, &spec).await?);
+    let docs = match cluster.view(&ns) {
+        Some(v) => views::read(cluster, &v, &Document::new(), body, served).await?,
+        None => {
+            let spec = read_spec(ns.clone(), pipeline::leading_match(&stages), body)?;
+            read_docs(cluster, &spec, served).await?
+        }
+    };
+    let docs = pipeline::run(&stages, docs);
     let cursor = doc_arg(body, "cursor")?;
     let batch = count_arg(&cursor, "batchSize")?.unwrap_or(DEFAULT_BATCH);
     Ok(first_batch(cluster, ns, docs.into(), batch, false))
 }
 
-async fn count(cluster: &Cluster, db: &str, body: &Document) -> Result<Document, SimError> {
-    let spec = read_spec(namespace(db, body)?, doc_arg(body, "query")?, body)?;
-    let n = read_docs(cluster, &spec).await?.len();
+async fn count(
+    cluster: &Cluster,
+    db: &str,
+    body: &Document,
+    served: &mut Vec<usize>,
+) -> Result<Document, SimError> {
+    let ns = namespace(db, body)?;
+    let n = select(cluster, &ns, doc_arg(body, "query")?, body, served)
+        .await?
+        .len();
     let n = n.saturating_sub(count_arg(body, "skip")?.unwrap_or(0));
     let n = count_arg(body, "limit")?
         .filter(|&l| l > 0)
@@ -321,14 +377,19 @@ async fn count(cluster: &Cluster, db: &str, body: &Document) -> Result<Document,
     Ok(doc! { "n": n as i32, "ok": 1.0 })
 }
 
-async fn distinct(cluster: &Cluster, db: &str, body: &Document) -> Result<Document, SimError> {
+async fn distinct(
+    cluster: &Cluster,
+    db: &str,
+    body: &Document,
+    served: &mut Vec<usize>,
+) -> Result<Document, SimError> {
     let key = body
         .get_str("key")
         .map_err(|_| SimError::failed_to_parse("distinct needs a string key"))?
         .to_string();
-    let spec = read_spec(namespace(db, body)?, doc_arg(body, "query")?, body)?;
+    let ns = namespace(db, body)?;
     let mut values: Vec<Bson> = Vec::new();
-    for d in read_docs(cluster, &spec).await? {
+    for d in select(cluster, &ns, doc_arg(body, "query")?, body, served).await? {
         let items = match get_path(&d, &key) {
             Some(Bson::Array(a)) => a.clone(),
             Some(v) => vec![v.clone()],

@@ -1,7 +1,10 @@
 //! The sockets: one accept loop per listener (mongos, or one node), one task per connection.
 //! Requests are answered in order, in the request's own format (OP_REPLY for OP_QUERY,
 //! OP_MSG with a checksum if the request had one, compressed like the request except the
-//! handshake); awaitable hello waits and, with `exhaustAllowed`, streams.
+//! handshake); awaitable hello waits and, with `exhaustAllowed`, streams. Like mongos, a
+//! connection reads its next request only once the previous one is answered: a request
+//! sent behind an awaitable hello waits in the socket until the hello's reply has gone (and
+//! behind an exhaust stream, for as long as the stream lasts).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,9 +25,13 @@ use staleguard_wire::opmsg::{CHECKSUM_PRESENT, EXHAUST_ALLOWED, MORE_TO_COME};
 use staleguard_wire::reply::{op_msg, op_reply};
 use staleguard_wire::{Header, MessageCodec, OpCode, DEFAULT_MAX_MESSAGE_SIZE, HEADER_LEN};
 
+use super::auth::{self, ConnAuth};
 use super::model::{lock, NodeId};
 use super::request::Request;
 use super::{commands, node, status, Cluster, SimError};
+
+/// The least pause between two streamed hello replies (`maxAwaitTimeMS: 0` would spin).
+const MIN_STREAM_PAUSE: Duration = Duration::from_millis(10);
 
 /// Who answers on a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,8 +69,7 @@ struct Conn {
     id: i32,
     frames: FramedRead<OwnedReadHalf, MessageCodec>,
     out: OwnedWriteHalf,
-    /// A message that arrived while an awaitable hello was waiting.
-    pending: Option<Bytes>,
+    auth: ConnAuth,
 }
 
 impl Conn {
@@ -75,7 +81,7 @@ impl Conn {
             id,
             frames: FramedRead::new(rd, MessageCodec::new(DEFAULT_MAX_MESSAGE_SIZE)),
             out,
-            pending: None,
+            auth: ConnAuth::default(),
         }
     }
 
@@ -126,15 +132,12 @@ impl Conn {
     }
 
     async fn next(&mut self) -> Option<Bytes> {
-        match self.pending.take() {
-            Some(m) => Some(m),
-            None => match self.frames.next().await? {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    tracing::debug!(error = %e, "bad frame from client");
-                    None
-                }
-            },
+        match self.frames.next().await? {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::debug!(error = %e, "bad frame from client");
+                None
+            }
         }
     }
 
@@ -143,9 +146,21 @@ impl Conn {
         if matches!(req.name(), "hello" | "isMaster" | "ismaster") {
             return self.hello(req).await;
         }
-        let result = match self.role {
-            Role::Mongos => commands::run(&self.cluster, req).await,
-            Role::Node(i) => node::run(&self.cluster, i, req).await,
+        let name = req.name();
+        let result = match (name, self.role) {
+            ("saslStart", _) => match req.db() {
+                Ok(db) => auth::start(&self.cluster, &mut self.auth, db, &req.body),
+                Err(e) => Err(e),
+            },
+            ("saslContinue", _) => auth::continue_(&self.cluster, &mut self.auth, &req.body),
+            _ if self.cluster.users.on()
+                && !self.auth.authenticated()
+                && auth::needs_auth(name) =>
+            {
+                Err(auth::unauthorized(name))
+            }
+            (_, Role::Mongos) => commands::run(&self.cluster, req).await,
+            (_, Role::Node(i)) => node::run(&self.cluster, i, req).await,
         };
         if let Err(e) = &result {
             tracing::debug!(command = req.name(), code = e.code, error = %e.message, "sim command failed");
@@ -177,11 +192,12 @@ impl Conn {
         body
     }
 
-    fn hello_body(&self, req: &Request) -> Document {
-        let body = match self.role {
+    fn hello_body(&mut self, req: &Request) -> Document {
+        let mut body = match self.role {
             Role::Mongos => status::mongos_hello(&self.cluster, &req.body, self.id),
             Role::Node(i) => status::node_hello(&self.cluster, i, &req.body, self.id),
         };
+        body.extend(auth::hello_fields(&self.cluster, &mut self.auth, &req.body));
         self.finish(Ok(body))
     }
 
@@ -209,8 +225,10 @@ impl Conn {
         let every = Duration::from_millis(wait_ms as u64);
         let current = tv.get_object_id("processId").ok() == Some(self.process_id());
         let exhaust = req.flags & EXHAUST_ALLOWED != 0;
-        if current && !self.pause(every).await {
-            return false;
+        // The topology never changes, so a current client waits the whole time; nothing is
+        // read from the connection meanwhile (the caller's select ends the wait on shutdown).
+        if current {
+            tokio::time::sleep(every).await;
         }
         let mut response_to = req.request_id;
         loop {
@@ -218,30 +236,12 @@ impl Conn {
             let Some(id) = self.send(req, response_to, exhaust, &body, false).await else {
                 return false;
             };
-            if !exhaust || self.pending.is_some() {
+            if !exhaust {
                 return true;
             }
+            // The stream goes on until the client closes; a write to a closed peer ends it.
             response_to = id;
-            if !self.pause(every).await {
-                return false;
-            }
-        }
-    }
-
-    /// Waits `d`, or less if the client sends something. False if the client left.
-    async fn pause(&mut self, d: Duration) -> bool {
-        if self.pending.is_some() {
-            return true;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(d) => true,
-            frame = self.frames.next() => match frame {
-                Some(Ok(m)) => {
-                    self.pending = Some(m);
-                    true
-                }
-                _ => false,
-            },
+            tokio::time::sleep(every.max(MIN_STREAM_PAUSE)).await;
         }
     }
 

@@ -22,6 +22,7 @@
 //! It is a test bed, not a database: no persistence, simple filters only, and documents are
 //! handled decoded (`bson::Document`) because clarity matters more than speed here.
 
+mod auth;
 mod catalog;
 mod commands;
 mod control;
@@ -32,14 +33,17 @@ mod node;
 mod pipeline;
 mod query;
 mod read;
+mod readlog;
 mod report;
 mod request;
 mod routing;
+pub mod scram;
 mod select;
 mod simcontrol;
 mod status;
 mod store;
 mod update;
+mod views;
 mod writes;
 
 use std::net::SocketAddr;
@@ -56,6 +60,7 @@ use tokio_util::task::TaskTracker;
 
 pub use control::MoveReport;
 pub use model::{Settings, SHARDS};
+pub use readlog::{Member, ReadRecord};
 pub use report::{
     ChunkStatus, ClusterStatus, CollectionStatus, MongosStatus, NodeStatus, RefreshStatus,
     ShardStatus, TableState, TableStatus,
@@ -94,6 +99,18 @@ pub struct SimConfig {
     pub default_delete_after: Duration,
     /// Load `demo.store_inventory` (2000 documents) and `pay.transactions` (300). Default true.
     pub preload: bool,
+    /// One network round trip between mongos and a shard node, paid by each node's part of
+    /// every read attempt and counted against its `maxTimeMS` (so `maxTimeMS: 1` fails, as
+    /// it does on a real cluster). Default 0: answers as fast as the process can.
+    pub hop_latency: Duration,
+    /// Keep the last this many read commands that carry a string `comment` in the read log
+    /// (`Cluster::take_read_log`): what reached mongos and what became of it. Default 0: off.
+    pub read_log: usize,
+    /// Users (name, password) of the `admin` database. Any: auth is on, and every
+    /// connection (mongos's and each node's) must authenticate (SCRAM-SHA-256) before it
+    /// may run anything but the handshake, `ping`, `buildInfo` and the SASL commands; other
+    /// commands get Unauthorized (13). Default none: auth off.
+    pub users: Vec<(String, String)>,
 }
 
 impl Default for SimConfig {
@@ -110,6 +127,9 @@ impl Default for SimConfig {
             find_host_timeout: Duration::from_secs(1),
             default_delete_after: Duration::from_secs(900),
             preload: true,
+            hop_latency: Duration::ZERO,
+            read_log: 0,
+            users: Vec::new(),
         }
     }
 }
@@ -178,6 +198,8 @@ impl SimError {
 pub struct Cluster {
     state: Arc<Mutex<State>>,
     settings: Mutex<Settings>,
+    read_log: Mutex<readlog::ReadLog>,
+    users: auth::Users,
     /// mongos's `topologyVersion.processId`.
     process_id: ObjectId,
     started: Instant,
@@ -202,7 +224,10 @@ impl Cluster {
                 flush_latency: cfg.flush_latency,
                 find_host_timeout: cfg.find_host_timeout,
                 default_delete_after: cfg.default_delete_after,
+                hop_latency: cfg.hop_latency,
             }),
+            read_log: Mutex::new(readlog::ReadLog::new(cfg.read_log)),
+            users: auth::Users::new(&cfg.users),
             process_id: ObjectId::new(),
             started: Instant::now(),
             stop,

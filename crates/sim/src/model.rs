@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::engine::{Outcome, WriteOp};
 use super::routing::{hash_value, Chunk, ShardId, Table};
 use super::store::Collection;
+use super::views::View;
 
 /// Index of a node in the cluster (`a0 a1 a2 b0 b1 b2` = 0..6).
 pub type NodeId = usize;
@@ -35,6 +36,9 @@ pub struct Settings {
     pub flush_latency: Duration,
     pub find_host_timeout: Duration,
     pub default_delete_after: Duration,
+    /// One round trip between mongos and a shard node (each node's part of a read waits it
+    /// once per attempt, inside the read's `maxTimeMS`).
+    pub hop_latency: Duration,
 }
 
 /// serverStatus-style counters of one process.
@@ -192,6 +196,8 @@ impl Rng {
 
 pub struct State {
     pub config: BTreeMap<String, Arc<Table>>,
+    /// Views by namespace (`views.rs`).
+    pub views: BTreeMap<String, View>,
     pub shards: Vec<Shard>,
     pub nodes: Vec<Node>,
     pub mongos: Mongos,
@@ -305,6 +311,7 @@ impl State {
             .collect();
         let mut state = State {
             config: BTreeMap::new(),
+            views: BTreeMap::new(),
             shards,
             nodes,
             mongos: Mongos::default(),

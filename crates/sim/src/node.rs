@@ -79,6 +79,7 @@ fn direct_read(
         pref: ReadPref::primary(),
         available: true,
         deadline: None,
+        cost: std::time::Duration::ZERO,
     };
     let docs = cluster.serve(node, &spec, None);
     if req.name() == "count" {

@@ -5,6 +5,7 @@
 //! path, and clarity wins over speed here.
 
 use std::cmp::Ordering;
+use std::time::Duration;
 
 use bson::{Bson, Document};
 
@@ -135,10 +136,17 @@ pub fn check_filter(filter: &Document) -> Result<(), SimError> {
                     }
                 }
             }
+            "$where" => {
+                if cond.as_str().and_then(parse_where).is_none() {
+                    return Err(SimError::bad_value(
+                        "the simulator reads $where only as \"sleep(<ms>)\" or \"sleep(<ms>) || true\"",
+                    ));
+                }
+            }
             k if k.starts_with('$') => {
                 return Err(SimError::bad_value(format!(
-                    "unknown top level operator: {k} (the simulator supports $and, $or, $nor)"
-                )))
+                "unknown top level operator: {k} (the simulator supports $and, $or, $nor, $where)"
+            )))
             }
             _ => check_condition(cond)?,
         }
@@ -177,8 +185,33 @@ pub fn matches(doc: &Document, filter: &Document) -> bool {
         "$and" => sub_filters(cond).all(|f| matches(doc, f)),
         "$or" => sub_filters(cond).any(|f| matches(doc, f)),
         "$nor" => !sub_filters(cond).any(|f| matches(doc, f)),
+        "$where" => cond.as_str().and_then(parse_where).is_some_and(|(_, m)| m),
         path => condition_holds(get_path(doc, path), cond),
     })
+}
+
+/// `$where` as the simulator reads it: not JavaScript, only `sleep(<ms>)`, optionally
+/// followed by `|| true`, the way tests make a query slow. The sleep and whether documents
+/// match (`sleep` returns nothing, so alone it matches none). The sleep is taken once per
+/// node the read reaches, not once per document as a server would.
+pub fn parse_where(code: &str) -> Option<(Duration, bool)> {
+    let code = code.trim();
+    let (call, matches) = match code.split_once("||") {
+        Some((call, rest)) if rest.trim() == "true" => (call.trim(), true),
+        Some(_) => return None,
+        None => (code, false),
+    };
+    let ms = call.strip_prefix("sleep(")?.strip_suffix(')')?.trim();
+    Some((Duration::from_millis(ms.parse().ok()?), matches))
+}
+
+/// The sleep of a filter's top-level `$where` (zero without one).
+pub fn where_cost(filter: &Document) -> Duration {
+    filter
+        .get_str("$where")
+        .ok()
+        .and_then(parse_where)
+        .map_or(Duration::ZERO, |(d, _)| d)
 }
 
 fn sub_filters(cond: &Bson) -> impl Iterator<Item = &Document> {

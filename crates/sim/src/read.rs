@@ -26,6 +26,9 @@ pub struct ReadSpec {
     /// `readConcern: available`: no shard version is sent, nothing is filtered.
     pub available: bool,
     pub deadline: Option<Instant>,
+    /// The work each node's part of the read takes once its routing check passed: a view's
+    /// pipeline, a `$where` that sleeps.
+    pub cost: Duration,
 }
 
 /// What one shard returned.
@@ -48,6 +51,23 @@ pub(crate) fn remaining(deadline: Option<Instant>) -> Option<Duration> {
 
 fn expired(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// Waits `d` inside the read's deadline; MaxTimeMSExpired when the deadline comes first.
+async fn spend(d: Duration, deadline: Option<Instant>) -> Result<(), SimError> {
+    if d.is_zero() {
+        return Ok(());
+    }
+    match remaining(deadline) {
+        Some(left) if left < d => {
+            tokio::time::sleep(left).await;
+            Err(SimError::max_time())
+        }
+        _ => {
+            tokio::time::sleep(d).await;
+            Ok(())
+        }
+    }
 }
 
 impl Cluster {
@@ -117,6 +137,9 @@ impl Cluster {
             .select_node(shard, &spec.pref, spec.deadline)
             .await
             .map_err(NodeError::Fatal)?;
+        spend(self.settings().hop_latency, spec.deadline)
+            .await
+            .map_err(NodeError::Fatal)?;
         let sent = match (&table, spec.available) {
             (Some(t), false) => Some(t.shard_version(shard)),
             _ => None,
@@ -134,6 +157,9 @@ impl Cluster {
         sent: Option<ShardVersion>,
     ) -> Result<Vec<Document>, NodeError> {
         let Some(sent) = sent else {
+            spend(spec.cost, spec.deadline)
+                .await
+                .map_err(NodeError::Fatal)?;
             return Ok(self.serve(node, spec, None));
         };
         let (have, name, shard) = {
@@ -143,6 +169,9 @@ impl Cluster {
         };
         match have {
             Some(t) if t.shard_version(shard).compatible(&sent) => {
+                spend(spec.cost, spec.deadline)
+                    .await
+                    .map_err(NodeError::Fatal)?;
                 Ok(self.serve(node, spec, Some(&t)))
             }
             Some(t)

@@ -8,7 +8,8 @@ use bson::{doc, Document};
 use super::routing::number;
 use super::{Cluster, SimError};
 
-const ACTIONS: &str = "stallPrimary, resumePrimary, restartNode, moveChunk, status, configure";
+const ACTIONS: &str =
+    "stallPrimary, resumePrimary, restartNode, moveChunk, status, configure, createView";
 
 /// Runs one control action.
 pub fn run(cluster: &Cluster, body: &Document) -> Result<Document, SimError> {
@@ -42,6 +43,7 @@ pub fn run(cluster: &Cluster, body: &Document) -> Result<Document, SimError> {
             Ok(d)
         }
         "configure" => configure(cluster, body),
+        "createView" => super::views::control(cluster, body),
         other => Err(SimError::bad_value(format!(
             "unknown simControl action '{other}' (known: {ACTIONS})"
         ))),
@@ -96,6 +98,9 @@ fn configure(cluster: &Cluster, body: &Document) -> Result<Document, SimError> {
     if let Some(d) = millis(body, "defaultDeleteAfterMS")? {
         s.default_delete_after = d;
     }
+    if let Some(d) = millis(body, "hopLatencyMS")? {
+        s.hop_latency = d;
+    }
     if let Some(v) = body.get("staleRetries") {
         s.stale_retries = number(v)
             .filter(|n| *n >= 0.0)
@@ -111,6 +116,7 @@ fn configure(cluster: &Cluster, body: &Document) -> Result<Document, SimError> {
             "flushLatencyMS": ms(s.flush_latency),
             "findHostTimeoutMS": ms(s.find_host_timeout),
             "defaultDeleteAfterMS": ms(s.default_delete_after),
+            "hopLatencyMS": ms(s.hop_latency),
         },
         "ok": 1.0,
     })
