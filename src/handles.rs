@@ -3,7 +3,6 @@
 //! [`ReloadHandles`], each with only the handles it uses. Every handle is its own `Arc`, so
 //! the background tasks (`health`, `stall`) are handed only the few they use too.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
@@ -49,10 +48,6 @@ pub struct SessionHandles {
     pub metrics: Arc<Metrics>,
     pub stall: Arc<StallWatch>,
     pub ids: Arc<Ids>,
-    /// Set when the stop's deadline passes, just before the kill token is cancelled: a
-    /// session looks at it once per message (a load of a line nothing else writes), where
-    /// polling the token would take its lock.
-    pub killed: AtomicBool,
     /// Large compressed requests decompressed off the runtime's workers at once: half the
     /// cores the process may use (at least one), so that a flood of them cannot take every
     /// core from the relays (`session::gate`).
@@ -109,7 +104,6 @@ impl Handles {
             metrics: metrics.clone(),
             stall: stall.clone(),
             ids: ids.clone(),
-            killed: AtomicBool::new(false),
             inflate_slots: Semaphore::new(inflate_slots()),
         });
         Handles {

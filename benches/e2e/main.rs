@@ -14,6 +14,7 @@
 //! generator's; then RSS per idle connection pair; then PASS/MISS against the targets of
 //! issue 6.
 
+mod callgrind;
 mod counts;
 mod forwarder;
 mod load;
@@ -58,6 +59,12 @@ struct Opts {
     memory: bool,
     /// Count the proxy's system calls and context switches in each window (`E2E_COUNT=1`).
     count: bool,
+    /// staleguard runs under callgrind (`E2E_SG_WRAPPER`): count its instructions in each
+    /// window (`E2E_CALLGRIND=1`).
+    callgrind: bool,
+    /// The staleguard binary to run (`E2E_SG_BIN`; default: the one this bench was built
+    /// with), to compare builds with the same harness.
+    sg_bin: std::path::PathBuf,
     /// The fake mongos answers each `find` with about this many bytes (`E2E_REPLY_BYTES`;
     /// 0: the 229-byte one-document reply).
     reply_bytes: usize,
@@ -76,6 +83,11 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
             .unwrap_or_else(|_| panic!("{key}={v:?} cannot be parsed")),
         Err(_) => default,
     }
+}
+
+/// An environment variable set to something other than empty or `0`.
+fn flag(key: &str) -> bool {
+    std::env::var(key).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 fn env_list(key: &str, default: &str) -> Vec<String> {
@@ -124,7 +136,11 @@ impl Opts {
             micro: !has("--no-micro") && !memory_only,
             latency: !has("--no-latency") && !memory_only,
             memory: !has("--no-memory"),
-            count: std::env::var("E2E_COUNT").is_ok_and(|v| !v.is_empty() && v != "0"),
+            count: flag("E2E_COUNT"),
+            callgrind: flag("E2E_CALLGRIND"),
+            sg_bin: std::env::var_os("E2E_SG_BIN")
+                .filter(|v| !v.is_empty())
+                .map_or_else(|| env!("CARGO_BIN_EXE_staleguard").into(), Into::into),
             reply_bytes: env_or("E2E_REPLY_BYTES", 0),
             haproxy_threads: env_or(
                 "E2E_HAPROXY_THREADS",
@@ -377,10 +393,20 @@ fn start_staleguard(
     // second fallback namespace that never fails (breaker closed: every read tracked).
     // `min_connections = 1`, `per_connection = 10`: the harness opens the breaker from one
     // connection; `min_cooldown` as long as `cooldown`, or the first probe closes it again.
+    // Without the rewrite target those settings are left out, so that older builds
+    // (`E2E_SG_BIN`, which may not know them) read the same config.
+    let rewrite = opts.targets.iter().any(|t| t == "staleguard-rewrite");
+    let (defaults, opener) = if rewrite {
+        (
+            "[defaults]\ncooldown = \"10h\"\nmin_cooldown = \"10h\"\n\n",
+            "min_connections = 1\nper_connection = 10\n",
+        )
+    } else {
+        ("", "")
+    };
     let toml = format!(
-        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n{layout}\n\
-         [defaults]\ncooldown = \"10h\"\nmin_cooldown = \"10h\"\n\n\
-         [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\nmin_connections = 1\nper_connection = 10\n\n\
+        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n{layout}\n{defaults}\
+         [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\n{opener}\n\
          [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\n\n\
          [[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n",
         msgs::FALLBACK_DB,
@@ -390,10 +416,7 @@ fn start_staleguard(
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml).map_err(|e| e.to_string())?;
-    let mut cmd = procs::wrapped(
-        Path::new(env!("CARGO_BIN_EXE_staleguard")),
-        "E2E_SG_WRAPPER",
-    );
+    let mut cmd = procs::wrapped(&opts.sg_bin, "E2E_SG_WRAPPER");
     cmd.arg("--log-level")
         .arg(&opts.sg_log_level)
         .arg("run")
@@ -528,6 +551,7 @@ async fn latency_runs(
                     cpu_pid: t.cpu_pid,
                     count: opts.count,
                     rate: opts.rate,
+                    callgrind: opts.callgrind && t.name.starts_with("staleguard"),
                 };
                 let out = load::run(&spec)
                     .await

@@ -55,7 +55,7 @@ use crate::wire::codec::FrameError;
 use crate::wire::{MessageCodec, WireError};
 
 use counters::Meter;
-use life::Life;
+use life::{Life, Wake};
 use peers::Peers;
 use reads::Reads;
 /// Why a session ended, and which side caused it.
@@ -137,9 +137,12 @@ impl Session {
         let config_generation = shared.config.generation();
         let config = shared.config.load_full();
         let meter = Meter::new(shared.metrics.clone());
+        // Until the first message, the deadlines are those of a new client.
+        let limits = &config.limits;
+        let tick = life::limits_tick(limits).min(life::quarter(limits.first_message_timeout));
         Session {
             peer,
-            life: Life::new(stop, kill),
+            life: Life::new(stop, kill, tick),
             h: Handler {
                 shared,
                 config,
@@ -193,10 +196,10 @@ impl Session {
         // A stop past its deadline also ends a session still dialing its upstream.
         // Boxed: dialing (TCP, maybe TLS) happens once, and its state need not be part
         // of the session's task for the connection's whole life.
-        let h = &self.h;
+        let Session { life, h, .. } = &mut *self;
         let connected = tokio::select! {
             c = Box::pin(h.shared.upstreams.connect(&h.config, &h.shared.metrics)) => c,
-            _ = self.life.kill.cancelled() => {
+            _ = life.killed() => {
                 tracing::debug!("shutdown deadline passed while connecting upstream");
                 return;
             }
@@ -232,17 +235,14 @@ impl Session {
     /// start (and `message_timeout` once it starts, `idle_timeout` if shorter); `None` when
     /// the client leaves, misbehaves, is too slow or the proxy stops first.
     async fn first_message<CR: AsyncRead + Unpin>(
-        &self,
+        &mut self,
         cr: &mut FramedRead<CR, MessageCodec>,
     ) -> Option<Bytes> {
         let started = Instant::now();
-        let limits = &self.h.config.limits;
-        let first = limits.first_message_timeout;
-        let tick = life::limits_tick(limits).min(life::quarter(first));
         loop {
-            tokio::select! {
-                _ = self.life.kill.cancelled() => return None,
-                _ = self.life.stop.cancelled() => return None,
+            let wake = tokio::select! {
+                biased;
+                w = self.life.wake() => w,
                 m = cr.next() => return match m {
                     Some(Ok(m)) => Some(m),
                     Some(Err(e)) => {
@@ -251,18 +251,23 @@ impl Session {
                     }
                     None => None,
                 },
-                _ = tokio::time::sleep(tick) => {
-                    let waited = started.elapsed();
-                    let limit = if waited >= first {
-                        Some("first_message_timeout")
-                    } else {
-                        life::overdue(limits, cr.decoder(), waited, true)
-                    };
-                    if let Some(limit) = limit {
-                        self.limit_hit(limit);
-                        return None;
-                    }
-                }
+            };
+            match wake {
+                Wake::Due { tick: true, .. } => {}
+                Wake::Due { .. } => continue,
+                // A client that has sent nothing yet is owed nothing by a stop.
+                Wake::Stop | Wake::Kill => return None,
+            }
+            let waited = started.elapsed();
+            let limits = &self.h.config.limits;
+            let limit = if waited >= limits.first_message_timeout {
+                Some("first_message_timeout")
+            } else {
+                life::overdue(limits, cr.decoder(), waited, true)
+            };
+            if let Some(limit) = limit {
+                self.limit_hit(limit);
+                return None;
             }
         }
     }

@@ -130,6 +130,12 @@ impl Peers {
             && self.to_upstream.is_idle()
     }
 
+    /// An idle session lets go of its outboxes' slots.
+    pub(super) fn trim(&mut self) {
+        self.to_upstream.trim();
+        self.to_client.trim();
+    }
+
     /// Writes what the handlers queued, as far as the sockets take it now.
     pub(super) fn write_now<C, U>(&mut self, cw: &mut C, uw: &mut U) -> Result<(), SessionError>
     where

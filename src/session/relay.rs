@@ -1,18 +1,17 @@
-//! The relay loop: one `select!` over everything the session waits on, whose wake-up is
-//! turned into an [`Event`] and handed to its owner: a request or a reply to the handler
+//! The relay loop: one `select!` over the lifecycle (`life`) and the peers, whose wake-up
+//! is turned into an [`Event`] and handed to its owner: a request or a reply to the handler
 //! (`request.rs`, `reply.rs`), a write step to the peers (`peers`), the stop, the kill and
-//! the deadlines to the lifecycle (`life`). Writes never block it (see `outbox`). A stop
+//! the timer to the lifecycle's handling below. Writes never block it (see `outbox`). A stop
 //! lets requests in flight finish; the kill (the stop's deadline) ends the session whatever
 //! the peers do, reading or not.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 
-use super::counters::FLUSH_AFTER;
-use super::life::{self, Life, Limit};
+use super::life::{self, Limit, Wake};
 use super::{client_err, gate, upstream_err, Session, SessionError};
 use crate::wire::codec::FrameError;
 use crate::wire::{Incoming, MessageCodec, ReplyCodec, Request};
@@ -31,14 +30,12 @@ pub(super) fn reply_codec(max_message_size: usize) -> ReplyCodec {
 
 /// What woke the loop.
 enum Event {
+    /// The lifecycle: the stop, the kill, the timer.
+    Life(Wake),
     /// A write step to one peer ended.
     Wrote(Result<(), SessionError>),
     Reply(Option<Result<Incoming, FrameError>>),
     Request(Option<Result<Bytes, FrameError>>),
-    Stop,
-    Kill,
-    Flush,
-    Tick,
 }
 
 /// What a turn comes to: `Ok(None)` goes on; `Ok(Some(why))` ends the session as it should,
@@ -76,6 +73,8 @@ impl Session {
         UR: AsyncRead + Unpin,
         UW: AsyncWrite + Unpin,
     {
+        let tick = life::limits_tick(&self.h.config.limits);
+        self.life.set_tick(tick, Instant::now());
         if let Some(first) = first {
             if let Err(e) = self.request(first).await {
                 self.finish(Err(e), true);
@@ -83,36 +82,21 @@ impl Session {
                 return self;
             }
         }
-        let (kill, stop) = (self.life.kill.clone(), self.life.stop.clone());
-        // Built once: re-creating them per loop turn registers with the tokens' shared Notify
-        // on every message.
-        let (killed, stopping) = (kill.cancelled(), stop.cancelled());
-        // Batched metrics reach the shared metrics within FLUSH_AFTER even when the session
-        // goes quiet: armed once per batch, not per message. The deadlines are looked at on
-        // a tick, not per message.
-        let flush_timer = tokio::time::sleep(FLUSH_AFTER);
-        let limits_timer = tokio::time::sleep(life::limits_tick(&self.h.config.limits));
-        tokio::pin!(killed, stopping, flush_timer, limits_timer);
         let end: Result<&str, SessionError> = loop {
             let streaming = ur.decoder().is_streaming();
             if let Some(why) = self.over(streaming) {
                 break Ok(why);
             }
-            if self.life.rearm_flush(self.h.meter.is_dirty()) {
-                flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
-            }
             let (read_client, read_upstream) = self.reading(streaming);
-            let (draining, flush_armed) = (self.life.is_draining(), self.life.flush_armed());
-            let p = &mut self.h.peers;
-            // Biased, in this order: writes; replies before new requests (finishing work
-            // before taking more; each side is bounded by its outbox's room, so neither waits
-            // long); then the kill, the stop and the timers, which are polled only in turns
-            // where no message was ready (a timer that fires during a burst waits for its
-            // end, which is the session's own traffic; the kill is also checked above).
-            // Polling a token takes its lock: a message turn polls none. The kill comes
-            // only after the stop: one token is waited on at a time.
+            let Session { life, h, .. } = &mut *self;
+            let p = &mut h.peers;
+            // Biased, in this order: the lifecycle (one load of its bell until something
+            // rang, so a kill or a deadline is seen in the next turn even in a burst);
+            // writes; replies before new requests (finishing work before taking more; each
+            // side is bounded by its outbox's room, so neither waits long).
             let event = tokio::select! {
                 biased;
+                w = life.wake() => Event::Life(w),
                 w = p.to_upstream.step(&mut uw), if !p.to_upstream.is_idle() => {
                     Event::Wrote(w.map_err(SessionError::UpstreamIo))
                 }
@@ -121,20 +105,13 @@ impl Session {
                 }
                 rep = ur.next(), if read_upstream => Event::Reply(rep),
                 req = cr.next(), if read_client => Event::Request(req),
-                _ = &mut stopping, if !draining => Event::Stop,
-                _ = &mut killed, if draining => Event::Kill,
-                _ = &mut flush_timer, if flush_armed => Event::Flush,
-                _ = &mut limits_timer => Event::Tick,
             };
-            if let Event::Tick = event {
-                let tick = life::limits_tick(&self.h.config.limits);
-                limits_timer.as_mut().reset(Instant::now() + tick);
-            }
             match self.handle(event, &mut cr, &mut ur).await {
                 Ok(None) => {}
                 Ok(Some(why)) => break Ok(why),
                 Err(e) => break Err(e),
             }
+            self.life.counted(self.h.meter.is_dirty());
             if let Err(e) = self.h.peers.write_now(&mut cw, &mut uw) {
                 break Err(e);
             }
@@ -165,8 +142,10 @@ impl Session {
         UR: AsyncRead + Unpin,
     {
         match event {
+            Event::Life(wake) => Ok(self.on_life(wake, cr, ur)),
             Event::Wrote(w) => w.map(|()| None),
             Event::Reply(Some(Ok(item))) => {
+                self.life.reply_read();
                 self.h.on_incoming(item, ur.decoder_mut());
                 Ok(None)
             }
@@ -181,18 +160,47 @@ impl Session {
                 self.h.client_gone();
                 Ok(Some("client closed"))
             }
-            Event::Stop => {
-                self.life.drain();
-                Ok(None)
-            }
-            Event::Kill => Ok(Some("shutdown deadline passed")),
-            Event::Flush => {
-                self.life.flushed();
-                self.h.meter.flush();
-                Ok(None)
-            }
-            Event::Tick => Ok(self.on_tick(cr.decoder(), Instant::now())),
         }
+    }
+
+    /// What the lifecycle says: the stop (the session drains, `over`), the kill, or the
+    /// timer: the batched metrics flushed (and the buffers of a session gone quiet let go
+    /// of), the deadlines looked at.
+    fn on_life<CR, UR>(
+        &mut self,
+        wake: Wake,
+        cr: &mut FramedRead<CR, MessageCodec>,
+        ur: &mut FramedRead<UR, ReplyCodec>,
+    ) -> Option<&'static str> {
+        match wake {
+            Wake::Stop => None,
+            Wake::Kill => Some("shutdown deadline passed"),
+            Wake::Due { tick, flush } => {
+                if flush {
+                    self.h.meter.flush();
+                    if self.life.went_quiet() && self.h.peers.nothing_outstanding() {
+                        self.trim(cr, ur);
+                    }
+                }
+                if tick {
+                    return self.on_tick(cr.decoder(), Instant::now());
+                }
+                None
+            }
+        }
+    }
+
+    /// A session gone quiet lets go of its buffers (read buffers, outbox slots): an idle
+    /// connection pair holds little more than its task. The next message after it costs one
+    /// small read more.
+    fn trim<CR, UR>(&mut self, cr: &mut FramedRead<CR, MessageCodec>, ur: &mut FramedRead<UR, ReplyCodec>) {
+        for buf in [cr.read_buffer_mut(), ur.read_buffer_mut()] {
+            if buf.is_empty() {
+                *buf = BytesMut::new();
+            }
+        }
+        self.h.peers.trim();
+        self.life.trimmed();
     }
 
     /// Which peers are read in this turn. A full outbox stops the reads that feed it (a
@@ -207,16 +215,10 @@ impl Session {
     }
 
     /// The session is over before this turn: a stop has nothing left to wait for (never in
-    /// the middle of a reply being passed on in pieces, `streaming`), or the kill came (seen
-    /// by a busy session; an idle one is woken by the token).
+    /// the middle of a reply being passed on in pieces, `streaming`).
     fn over(&self, streaming: bool) -> Option<&'static str> {
-        if self.life.is_draining() && self.h.peers.drained() && !streaming {
-            return Some("proxy stopping");
-        }
-        if Life::killed(&self.h.shared.killed) {
-            return Some("shutdown deadline passed");
-        }
-        None
+        let stopped = self.life.is_draining() && self.h.peers.drained() && !streaming;
+        stopped.then_some("proxy stopping")
     }
 
     /// One request from the client (the batched metrics flushed every so many: a client
@@ -242,23 +244,23 @@ impl Session {
     /// The rare path of [`Session::request`], boxed so its state is not part of every
     /// session's task.
     async fn inflated(&mut self, req: Request) -> Result<(), SessionError> {
-        let kill = self.life.kill.clone();
         // The upstream is not read while this session waits (for a slot, too): a write's
         // reply arriving meanwhile is not waiting on the server. The loop's next turn
         // reads it again.
         self.h.upstream_reads(false);
-        let h = &self.h;
+        let Session { life, h, .. } = self;
         let (slots, max) = (&h.shared.inflate_slots, h.config.max_message_size);
         let opened = tokio::select! {
             r = gate::inflate_aside(req, slots, max, &h.meter) => r?,
-            _ = kill.cancelled() => return Ok(()),
+            _ = life.killed() => return Ok(()),
         };
         self.h.on_inflated(opened)
     }
 
     /// The deadlines, on their tick: a message too slow to arrive, a client idle too long,
     /// a client that takes nothing written to it; otherwise the lists a burst left are let
-    /// go of.
+    /// go of. The handler's own deadlines (followed reads past their budget) belong here
+    /// too, as `self.h.on_tick(now)`.
     fn on_tick(&mut self, codec: &MessageCodec, now: Instant) -> Option<Limit> {
         let quiet = self.life.quiet_for(now);
         let idle = self.h.peers.nothing_outstanding();
@@ -281,11 +283,11 @@ impl Session {
         C: AsyncWrite + Unpin,
         U: AsyncWrite + Unpin,
     {
-        let kill = self.life.kill.clone();
+        let Session { life, h, .. } = self;
         tokio::select! {
             biased;
-            _ = self.h.peers.close(cw, uw) => {}
-            _ = kill.cancelled() => {}
+            _ = h.peers.close(cw, uw) => {}
+            _ = life.killed() => {}
         }
     }
 
