@@ -193,8 +193,18 @@ impl Breakers {
         t
     }
 
-    /// Decides what an eligible read on `ns` may do now; claims the probe when one is due.
-    pub fn admit(&self, ns: &str, policy: &NsPolicy, now: Instant) -> Admission {
+    /// Decides what an eligible read on `ns` from client connection `conn` may do now;
+    /// claims the probe when one is due. `climbs`: the read may go to the primary (its
+    /// namespace has the primary rung and the read is not pinned by tag sets); one that
+    /// cannot is admitted as it would be without the rung.
+    pub fn admit(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        conn: u64,
+        climbs: bool,
+        now: Instant,
+    ) -> Admission {
         // No breaker open anywhere (the common case): nothing to look up.
         if self.not_closed.load(Ordering::Acquire) == 0 {
             return Admission::Closed;
@@ -206,7 +216,7 @@ impl Breakers {
                 return Admission::Closed;
             };
             self.touch(&b, now);
-            match b.peek(policy, now) {
+            match b.peek(policy, conn, climbs, now) {
                 Admission::Probe => {}
                 a => return a,
             }
@@ -216,17 +226,49 @@ impl Breakers {
         let Some(mut b) = self.map.get_mut(ns) else {
             return Admission::Closed;
         };
-        let a = b.peek(policy, now);
+        let a = b.peek(policy, conn, climbs, now);
         if a == Admission::Probe {
-            b.claim_probe(now);
-            tracing::info!(ns = %ns, "breaker open: probe sent to the secondaries");
+            b.claim_probe(conn, now);
+            tracing::debug!(ns = %ns, "breaker open: probe sent to the secondaries");
         }
         a
     }
 
+    /// The one gate: everything a read says about the cluster reaches a breaker here, after
+    /// `policy::evidence` (and any confirmation) made it a [`Heard`]. `sample`: the read was
+    /// admitted while the breaker was open; its word is then a sample, never an opening.
+    /// What a connection that has not proved itself to the cluster says is neutral (a
+    /// probe's slot is still given back).
+    pub fn hear(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        heard: Heard<'_>,
+        sample: bool,
+        who: Witness,
+        now: Instant,
+    ) -> Option<Transition> {
+        let heard = if who.proven { heard } else { Heard::Neutral };
+        match (sample, heard) {
+            (false, Heard::Failed { reason, what }) => {
+                let counted = Counted {
+                    policy,
+                    reason,
+                    what,
+                    conn: who.conn,
+                };
+                self.record_failure(ns, &counted, now)
+            }
+            (false, Heard::Answered | Heard::Neutral) => None,
+            (true, Heard::Failed { .. }) => self.sampled(ns, policy, Sample::Failed, who.conn, now),
+            (true, Heard::Answered) => self.sampled(ns, policy, Sample::Answered, who.conn, now),
+            (true, Heard::Neutral) => self.sampled(ns, policy, Sample::Unknown, who.conn, now),
+        }
+    }
+
     /// Counts a trigger error on `ns`, met by a read of client connection `conn` while the
     /// breaker was closed (samples of an open breaker report through [`Breakers::sampled`]).
-    pub fn record_failure(&self, ns: &str, e: &Counted<'_>, now: Instant) -> Option<Transition> {
+    fn record_failure(&self, ns: &str, e: &Counted<'_>, now: Instant) -> Option<Transition> {
         let t = self.count_failure(ns, e, now);
         self.report(ns, t)
     }
@@ -261,7 +303,7 @@ impl Breakers {
 
     /// Reports how a sample of `ns` (admitted as `Probe` or `Bounded`) from connection
     /// `conn` ended; returns the transition when a streak of answers closed the breaker.
-    pub fn sampled(
+    fn sampled(
         &self,
         ns: &str,
         policy: &NsPolicy,
@@ -355,6 +397,27 @@ impl Breakers {
         });
         self.recount(&mut bound);
     }
+}
+
+/// Who said a word: the client connection it came through (a connection counts only its
+/// share), and whether that connection has proved itself to the cluster (see
+/// `session::Proof`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Witness {
+    pub conn: u64,
+    pub proven: bool,
+}
+
+/// What a breaker hears of one read, from `policy::evidence` (after any confirmation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard<'a> {
+    /// The cluster's word that a secondary could not serve the read: why, and the evidence
+    /// as text (the breaker's last-transition reason).
+    Failed { reason: Reason, what: &'a str },
+    /// A secondary served the read.
+    Answered,
+    /// Nothing about the cluster.
+    Neutral,
 }
 
 /// A counted trigger error: the namespace's policy, why, the evidence as text, and the
@@ -497,7 +560,7 @@ mod tests {
         let t0 = Instant::now();
         opened(&b, &p, t0);
         assert_eq!(
-            b.admit(NS, &p, t0),
+            b.admit(NS, &p, 99, false, t0),
             Admission::Bounded {
                 reason: Reason::StaleRouting,
                 errors: 3
@@ -511,21 +574,23 @@ mod tests {
         // A failure starts the streak over.
         sample(&b, &p, Sample::Failed, 6, t0 + ms(2_100));
         assert_eq!(b.snapshot()[0].streak, 0);
-        // Three answers from two connections, but within min_cooldown (1 s): not yet.
+        // Two connections, but one connection's answers count once per min_cooldown (its
+        // share): 5 again within the second adds nothing.
         let s = t0 + ms(3_000);
         assert!(sample(&b, &p, Sample::Answered, 5, s).is_none());
         assert!(sample(&b, &p, Sample::Answered, 6, s + ms(100)).is_none());
         assert!(sample(&b, &p, Sample::Answered, 5, s + ms(200)).is_none());
+        assert_eq!(b.snapshot()[0].streak, 2);
         // An unknown ending (client gone) changes nothing.
         assert!(sample(&b, &p, Sample::Unknown, 7, s + ms(300)).is_none());
-        let t = sample(&b, &p, Sample::Answered, 6, s + ms(1_000)).expect("closes");
+        let t = sample(&b, &p, Sample::Answered, 5, s + ms(1_000)).expect("closes");
         assert_eq!((t.from, t.to), (State::Open, State::Closed));
         assert!(
-            t.reason.contains("4 samples answered in a row"),
+            t.reason.contains("3 samples answered in a row"),
             "{}",
             t.reason
         );
-        assert_eq!(b.admit(NS, &p, s + ms(1_000)), Admission::Closed);
+        assert_eq!(b.admit(NS, &p, 99, false, s + ms(1_000)), Admission::Closed);
     }
 
     /// The partial incident: one secondary stale, one healthy; samples alternate. The
@@ -562,11 +627,14 @@ mod tests {
         opened(&b, &p, t0);
         // The first probe after min_cooldown.
         assert!(
-            matches!(b.admit(NS, &p, t0 + ms(999)), Admission::Open { probe_in, .. } if probe_in == ms(1))
+            matches!(b.admit(NS, &p, 99, false, t0 + ms(999)), Admission::Open { probe_in, .. } if probe_in == ms(1))
         );
-        assert_eq!(b.admit(NS, &p, t0 + ms(1_000)), Admission::Probe);
+        assert_eq!(b.admit(NS, &p, 99, false, t0 + ms(1_000)), Admission::Probe);
         assert!(
-            matches!(b.admit(NS, &p, t0 + ms(1_000)), Admission::Open { .. }),
+            matches!(
+                b.admit(NS, &p, 99, false, t0 + ms(1_000)),
+                Admission::Open { .. }
+            ),
             "one at a time"
         );
     }
@@ -579,34 +647,116 @@ mod tests {
         let t0 = Instant::now();
         opened(&b, &p, t0);
         let mut now = t0;
-        // Waits of 1 s (min_cooldown), then 1, 2, 4, 8, and 10 (the cap) for good.
-        for wait in [1, 1, 2, 4, 8, 10, 10] {
-            let w = Duration::from_secs(wait);
+        // Waits of 1 s (min_cooldown), then 1, 2, 4, 8, and 10 (the cap) for good; each
+        // probe taken by another connection than the last.
+        for (conn, wait) in [1, 1, 2, 4, 8, 10, 10].into_iter().enumerate() {
+            let (conn, w) = (conn as u64 + 10, Duration::from_secs(wait));
             assert!(
-                matches!(b.admit(NS, &p, now), Admission::Open { probe_in, .. } if probe_in == w),
+                matches!(b.admit(NS, &p, conn, false, now), Admission::Open { probe_in, .. } if probe_in == w),
                 "{wait}"
             );
             now += w;
-            assert_eq!(b.admit(NS, &p, now), Admission::Probe);
-            assert!(sample(&b, &p, Sample::Failed, 1, now).is_none());
+            assert_eq!(b.admit(NS, &p, conn, false, now), Admission::Probe);
+            assert!(sample(&b, &p, Sample::Failed, conn, now).is_none());
         }
         // An answered probe: the next read probes at once, and the wait starts over.
         now += Duration::from_secs(10);
-        assert_eq!(b.admit(NS, &p, now), Admission::Probe);
+        assert_eq!(b.admit(NS, &p, 1, false, now), Admission::Probe);
         sample(&b, &p, Sample::Answered, 1, now);
-        assert_eq!(b.admit(NS, &p, now), Admission::Probe);
+        assert_eq!(b.admit(NS, &p, 2, false, now), Admission::Probe);
         sample(&b, &p, Sample::Failed, 2, now);
         assert!(
-            matches!(b.admit(NS, &p, now), Admission::Open { probe_in, .. } if probe_in == Duration::from_secs(1))
+            matches!(b.admit(NS, &p, 1, false, now), Admission::Open { probe_in, .. } if probe_in == Duration::from_secs(1))
         );
         // Three answers from two connections over a second close it.
         let mut at = now + Duration::from_secs(1);
         for conn in [1, 2, 1] {
-            assert_eq!(b.admit(NS, &p, at), Admission::Probe);
+            assert_eq!(b.admit(NS, &p, conn, false, at), Admission::Probe);
             sample(&b, &p, Sample::Answered, conn, at);
             at += ms(500);
         }
         assert_eq!(b.state(NS), State::Closed);
+    }
+
+    /// Probes go round robin: the connection that took the last one waits `min_cooldown`
+    /// past the due time for another to take the next; alone, it still probes.
+    #[test]
+    fn probes_go_round_robin_across_connections() {
+        let b = Breakers::default();
+        let p = fallback();
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let due = t0 + Duration::from_secs(1);
+        assert_eq!(b.admit(NS, &p, 1, false, due), Admission::Probe);
+        sample(&b, &p, Sample::Answered, 1, due);
+        // Due again at once, but not for connection 1 ...
+        assert!(matches!(
+            b.admit(NS, &p, 1, false, due),
+            Admission::Open { probe_in, .. } if probe_in == Duration::from_secs(1)
+        ));
+        // ... which another connection takes.
+        assert_eq!(b.admit(NS, &p, 2, false, due), Admission::Probe);
+        sample(&b, &p, Sample::Answered, 2, due + ms(10));
+        // Alone, connection 2 waits its turn, then probes.
+        assert!(matches!(
+            b.admit(NS, &p, 2, false, due + ms(20)),
+            Admission::Open { .. }
+        ));
+        let later = due + ms(10) + p.min_cooldown;
+        assert_eq!(b.admit(NS, &p, 2, false, later), Admission::Probe);
+    }
+
+    /// Bound mode sends every read bounded, but one at a time goes as a probe (unbounded):
+    /// a namespace whose healthy reads take longer than the bound still closes.
+    #[test]
+    fn bound_mode_lets_one_unbounded_probe_through_at_a_time() {
+        let b = Breakers::default();
+        let p = strict();
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        let due = t0 + p.min_cooldown;
+        assert!(matches!(
+            b.admit(NS, &p, 1, false, due - ms(1)),
+            Admission::Bounded { .. }
+        ));
+        assert_eq!(b.admit(NS, &p, 1, false, due), Admission::Probe);
+        // One at a time: the others are bounded meanwhile.
+        assert!(matches!(
+            b.admit(NS, &p, 2, false, due),
+            Admission::Bounded { .. }
+        ));
+        // The slow probe answers; the next one goes from another connection at once.
+        // The slow probe answers: while samples are answered no unbounded probe is needed;
+        // after min_cooldown without one, the next goes (from another connection).
+        let answered = due + ms(1_200);
+        sample(&b, &p, Sample::Answered, 1, answered);
+        assert!(matches!(
+            b.admit(NS, &p, 2, false, answered + ms(999)),
+            Admission::Bounded { .. }
+        ));
+        assert_eq!(
+            b.admit(NS, &p, 2, false, answered + p.min_cooldown),
+            Admission::Probe
+        );
+    }
+
+    /// A tag-pinned read on a strict namespace with the primary rung is admitted as it
+    /// would be without the rung: sent bounded, not refused.
+    #[test]
+    fn a_read_that_cannot_climb_is_admitted_as_without_the_rung() {
+        let b = Breakers::default();
+        let mut p = strict();
+        p.primary_rung = true;
+        let t0 = Instant::now();
+        opened(&b, &p, t0);
+        assert!(matches!(
+            b.admit(NS, &p, 1, true, t0),
+            Admission::Open { .. }
+        ));
+        assert!(matches!(
+            b.admit(NS, &p, 1, false, t0),
+            Admission::Bounded { .. }
+        ));
     }
 
     #[test]
@@ -616,14 +766,20 @@ mod tests {
         let t0 = Instant::now();
         opened(&b, &p, t0);
         let at = t0 + Duration::from_secs(1);
-        assert_eq!(b.admit(NS, &p, at), Admission::Probe);
+        assert_eq!(b.admit(NS, &p, 99, false, at), Admission::Probe);
         assert!(matches!(
-            b.admit(NS, &p, at + p.cooldown - ms(1)),
+            b.admit(NS, &p, 99, false, at + p.cooldown - ms(1)),
             Admission::Open { .. }
         ));
-        assert_eq!(b.admit(NS, &p, at + p.cooldown), Admission::Probe);
+        assert_eq!(
+            b.admit(NS, &p, 99, false, at + p.cooldown),
+            Admission::Probe
+        );
         b.release_probe(NS);
-        assert_eq!(b.admit(NS, &p, at + p.cooldown), Admission::Probe);
+        assert_eq!(
+            b.admit(NS, &p, 99, false, at + p.cooldown),
+            Admission::Probe
+        );
     }
 
     #[test]
@@ -635,8 +791,8 @@ mod tests {
         assert_eq!(b.not_closed(), 0);
         opened(&b, &p, t0);
         assert_eq!(b.not_closed(), 1);
-        for (i, conn) in [1, 2, 1, 2].into_iter().enumerate() {
-            sample(&b, &p, Sample::Answered, conn, t0 + ms(400 * i as u64));
+        for (at, conn) in [(0, 1), (400, 2), (1_000, 1)] {
+            sample(&b, &p, Sample::Answered, conn, t0 + ms(at));
         }
         assert_eq!(b.state(NS), State::Closed);
         assert_eq!(b.not_closed(), 0);
@@ -651,7 +807,7 @@ mod tests {
         assert_eq!(b.not_closed(), 1);
         b.retain(|ns| ns != "demo.other");
         assert_eq!(b.not_closed(), 0);
-        assert_eq!(b.admit(NS, &p, t0), Admission::Closed);
+        assert_eq!(b.admit(NS, &p, 99, false, t0), Admission::Closed);
     }
 
     #[test]
@@ -665,7 +821,7 @@ mod tests {
         let t0 = Instant::now();
         fail(&b, &p, 1, t0);
         assert!(matches!(
-            b.admit(NS, &p, t0 + Duration::from_secs(1)),
+            b.admit(NS, &p, 99, false, t0 + Duration::from_secs(1)),
             Admission::Open { .. }
         ));
     }
@@ -712,7 +868,7 @@ mod tests {
         assert!(b.hold_open(NS, "again", t0).is_none(), "held once");
         let later = t0 + Duration::from_secs(300);
         assert!(matches!(
-            b.admit(NS, &p, later),
+            b.admit(NS, &p, 99, false, later),
             Admission::Open {
                 reason: Reason::WriteStall,
                 ..
@@ -722,7 +878,7 @@ mod tests {
         assert!(sample(&b, &p, Sample::Answered, 1, later).is_none());
         assert_eq!(b.release_held(later), [NS]);
         assert!(!b.is_held(NS));
-        assert_eq!(b.admit(NS, &p, later), Admission::Probe);
+        assert_eq!(b.admit(NS, &p, 99, false, later), Admission::Probe);
     }
 
     #[test]
@@ -732,15 +888,18 @@ mod tests {
         let t0 = Instant::now();
         opened(&b, &p, t0);
         let mut now = t0;
-        for wait in [1, 1, 2] {
+        for (conn, wait) in [(1, 1), (2, 1), (3, 2)] {
             now += Duration::from_secs(wait);
-            assert_eq!(b.admit(NS, &p, now), Admission::Probe);
-            sample(&b, &p, Sample::Failed, 1, now);
+            assert_eq!(b.admit(NS, &p, conn, false, now), Admission::Probe);
+            sample(&b, &p, Sample::Failed, conn, now);
         }
-        assert!(matches!(b.admit(NS, &p, now), Admission::Open { .. }));
+        assert!(matches!(
+            b.admit(NS, &p, 4, false, now),
+            Admission::Open { .. }
+        ));
         assert_eq!(b.probe_early(), [NS]);
         assert!(b.probe_early().is_empty(), "once");
-        assert_eq!(b.admit(NS, &p, now + ms(1)), Admission::Probe);
+        assert_eq!(b.admit(NS, &p, 4, false, now + ms(1)), Admission::Probe);
     }
 
     #[test]
@@ -751,7 +910,7 @@ mod tests {
         opened(&b, &p, t0);
         assert!(b.hold_open(NS, "write stall", t0).is_none());
         assert!(b.is_held(NS));
-        match b.admit(NS, &p, t0 + Duration::from_secs(60)) {
+        match b.admit(NS, &p, 99, false, t0 + Duration::from_secs(60)) {
             Admission::Open { reason, .. } => assert_eq!(reason, Reason::StaleRouting),
             other => panic!("expected open, got {other:?}"),
         }

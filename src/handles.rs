@@ -9,6 +9,7 @@ use tokio::sync::Semaphore;
 
 use crate::breaker::{Breakers, DEFAULT_MAX_BREAKERS};
 use crate::config::Config;
+use crate::confirm::{Confirmer, Inbox};
 use crate::fleet::Fleet;
 use crate::metrics::Metrics;
 use crate::stall::StallWatch;
@@ -37,6 +38,9 @@ pub struct Handles {
     pub sessions: Arc<SessionHandles>,
     /// `[fleet]`: this instance's name and whether Redis answers (none without the section).
     pub fleet: Option<Arc<Fleet>>,
+    /// The confirming task's side of the question queue, taken by the server when it starts
+    /// the task.
+    pub confirm_inbox: std::sync::Mutex<Option<Inbox>>,
 }
 
 /// What a session uses.
@@ -52,6 +56,9 @@ pub struct SessionHandles {
     /// cores the process may use (at least one), so that a flood of them cannot take every
     /// core from the relays (`session::gate`).
     pub inflate_slots: Semaphore,
+    /// Where questions to the cluster go (`confirm`): a time limit before it counts, a read
+    /// staleguard's own limit cut before it climbs.
+    pub confirmer: Confirmer,
 }
 
 /// What the admin endpoint uses: what `/status`, `/readyz` and `/metrics` show, and its
@@ -97,6 +104,7 @@ impl Handles {
         let breakers = Arc::new(breakers);
         let stall = Arc::new(StallWatch::new());
         let ids: Arc<Ids> = Arc::default();
+        let (confirmer, inbox) = Confirmer::new();
         let sessions = Arc::new(SessionHandles {
             config: config.clone(),
             breakers: breakers.clone(),
@@ -105,6 +113,7 @@ impl Handles {
             stall: stall.clone(),
             ids: ids.clone(),
             inflate_slots: Semaphore::new(inflate_slots()),
+            confirmer,
         });
         Handles {
             upstreams,
@@ -117,7 +126,23 @@ impl Handles {
             clients: Arc::default(),
             sessions,
             fleet,
+            confirm_inbox: std::sync::Mutex::new(Some(inbox)),
         }
+    }
+
+    /// What the confirming task uses, and its queue (once: `None` after the first call).
+    pub fn confirming(&self) -> Option<(Inbox, crate::confirm::Ctx)> {
+        let inbox = self
+            .confirm_inbox
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let ctx = crate::confirm::Ctx {
+            config: self.config.clone(),
+            breakers: self.breakers.clone(),
+            metrics: self.metrics.clone(),
+        };
+        Some((inbox, ctx))
     }
 
     /// The admin endpoint's view.

@@ -35,7 +35,9 @@
 //! fleet             with `[fleet]`: breaker openings, budgets and probe leadership shared
 //!                   through Redis
 //! health  stall     tasks: periodic hello per upstream · the write-progress watch (its
-//!                   signals and the write counters sessions feed); each gets a few handles
+//! confirm           signals and the write counters sessions feed) · questions to the
+//!                   cluster before a time limit counts (staleguard's own connections);
+//!                   each gets a few handles
 //! state   breaker   live config + generation, ids, runtime facts · the breakers (they log
 //! upstream          and count their own transitions, and hold open for the stall watch) ·
 //!                   choosing and dialing mongos, their health, their ladder guards
@@ -76,6 +78,7 @@ pub mod admin;
 pub mod breaker;
 pub mod command;
 pub mod config;
+pub mod confirm;
 #[cfg(feature = "sim")]
 pub mod demo_proxy;
 pub mod events;

@@ -131,6 +131,7 @@ pub struct Metrics {
     pub upstream_up: Family<UpstreamLabel, Gauge>,
     pub upstream_latency: Family<UpstreamLabel, LatencyHistogram>,
     pub upstream_hello: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
+    pub upstream_silent: Family<UpstreamLabel, Counter>,
     pub reloads: Family<ResultLabel, Counter>,
     /// TLS handshakes that failed, by side (client, upstream).
     pub tls_failures: Family<SideLabel, Counter>,
@@ -192,6 +193,7 @@ impl Metrics {
             upstream_up: Family::default(),
             upstream_latency: Family::default(),
             upstream_hello: Family::new_with_constructor(latency_histogram),
+            upstream_silent: Family::default(),
             reloads: Family::default(),
             tls_failures: Family::default(),
             ns_errors: DashMap::new(),
@@ -271,6 +273,11 @@ impl Metrics {
                 "upstream_hello_seconds",
                 "Round trip of the health check's hello, by upstream",
                 m.upstream_hello.clone(),
+            );
+            r.register(
+                "upstream_silent_reads",
+                "Followed reads an upstream left unanswered past their maxTimeMS and a grace (staleguard answered MaxTimeMSExpired), by upstream",
+                m.upstream_silent.clone(),
             );
             r.register(
                 "reloads",
@@ -440,6 +447,14 @@ impl Metrics {
                 from,
                 to,
             })
+            .inc();
+    }
+
+    /// A read through `upstream` got no reply past its limit and a grace.
+    pub fn upstream_silent(&self, upstream: &str) {
+        let upstream = upstream.to_string();
+        self.upstream_silent
+            .get_or_create(&UpstreamLabel { upstream })
             .inc();
     }
 

@@ -147,6 +147,9 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
         breakers: shared.breakers.clone(),
     };
     stall::start(watch, stop.clone());
+    if let Some((inbox, ctx)) = shared.confirming() {
+        tokio::spawn(crate::confirm::run(inbox, ctx, stop.clone()));
+    }
     if let (Some(fleet), Some(cfg)) = (&shared.fleet, &shared.config.load().fleet) {
         let ctx = crate::fleet::Ctx {
             config: shared.config.clone(),

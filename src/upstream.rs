@@ -3,9 +3,11 @@
 //! Each router also guards its primary rung (`ladder`: reads sent to the primary); with
 //! `[fleet]` budgets, this instance's share of the fleet's (`share`) is taken on top.
 
+mod driver;
 mod ladder;
 mod share;
 
+pub use driver::driver_client;
 pub use ladder::{ConnLadder, Denied, LadderGuard, LadderPermit};
 pub use share::{FleetShare, ShareSaid};
 
@@ -64,6 +66,11 @@ pub struct HealthInfo {
     pub last_error: Option<String>,
     /// When `health` last changed.
     pub since: SystemTime,
+    /// Reads it left unanswered past their `maxTimeMS` and a grace (answered by
+    /// staleguard instead), and when the last was: a router that still answers `hello`
+    /// but has gone silent on reads.
+    pub silent_reads: u64,
+    pub last_silent: Option<SystemTime>,
 }
 
 /// One mongos router.
@@ -92,6 +99,8 @@ impl Upstream {
                 last_latency: None,
                 last_error: None,
                 since: SystemTime::now(),
+                silent_reads: 0,
+                last_silent: None,
             }),
         }
     }
@@ -110,6 +119,13 @@ impl Upstream {
         info.health = Health::Unknown;
         info.since = SystemTime::now();
         self.health.store(0, Ordering::Relaxed);
+    }
+
+    /// A read through this router got no reply past its limit and a grace.
+    pub fn silent(&self) {
+        let mut info = lock(&self.info);
+        info.silent_reads += 1;
+        info.last_silent = Some(SystemTime::now());
     }
 
     /// Records a check; returns the previous health when it changed.
@@ -180,6 +196,13 @@ impl Upstreams {
             .iter()
             .find(|u| u.addr == addr)
             .map(|u| u.ladder.clone())
+    }
+
+    /// A read through the router at `addr` got no reply past its limit and a grace.
+    pub fn silent(&self, addr: &str) {
+        if let Some(u) = self.list.load().iter().find(|u| u.addr == addr) {
+            u.silent();
+        }
     }
 
     /// Ready to serve: at least one upstream answered its last check (with checks off, at

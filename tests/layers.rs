@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     // shared state: live config + generation, ids, runtime facts; the breakers; the upstreams
     &["state", "breaker", "upstream"],
     // background tasks, each given the handles it uses
-    &["health", "stall"],
+    &["health", "stall", "confirm"],
     // with `[fleet]`: openings, budgets and probe leadership shared through Redis
     &["fleet"],
     // one Arc of each handle, for session, admin and reload

@@ -92,6 +92,9 @@ pub struct UpstreamStatus {
     pub last_error: Option<String>,
     /// Primary-rung reads through this router waiting for their reply (`[ladder_guard]`).
     pub ladder_in_flight: u32,
+    /// Reads it left unanswered past their limit and a grace (staleguard answered them).
+    pub silent_reads: u64,
+    pub last_silent: Option<String>,
 }
 
 /// The write-progress watch: is a write stall suspected, on what evidence, since when.
@@ -237,6 +240,8 @@ pub fn collect(shared: &AdminHandles, listening: bool) -> Status {
                 last_hello_ms: i.last_latency.map(|d| d.as_secs_f64() * 1000.0),
                 last_error: i.last_error,
                 ladder_in_flight: u.ladder.in_flight(),
+                silent_reads: i.silent_reads,
+                last_silent: i.last_silent.map(rfc3339),
             }
         })
         .collect();
@@ -355,9 +360,7 @@ fn namespaces(shared: &AdminHandles, table: &crate::policy::PolicyTable) -> Vec<
             .and_then(|(db, coll)| table.lookup(db, coll));
         let ago = now.saturating_duration_since(snap.since);
         let totals = shared.metrics.ns_totals(&snap.ns);
-        let next_probe = policy
-            .and_then(|p| snap.next_probe(p))
-            .map(|at| at.saturating_duration_since(now));
+        let next_probe = (snap.next_probe()).map(|at| at.saturating_duration_since(now));
         rows.push(NsStatus {
             namespace: snap.ns.clone(),
             kind: "namespace",

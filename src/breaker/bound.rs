@@ -548,7 +548,7 @@ mod tests {
         assert!(!open(&b, "pay.new", t0 + S(30)));
         // pay.x0 is read (still inside its cooldown: no transition, only the read).
         assert!(!matches!(
-            b.admit("pay.x0", &p, t0 + S(20)),
+            b.admit("pay.x0", &p, 99, false, t0 + S(20)),
             Admission::Closed
         ));
         // 61 s on, the three unread ones have expired; the read one has not.

@@ -39,6 +39,11 @@ pub(super) struct Breaker {
     /// Samples answered in a row while open (reset by a failed one), since when, and the
     /// first connections they came from.
     pub(super) streak: Streak,
+    /// The connection that took the last probe: the next goes to another when one comes
+    /// (see [`Breaker::peek`]).
+    pub(super) last_prober: Option<u64>,
+    /// When a sample was last answered (bound mode probes only without a recent one).
+    pub(super) last_answered: Option<Instant>,
     /// The fleet instance whose opening opened this breaker (see `fleet`); none when it
     /// opened on this instance's own evidence, and always none while closed.
     pub(super) opener: Option<std::sync::Arc<str>>,
@@ -55,10 +60,30 @@ pub(super) struct Streak {
     pub(super) since: Option<Instant>,
     /// The first two distinct connections of the streak (0 = none yet).
     conns: [u64; 2],
+    /// The share each connection has used: its answers counted since the start of its
+    /// current `min_cooldown` (the last few connections, oldest replaced first).
+    shares: [Share; SHARES],
+}
+
+/// The connections whose share of a streak is remembered; a connection beyond them is one
+/// more distinct connection, which the share could not have stopped anyway.
+const SHARES: usize = 8;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Share {
+    conn: u64,
+    since: Option<Instant>,
+    counted: u32,
 }
 
 impl Streak {
-    fn add(&mut self, conn: u64, now: Instant) {
+    /// Counts an answer from `conn` unless that connection already counted `per_connection`
+    /// answers within its current `min_cooldown` (the same share it has of the openings);
+    /// false when it was not counted.
+    fn add(&mut self, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
+        if !self.take_share(policy, conn, now) {
+            return false;
+        }
         if self.count == 0 {
             self.since = Some(now);
         }
@@ -68,6 +93,40 @@ impl Streak {
                 *slot = conn;
             }
         }
+        true
+    }
+
+    fn take_share(&mut self, policy: &NsPolicy, conn: u64, now: Instant) -> bool {
+        let span = policy.min_cooldown.min(policy.cooldown);
+        let per = policy.per_connection.max(1);
+        let fresh = |s: &Share| {
+            s.since
+                .is_none_or(|t| now.saturating_duration_since(t) >= span)
+        };
+        if let Some(s) = self
+            .shares
+            .iter_mut()
+            .find(|s| s.conn == conn && s.since.is_some())
+        {
+            if fresh(s) {
+                (s.since, s.counted) = (Some(now), 1);
+                return true;
+            }
+            if s.counted >= per {
+                return false;
+            }
+            s.counted += 1;
+            return true;
+        }
+        // A new connection takes the slot of the one whose share started longest ago.
+        if let Some(slot) = self.shares.iter_mut().min_by_key(|s| s.since) {
+            *slot = Share {
+                conn,
+                since: Some(now),
+                counted: 1,
+            };
+        }
+        true
     }
 
     pub(super) fn connections(&self) -> u32 {
@@ -103,6 +162,8 @@ impl Breaker {
             step: 0,
             early: false,
             streak: Streak::default(),
+            last_prober: None,
+            last_answered: None,
             opener: None,
             last_read: AtomicU64::new(0),
         }
@@ -151,9 +212,17 @@ impl Breaker {
         t
     }
 
-    /// What an eligible read meets now, without claiming anything (a read lock is enough):
-    /// `Probe` says a probe is due, to be claimed with [`Breaker::claim_probe`].
-    pub(super) fn peek(&self, policy: &NsPolicy, now: Instant) -> Admission {
+    /// What an eligible read from connection `conn` meets now, without claiming anything (a
+    /// read lock is enough): `Probe` says a probe is due, to be claimed with
+    /// [`Breaker::claim_probe`]. `climbs`: the read may go to the primary (the namespace has
+    /// the primary rung and the read is not pinned by tag sets).
+    pub(super) fn peek(
+        &self,
+        policy: &NsPolicy,
+        conn: u64,
+        climbs: bool,
+        now: Instant,
+    ) -> Admission {
         if self.state == State::Closed {
             return Admission::Closed;
         }
@@ -161,31 +230,53 @@ impl Breaker {
             // Unknown while held: probing starts when the write stall clears.
             return self.admission(policy.cooldown);
         }
-        if sends_every_read(policy) {
-            return Admission::Bounded {
-                reason: self.reason,
-                errors: self.errors.len() as u32,
-            };
+        let bounded = Admission::Bounded {
+            reason: self.reason,
+            errors: self.errors.len() as u32,
+        };
+        let every_read = sends_every_read(policy, climbs);
+        // Sending every read bounded, one read at a time still goes as a probe, sent as a
+        // closed read would be, when no sample was answered within `min_cooldown`: the bound
+        // says nothing of a namespace whose healthy reads take longer, and only answers
+        // close the breaker. While bounded samples are answered, none is needed.
+        let not_yet = |probe_in| match every_read {
+            true => bounded,
+            false => self.admission(probe_in),
+        };
+        let span = policy.min_cooldown.min(policy.cooldown);
+        let answered_lately =
+            (self.last_answered).is_some_and(|t| now.saturating_duration_since(t) < span);
+        if every_read && answered_lately {
+            return bounded;
         }
         // A probe that never reported (its client vanished without us noticing) is given
         // up after `cooldown`, so the breaker cannot stop probing.
         if let Some(since) = self.probe_since {
             match since.checked_add(policy.cooldown) {
-                Some(at) if now < at => return self.admission(at - now),
-                None => return self.admission(policy.cooldown),
+                Some(at) if now < at => return not_yet(at - now),
+                None => return not_yet(policy.cooldown),
                 Some(_) => {}
             }
         }
         if !self.early && now < self.probe_after {
-            return self.admission(self.probe_after - now);
+            return not_yet(self.probe_after - now);
+        }
+        // Round robin: the connection that took the last probe waits `min_cooldown` past
+        // the due time for another connection to take this one.
+        if self.last_prober == Some(conn) {
+            let turn = later(self.probe_after, policy.min_cooldown.min(policy.cooldown));
+            if now < turn {
+                return not_yet(turn - now);
+            }
         }
         Admission::Probe
     }
 
-    /// Takes the due probe for one read.
-    pub(super) fn claim_probe(&mut self, now: Instant) {
+    /// Takes the due probe for one read of connection `conn`.
+    pub(super) fn claim_probe(&mut self, conn: u64, now: Instant) {
         self.early = false;
         self.probe_since = Some(now);
+        self.last_prober = Some(conn);
         self.last_seen = now;
     }
 
@@ -206,8 +297,10 @@ impl Breaker {
         // After a good answer the next read may probe at once: a healed cluster is seen
         // at the pace of its readers.
         self.probe_after = now;
-        self.streak.add(conn, now);
-        self.state == State::Open && self.streak.enough(policy, now)
+        self.last_answered = Some(now);
+        self.streak.add(policy, conn, now)
+            && self.state == State::Open
+            && self.streak.enough(policy, now)
     }
 
     /// A sample failed: the streak starts over, and the next probe waits longer.
@@ -271,11 +364,10 @@ fn later(now: Instant, wait: Duration) -> Instant {
 }
 
 /// While open, every eligible read of `policy` goes out bounded (strict, `on_open =
-/// "bound"`, no primary rung), rather than one probe at a time.
-pub(super) fn sends_every_read(policy: &NsPolicy) -> bool {
-    policy.mode == crate::policy::Mode::Strict
-        && policy.on_open == OnOpen::Bound
-        && !policy.primary_rung
+/// "bound"`, and the read cannot climb to the primary: no primary rung, or the read is
+/// pinned by tag sets, which never climbs), rather than one probe at a time.
+pub(super) fn sends_every_read(policy: &NsPolicy, climbs: bool) -> bool {
+    policy.mode == crate::policy::Mode::Strict && policy.on_open == OnOpen::Bound && !climbs
 }
 
 /// The window entries a breaker keeps: enough to hold `threshold` errors, and (as each

@@ -2,9 +2,7 @@
 
 use tokio::time::Instant;
 
-use super::entry::sends_every_read;
 use super::{Breakers, Reason, State};
-use crate::policy::NsPolicy;
 
 /// A snapshot of one breaker, for status pages and tests.
 #[derive(Debug, Clone)]
@@ -30,11 +28,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// When an open breaker lets its next probe through under `policy` (`None` while held,
-    /// when not open, or when every read is a sample).
-    pub fn next_probe(&self, policy: &NsPolicy) -> Option<Instant> {
+    /// When an open breaker lets its next probe through (`None` while held or when not
+    /// open).
+    pub fn next_probe(&self) -> Option<Instant> {
         match self.state {
-            State::Open if self.held || sends_every_read(policy) => None,
+            State::Open if self.held => None,
             State::Open if self.early => Some(self.opened_at.min(self.probe_after)),
             State::Open => Some(self.probe_after),
             State::Closed => None,

@@ -146,6 +146,12 @@ pub struct CommandInfo<'a> {
     /// mongos reads) or `tagSets` (what the Rust driver sends) with an element other than
     /// the empty document (which matches any member), or of another type than an array.
     pub read_pref_tags: bool,
+    /// `speculativeAuthenticate` is present (a handshake that carries its first
+    /// authentication step).
+    pub speculative_auth: bool,
+    /// `$readPreference.maxStalenessSeconds` is present with a value other than -1 (which
+    /// means none): it may rule out every secondary.
+    pub read_pref_staleness: bool,
     pub read_concern: ReadConcernInfo<'a>,
     /// `autocommit` present (any value) or `startTransaction` present.
     pub in_transaction: bool,
@@ -189,6 +195,22 @@ pub struct CommandInfo<'a> {
 }
 
 impl<'a> CommandInfo<'a> {
+    /// Only a secondary can have answered this read, or the primary only because no
+    /// secondary was selectable at all: `secondary` (whatever its tags), or
+    /// `secondaryPreferred` / `nearest` without tag sets or `maxStalenessSeconds`. A
+    /// `primaryPreferred` read, or a tag set or staleness bound that can send a
+    /// `secondaryPreferred` or `nearest` read to the primary while secondaries are up, may
+    /// have been answered by the primary: its success says nothing about the secondaries.
+    pub fn secondary_answers(&self) -> bool {
+        match self.read_pref {
+            Some(ReadPrefMode::Secondary) => true,
+            Some(ReadPrefMode::SecondaryPreferred | ReadPrefMode::Nearest) => {
+                !self.read_pref_tags && !self.read_pref_staleness
+            }
+            _ => false,
+        }
+    }
+
     /// The primary namespace, when both `$db` and a collection are known.
     pub fn primary_ns(&self) -> Option<Ns<'a>> {
         Some(Ns {
@@ -276,6 +298,7 @@ fn classify_from<'a>(
                 seen.mark(K_READ_PREF, "$readPreference", &mut dup);
                 read_preference(&e, &mut info, &mut dup)?;
             }
+            b"speculativeAuthenticate" => info.speculative_auth = true,
             b"readConcern" => {
                 seen.mark(K_READ_CONCERN, "readConcern", &mut dup);
                 info.read_concern = read_concern(&e, &mut dup)?;
@@ -372,6 +395,7 @@ fn read_preference<'a>(
     info.read_pref = None;
     info.read_pref_unknown = true;
     info.read_pref_tags = false;
+    info.read_pref_staleness = false;
     if e.tag != scan::DOCUMENT {
         return Ok(());
     }
@@ -380,6 +404,8 @@ fn read_preference<'a>(
     while let Some(f) = elems.next_elem()? {
         if f.key == b"tags" || f.key == b"tagSets" {
             info.read_pref_tags |= pins(&f)?;
+        } else if f.key == b"maxStalenessSeconds" {
+            info.read_pref_staleness |= scan::int_value(&f) != Some(-1);
         } else if f.key == b"mode" {
             seen.mark(K_MODE, "$readPreference.mode", dup);
             let mode = string_value(&f)?.and_then(ReadPrefMode::parse);

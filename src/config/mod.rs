@@ -129,6 +129,10 @@ pub struct Config {
     /// `[ladder_guard]`: how many primary-rung reads each upstream may carry. Reloads (the
     /// next ladder read is judged against the new limits).
     pub ladder_guard: LadderGuardConfig,
+    /// `[confirm]`: the login staleguard's own connections use for confirming reads
+    /// (`username` with `password` or `password_env`, optional `auth_source`). Default
+    /// none: they read unauthenticated. Reloads (the clients are made again).
+    pub confirm: ConfirmConfig,
     /// The resource limits (top-level keys `max_connections`, `max_connections_per_peer`,
     /// `message_timeout`, `first_message_timeout`, `idle_timeout`, `write_timeout`,
     /// `max_pending_reads`).
@@ -333,6 +337,15 @@ impl Config {
             limits: Limits::default(),
             breaker_share: DEFAULT_BREAKER_SHARE,
             fleet: None,
+            confirm: ConfirmConfig::default(),
         }
     }
+}
+
+/// `[confirm]`: how staleguard's own connections for confirming reads log in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConfirmConfig {
+    /// Default none (unauthenticated: on a cluster that requires authentication, every
+    /// confirming read is refused and time limits never count).
+    pub credentials: Option<Credentials>,
 }

@@ -10,6 +10,7 @@ use toml::Spanned;
 
 use super::scalars::{check_addr, duration};
 use super::spans::{Ctx, Recorded};
+use super::ConfirmConfig;
 use crate::tls::{ServerTls, TlsError, UpstreamTls};
 
 /// Default `[admin] listen`: loopback only.
@@ -377,4 +378,30 @@ pub(super) fn upstream_tls(
             Err(Recorded)
         }
     }
+}
+
+/// `[confirm]`: the login of staleguard's own connections for confirming reads.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfirm {
+    username: Option<Spanned<String>>,
+    password: Option<Spanned<String>>,
+    password_env: Option<Spanned<String>>,
+    auth_source: Option<Spanned<String>>,
+}
+
+/// `[confirm]`; `None` when invalid (errors recorded).
+pub(super) fn confirm(ctx: &mut Ctx, v: Option<&Spanned<RawConfirm>>) -> Option<ConfirmConfig> {
+    let Some(table) = v else {
+        return Some(ConfirmConfig::default());
+    };
+    let c = table.get_ref();
+    let raw = super::stall::credentials::RawCreds {
+        username: c.username.as_ref(),
+        password: c.password.as_ref(),
+        password_env: c.password_env.as_ref(),
+        auth_source: c.auth_source.as_ref(),
+    };
+    let credentials = super::stall::credentials::credentials(ctx, &raw, table, "confirm").ok()?;
+    Some(ConfirmConfig { credentials })
 }

@@ -76,6 +76,7 @@ struct RawConfig {
     stall_watch: Option<Spanned<stall::RawStall>>,
     ladder_guard: Option<Spanned<RawLadderGuard>>,
     fleet: Option<Spanned<fleet::RawFleet>>,
+    confirm: Option<Spanned<ops::RawConfirm>>,
     defaults: Option<Spanned<RawEntry>>,
     #[serde(default)]
     namespaces: Vec<Spanned<RawEntry>>,
@@ -150,6 +151,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         guard.and_then(|g| g.fleet_max_in_flight.as_ref()),
     ];
     let fleet = fleet::fleet(ctx, raw.fleet.as_ref(), &listen, budgets);
+    let confirm = ops::confirm(ctx, raw.confirm.as_ref());
     Some(Config {
         source: path.to_path_buf(),
         listen,
@@ -171,6 +173,7 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
         limits: limits?,
         breaker_share: breaker_share?,
         fleet: fleet.ok()?,
+        confirm: confirm?,
     })
 }
 

@@ -20,7 +20,7 @@ pub struct ConfirmLabel {
 }
 
 /// The `result` labels of `confirm_reads_total`.
-pub const CONFIRM_RESULTS: [&str; 4] = ["confirmed", "unconfirmed", "unknown", "skipped"];
+pub const CONFIRM_RESULTS: [&str; 5] = ["confirmed", "unconfirmed", "unknown", "skipped", "shared"];
 
 #[derive(Default)]
 pub struct BreakerMetrics {
@@ -37,7 +37,7 @@ impl BreakerMetrics {
         );
         r.register(
             "confirm_reads",
-            "Confirming reads after a time-limit error: confirmed (the cheap read failed too: counted), unconfirmed (it was answered: not counted), unknown (no answer to judge), skipped (one already in flight on the connection, the breaker open, or the connection has counted its per_connection errors in the window)",
+            "Questions to the cluster after a time-limit error, answered by a cheap read on staleguard's own connections: confirmed (the cheap read failed too: counted), unconfirmed (it was answered), unknown (no answer to judge: no rights, no reply), shared (answered by a cheap read of the same namespace in flight or within the last second), skipped (not asked: the connection asked within the window, has not proved itself, has counted its per_connection errors, or the bounds were reached)",
             self.confirms.clone(),
         );
         for result in CONFIRM_RESULTS {

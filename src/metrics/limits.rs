@@ -41,7 +41,7 @@ pub const LIMITS: [&str; 11] = [
 pub const RULES: [&str; 1] = ["reused_request_id"];
 
 /// The `why` labels of `evidence_ignored_total`.
-pub const IGNORED: [&str; 7] = [
+pub const IGNORED: [&str; 8] = [
     "short_wait",
     "short_time_limit",
     "per_connection",
@@ -49,6 +49,7 @@ pub const IGNORED: [&str; 7] = [
     "tagged",
     "unconfirmed",
     "queued",
+    "unproven",
 ];
 
 #[derive(Default)]
@@ -81,7 +82,7 @@ impl LimitMetrics {
         r.register("breakers", "Breakers in the map now", self.breakers.clone());
         r.register(
             "evidence_ignored",
-            "Trigger errors not counted: short_wait (slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window), client_gone (the client closed before the reply), tagged (133 on a read with tag sets), unconfirmed (a time limit the confirming read did not confirm), queued (a read mongos had not started yet)",
+            "Trigger errors not counted: short_wait (slow reply before min_wait), short_time_limit (the read's own maxTimeMS below min_wait), per_connection (past per_connection in the window), client_gone (the client closed before the reply), tagged (133 on a read with tag sets), unconfirmed (a time limit the confirming read did not confirm), queued (a read mongos had not started yet), unproven (said on a connection that has neither authenticated nor had a read answered)",
             self.ignored.clone(),
         );
         r.register(

@@ -16,125 +16,11 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
+use super::attempt::{Attempt, Read, Rung};
 use super::budget::{next_rung_ms, primary_rung_ms, Remaining};
 use super::decide::{AfterPrimary, Bounded, Decision};
-use super::judge::Read;
-use super::table::{Causal, NsPolicy};
+use super::table::Causal;
 use crate::rewrite::RewriteSpec;
-
-/// One attempt of a read: the ladder's rungs, in the order a read climbs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rung {
-    /// The read as the client sent it (its `maxTimeMS` perhaps lowered to a share).
-    First,
-    /// Sent with `$readPreference: {mode: "primary"}`, read concern untouched.
-    Primary,
-    /// Sent with `readConcern: {level: "available"}`.
-    Available,
-    /// A strict read sent under an open breaker's bound, sent once more under the same bound
-    /// after its first attempt failed (mongos may pick another member: in a partial incident
-    /// the healthy secondary answers it).
-    Again,
-}
-
-impl Rung {
-    /// The `rung` label of the ladder metric.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rung::First => "first",
-            Rung::Primary => "primary",
-            Rung::Available => "available",
-            Rung::Again => "again",
-        }
-    }
-}
-
-/// The attempt a followed read is on: the state the session keeps between transitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Attempt {
-    pub rung: Rung,
-    /// The primary rung is still ahead.
-    pub primary: bool,
-    /// The `available` rung is still ahead.
-    pub retry: bool,
-    /// A sample of an open breaker (`bounded`: under its time bound).
-    pub sample: bool,
-    pub bounded: Option<Bounded>,
-    /// Sent with a `maxTimeMS` staleguard wrote.
-    pub limit_ours: bool,
-    /// The read's whole budget (the next rung spends what this attempt leaves); `None`: no
-    /// limit.
-    pub budget_ms: Option<i64>,
-}
-
-impl Attempt {
-    /// An attempt on `rung` with nothing ahead of it.
-    fn last(rung: Rung, budget_ms: Option<i64>, limit_ours: bool) -> Attempt {
-        Attempt {
-            rung,
-            primary: false,
-            retry: false,
-            sample: false,
-            bounded: None,
-            limit_ours,
-            budget_ms,
-        }
-    }
-
-    /// The read as the judge sees this attempt of it: `started` and `began` as the session
-    /// timed them, `tagged` from its read preference.
-    pub fn read(
-        self,
-        policy: &NsPolicy,
-        started: Instant,
-        began: Option<Instant>,
-        tagged: bool,
-    ) -> Read<'_> {
-        Read {
-            policy,
-            started,
-            began,
-            max_time_ms: self.budget_ms,
-            limit_ours: self.limit_ours,
-            tagged,
-            sample: self.sample,
-            bounded: self.bounded,
-            primary: self.primary,
-            retry: self.retry,
-            rung: self.rung,
-        }
-    }
-
-    /// The same attempt sent as the bytes that arrived (its edit could not be made).
-    pub fn unedited(self) -> Attempt {
-        Attempt {
-            limit_ours: false,
-            ..self
-        }
-    }
-
-    /// The attempt a resend to rung `to`, edited by `spec`, is followed as: the rungs up to
-    /// `to` are behind it; `available` is still ahead only of a primary rung that had it
-    /// ahead; a resend is never a sample, never bounded; the budget is the read's.
-    pub fn climbed(self, to: Rung, spec: &RewriteSpec) -> Attempt {
-        Attempt {
-            rung: to,
-            primary: false,
-            retry: self.retry && to == Rung::Primary,
-            sample: false,
-            // The second attempt under the bound keeps it: its failure is the fail-fast error.
-            bounded: if to == Rung::Again {
-                self.bounded
-            } else {
-                None
-            },
-            limit_ours: spec.max_time_ms.is_some(),
-            budget_ms: self.budget_ms,
-        }
-    }
-}
 
 impl Decision<'_> {
     /// The attempt a decision sends its read as, when it follows the read (`None`: it is
@@ -156,6 +42,7 @@ impl Decision<'_> {
                 bounded,
                 limit_ours: cap_ms.is_some(),
                 budget_ms,
+                asked: false,
             }),
             // Sent to `available` at once: nothing after it, no budget to carry.
             Decision::Rewrite { cap_ms, .. } => {
@@ -220,6 +107,13 @@ pub enum Then {
     },
     /// Rung `0` was due, but the read's budget is spent: the reply goes to the client.
     NoTime(Rung),
+    /// A limit staleguard set cut the first attempt before a rung: the cluster is asked
+    /// (a cheap read of the namespace) before the read climbs; [`after_confirm`] says what
+    /// the answer leads to. The client never sees this reply.
+    Confirm,
+    /// mongos stayed silent past the attempt's limit: the client gets staleguard's own
+    /// MaxTimeMSExpired, and the late reply is dropped when it comes.
+    Silent,
 }
 
 impl Then {
@@ -242,6 +136,37 @@ impl Then {
             },
             other => other,
         }
+    }
+
+    /// The same verdict for a reply that already went to the client (a large one, relayed
+    /// in pieces as it came): nothing can replace it or follow it any more, so every step
+    /// but a rung already out of time is the reply as it came.
+    pub fn relayed(self) -> Then {
+        match self {
+            Then::NoTime(rung) => Then::NoTime(rung),
+            _ => Then::Reply,
+        }
+    }
+}
+
+/// What the cluster's answer to the question [`Then::Confirm`] raised leads to, `elapsed`
+/// into the read's budget: confirmed (the cheap read failed too), the rung ahead as a trigger
+/// error would lead; otherwise the read is sent again as the client sent it, with what is
+/// left of its budget (never relaxed, never to the primary, without evidence).
+pub fn after_confirm(read: &Read<'_>, confirmed: bool, elapsed: Duration) -> Then {
+    if confirmed {
+        return after_first(read, elapsed);
+    }
+    match next_rung_ms(read.max_time_ms, elapsed) {
+        Remaining::Spent => Then::NoTime(Rung::First),
+        left => Then::Climb {
+            to: Rung::First,
+            spec: RewriteSpec {
+                max_time_ms: left.ms(),
+                ..RewriteSpec::default()
+            },
+            or_else: None,
+        },
     }
 }
 
@@ -348,8 +273,9 @@ fn climb(read: &Read<'_>, to: Rung, remaining: Option<i64>) -> Then {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{judge, Ending, Mode, Reason};
+    use crate::policy::{judge, Ending, Members, Mode, NsPolicy, Reason};
     use crate::wire::ReplyStatus;
+    use tokio::time::Instant;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -371,6 +297,7 @@ mod tests {
         bounded: None,
         limit_ours: false,
         budget_ms: None,
+        asked: false,
     };
 
     const BOUND: Bounded = Bounded {
@@ -681,7 +608,7 @@ mod tests {
         let first = decided.attempt().expect("followed");
         // Stale at 200 ms: to the primary with a share of the 800 ms left.
         let then = judge(
-            &first.read(&p, t0, Some(t0), false),
+            &first.read(&p, t0, Some(t0), Members::SECONDARY),
             Ending::Reply(&stale),
             t0 + ms(200),
         )
@@ -707,7 +634,7 @@ mod tests {
         // The guard lets it through; the primary times out at 600 ms: available with 400.
         let on_primary = first.climbed(Rung::Primary, &spec);
         let then = judge(
-            &on_primary.read(&p, t0, Some(t0), false),
+            &on_primary.read(&p, t0, Some(t0), Members::SECONDARY),
             Ending::Reply(&max_time),
             t0 + ms(600),
         )
@@ -725,14 +652,14 @@ mod tests {
         let last = on_primary.climbed(Rung::Available, &spec);
         assert!(!last.primary && !last.retry);
         let v = judge(
-            &last.read(&p, t0, Some(t0), false),
+            &last.read(&p, t0, Some(t0), Members::SECONDARY),
             Ending::Reply(&stale),
             t0 + ms(900),
         );
         assert_eq!(v.then, Then::Reply);
         // Past the budget on the primary: no time for available.
         let v = judge(
-            &on_primary.read(&p, t0, Some(t0), false),
+            &on_primary.read(&p, t0, Some(t0), Members::SECONDARY),
             Ending::Reply(&max_time),
             t0 + ms(1000),
         );

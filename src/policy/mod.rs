@@ -7,9 +7,12 @@
 //! decide    resolve (command + table → Target), decide (Target + Admission → Decision)
 //! budget    a read's time budget split between its first attempt and the next rung
 //! outcome   Decision → rewrite spec, dry_run, fail-fast / refusal error replies
-//! judge     the reply side: how a tracked read ended (+ the time) → Verdict
-//! ladder    the read's state machine: Attempt (rung, rungs ahead, budget), the next rung,
-//!           what the primary's guard refusing it leads to
+//! attempt   one attempt of a followed read (Rung, Attempt) and the read as judged (Read)
+//! evidence  the one evidence rule: what a read's ending says about the cluster (Word),
+//!           what a confirming read's reply says (Confirmation)
+//! judge     the reply side: how a followed read ended (+ the time) → Verdict (word, then)
+//! ladder    the read's moves: the next rung, the question before one, what the primary's
+//!           guard refusing it leads to
 //! legacy    OP_QUERY on databases with governed namespaces → refusal (OP_REPLY)
 //! ```
 //!
@@ -17,8 +20,10 @@
 //! in. `config` builds the table from the file; `breaker` keeps the state behind `Admission`;
 //! the session applies what these functions return.
 
+mod attempt;
 mod budget;
 mod decide;
+mod evidence;
 mod judge;
 mod ladder;
 mod legacy;
@@ -26,6 +31,7 @@ mod outcome;
 mod reason;
 mod table;
 
+pub use attempt::{Attempt, Members, Read, Rung};
 pub use budget::{
     attempt_budget, next_rung_ms, primary_rung_ms, rung_share, AttemptBudget, Remaining,
     PRIMARY_RUNG_CEILING_MS,
@@ -33,15 +39,15 @@ pub use budget::{
 pub use decide::{
     capped_max_time, decide, resolve, AfterPrimary, Bounded, Decision, ReadKind, Refusal, Target,
 };
-pub use judge::{
-    confirmation, judge, Confirmation, Ending, Evidence, Failure, Heard, Read, SampleEnd, SetAside,
-    Verdict,
+pub use evidence::{
+    confirmation, own_limit_cut, word, Confirmation, Ending, Evidence, Failure, SetAside, Word,
 };
-pub use ladder::{Attempt, Rung, Then};
+pub use judge::{judge, Verdict};
+pub use ladder::{after_confirm, Then};
 pub use legacy::{judge_op_query, LegacyRefusal, ALLOWED_OP_QUERY_COMMANDS};
 pub use outcome::{
     apply_dry_run, bounded_fail_reply, dry_verdict, fail_fast_reply, legacy_refusal_reply,
-    refusal_reply, rewrite_spec, ErrorReply, HeldBack,
+    refusal_reply, rewrite_spec, silent_reply, ErrorReply, HeldBack,
 };
 pub use reason::{Admission, Reason};
 pub use table::{

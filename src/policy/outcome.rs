@@ -5,13 +5,14 @@
 //! Pure like `decide`: values in, values out, the wall clock passed in. The session only
 //! carries them out (sends, logs, counts).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::attempt::{Attempt, Rung};
 use super::decide::{Decision, Refusal};
 use super::judge::Verdict;
-use super::ladder::{Rung, Then};
+use super::ladder::Then;
 use super::reason::Reason;
 use super::table::NsPolicy;
 use crate::rewrite::RewriteSpec;
@@ -111,24 +112,37 @@ pub fn apply_dry_run<'a>(
     }
 }
 
+impl HeldBack {
+    /// The attempt a dry run's read is followed as: the one it is sent as (`sent`, as the
+    /// dry decision made it), judged with the rungs the real decision would have had
+    /// ahead, which [`dry_verdict`] then counts instead of climbing.
+    pub fn attempt(self, sent: Attempt) -> Attempt {
+        Attempt {
+            primary: self.primary,
+            retry: self.retry,
+            ..sent
+        }
+    }
+}
+
 /// A dry-run read's verdict, judged with the rungs it would have had ahead: a climb (or a
 /// rung due with no time left, which the undivided first attempt spent) is held back, the
 /// reply goes to the client as it came, and the rung is the action counted (`primary`, or
 /// `retry` for `available`).
 pub fn dry_verdict(verdict: Verdict<'_>) -> (Verdict<'_>, Option<&'static str>) {
-    let rung = match verdict.then {
-        Then::Climb { to, .. } | Then::NoTime(to) => to,
-        _ => return (verdict, None),
-    };
-    let action = match rung {
-        Rung::Primary => "primary",
-        _ => "retry",
+    let action = match verdict.then {
+        Then::Climb { to, .. } | Then::NoTime(to) => match to {
+            Rung::Primary => Some("primary"),
+            Rung::Available => Some("retry"),
+            Rung::First | Rung::Again => None,
+        },
+        Then::Reply | Then::FailFast(_) | Then::Confirm | Then::Silent => return (verdict, None),
     };
     let held = Verdict {
-        heard: verdict.heard,
         then: Then::Reply,
+        ..verdict
     };
-    (held, Some(action))
+    (held, action)
 }
 
 /// The edit `decision` makes to the request before it is sent. `None`: the request leaves
@@ -203,19 +217,12 @@ impl ErrorReply {
 }
 
 /// The reply to a read on strict namespace `ns` while its breaker is open: the code says
-/// why it opened (never one drivers retry), the text when the next probe goes out.
-pub fn fail_fast_reply(
-    ns: &str,
-    reason: Reason,
-    errors: u32,
-    probe_in: Duration,
-    now: SystemTime,
-) -> ErrorReply {
+/// why it opened (never one drivers retry). It does not say when the breaker will look
+/// again: a client that knew could aim its reads at that moment.
+pub fn fail_fast_reply(ns: &str, reason: Reason, errors: u32) -> ErrorReply {
     let (code, code_name) = reason.reply_code();
-    let at = humantime::format_rfc3339_seconds(now + probe_in);
     let errmsg = format!(
-        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); not sent to mongos; next probe in {:.1}s (at {at})",
-        probe_in.as_secs_f64()
+        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); not sent to mongos"
     );
     ErrorReply {
         code,
@@ -225,19 +232,70 @@ pub fn fail_fast_reply(
 }
 
 /// The reply to a strict read on `ns` sent while its breaker was open, bounded by
-/// `open_time_limit`, that was not answered within the bound (or met a trigger error): the
-/// same code as a fail-fast, never one drivers retry.
-pub fn bounded_fail_reply(ns: &str, reason: Reason, errors: u32, bound: Duration) -> ErrorReply {
+/// `open_time_limit`, whose attempts all failed: `met` holds what each attempt met (a code,
+/// or none when mongos did not answer at all). The same code as a fail-fast, never one
+/// drivers retry.
+pub fn bounded_fail_reply(
+    ns: &str,
+    reason: Reason,
+    errors: u32,
+    bound: Duration,
+    met: &[Option<i32>],
+) -> ErrorReply {
     let (code, code_name) = reason.reply_code();
+    let attempts = match met.len() {
+        1 => "its attempt".to_string(),
+        n => format!("its {n} attempts"),
+    };
+    let what: Vec<String> = met.iter().map(|m| met_text(*m)).collect();
     let errmsg = format!(
-        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); the read was sent with maxTimeMS {} ms (open_time_limit) and the secondary it met did not answer in time; healthy secondaries still answer",
-        bound.as_millis()
+        "staleguard: strict namespace {ns} fails fast: breaker open after {errors} errors ({reason}); the read was sent with maxTimeMS {} ms (open_time_limit) and {attempts} met: {}; healthy secondaries still answer",
+        bound.as_millis(),
+        what.join(", then ")
     );
     ErrorReply {
         code,
         code_name,
         errmsg,
     }
+}
+
+/// The reply to a followed read on `ns` that mongos did not answer within its attempt's
+/// `maxTimeMS` (`limit`) and a grace: MaxTimeMSExpired, what mongos itself would have
+/// answered had it kept its limit (not a code drivers retry, and not a network error: the
+/// connection stays in the pool). The late reply is dropped when it comes.
+pub fn silent_reply(ns: &str, limit: Duration, waited: Duration) -> ErrorReply {
+    let errmsg = format!(
+        "staleguard: mongos did not answer the read on {ns} within its maxTimeMS of {} ms (waited {} ms); answered by the proxy, the late reply will be dropped",
+        limit.as_millis(),
+        waited.as_millis()
+    );
+    ErrorReply {
+        code: 50,
+        code_name: "MaxTimeMSExpired",
+        errmsg,
+    }
+}
+
+/// What one attempt met, for an error text: the code with its name when it is one of the
+/// trigger codes.
+fn met_text(code: Option<i32>) -> String {
+    let Some(code) = code else {
+        return "no reply from mongos".to_string();
+    };
+    let name = match code {
+        13388 => "StaleConfig",
+        63 => "StaleShardVersion",
+        150 => "StaleEpoch",
+        249 => "StaleDbVersion",
+        50 => "MaxTimeMSExpired",
+        262 => "ExceededTimeLimit",
+        202 => "NetworkInterfaceExceededTimeLimit",
+        89 => "NetworkTimeout",
+        133 => "FailedToSatisfyReadPreference",
+        _ => return format!("error {code}"),
+    };
+    format!("{name} ({code})")
 }
 
 /// The reply to a refused request on `ns` (the governing namespace; `db.$cmd` for a
@@ -406,9 +464,10 @@ mod tests {
 
     #[test]
     fn a_dry_run_climb_is_held_back_and_named() {
-        use crate::policy::{Heard, Rung, Then, Verdict};
+        use crate::policy::{Rung, Then, Verdict, Word};
         let climb = |to| Verdict {
-            heard: Heard::Nothing(None),
+            word: Word::Neutral(None),
+            met: None,
             then: Then::Climb {
                 to,
                 spec: RewriteSpec::default(),
@@ -420,14 +479,16 @@ mod tests {
             (climb(Rung::Available), Some("retry")),
             (
                 Verdict {
-                    heard: Heard::Nothing(None),
+                    word: Word::Neutral(None),
+                    met: None,
                     then: Then::NoTime(Rung::Available),
                 },
                 Some("retry"),
             ),
             (
                 Verdict {
-                    heard: Heard::Nothing(None),
+                    word: Word::Neutral(None),
+                    met: None,
                     then: Then::Reply,
                 },
                 None,
@@ -493,19 +554,48 @@ mod tests {
 
     #[test]
     fn error_replies_name_the_namespace_and_use_unretried_codes() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let r = fail_fast_reply(
-            "pay.tx",
-            Reason::TimeLimit,
-            3,
-            Duration::from_millis(2500),
-            now,
-        );
+        let r = fail_fast_reply("pay.tx", Reason::TimeLimit, 3);
         assert_eq!((r.code, r.code_name), (50, "MaxTimeMSExpired"));
+        // No word of when the breaker looks again.
         assert_eq!(
             r.errmsg,
             "staleguard: strict namespace pay.tx fails fast: breaker open after 3 errors \
-             (time limits); not sent to mongos; next probe in 2.5s (at 2023-11-14T22:13:22Z)"
+             (time limits); not sent to mongos"
+        );
+        // A bounded read names what its attempts met, not "in time" when they met errors.
+        let bound = Duration::from_millis(200);
+        let r = bounded_fail_reply("pay.tx", Reason::StaleRouting, 3, bound, &[Some(13388); 2]);
+        assert_eq!((r.code, r.code_name), (13388, "StaleConfig"));
+        assert!(
+            r.errmsg
+                .contains("its 2 attempts met: StaleConfig (13388), then StaleConfig (13388)"),
+            "{}",
+            r.errmsg
+        );
+        assert!(!r.errmsg.contains("in time"), "{}", r.errmsg);
+        let r = bounded_fail_reply("pay.tx", Reason::StaleRouting, 3, bound, &[Some(50), None]);
+        assert!(
+            r.errmsg
+                .contains("met: MaxTimeMSExpired (50), then no reply from mongos"),
+            "{}",
+            r.errmsg
+        );
+        let r = bounded_fail_reply("pay.tx", Reason::TimeLimit, 3, bound, &[Some(2)]);
+        assert!(
+            r.errmsg.contains("its attempt met: error 2"),
+            "{}",
+            r.errmsg
+        );
+        let r = silent_reply(
+            "pay.tx",
+            Duration::from_millis(1000),
+            Duration::from_millis(1100),
+        );
+        assert_eq!((r.code, r.code_name), (50, "MaxTimeMSExpired"));
+        assert!(
+            r.errmsg.contains("within its maxTimeMS of 1000 ms"),
+            "{}",
+            r.errmsg
         );
         let r = refusal_reply("pay.tx", Refusal::Available);
         assert_eq!((r.code, r.code_name), (72, "InvalidOptions"));

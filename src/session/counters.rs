@@ -131,6 +131,11 @@ impl Meter {
         self.metrics.rewrite(ns, "retry");
     }
 
+    /// A read through `upstream` got no reply past its limit and a grace.
+    pub(super) fn upstream_silent(&self, upstream: &str) {
+        self.metrics.upstream_silent(upstream);
+    }
+
     /// How a confirming read ended (`confirm_reads_total`).
     pub(super) fn confirm(&self, result: &'static str) {
         self.metrics.breakers.confirm(result);

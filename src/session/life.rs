@@ -28,6 +28,11 @@ use crate::wire::MessageCodec;
 /// A session that never goes idle adds its batched metrics at least this often (messages).
 const FLUSH_MSGS: u64 = 1024;
 
+/// While reads are followed, their deadlines are looked at this often (a coarse tick, not a
+/// timer per read): staleguard answers a read mongos left silent within this of its limit
+/// and grace.
+const READS_TICK: Duration = Duration::from_millis(100);
+
 /// How often a session that carried messages looks again whether it went quiet: one that
 /// carried nothing between two looks, with nothing in flight, lets go of its buffers, so
 /// within `FLUSH_AFTER + 2 × TRIM_AFTER` of its last message.
@@ -58,9 +63,10 @@ pub(super) enum Wake {
     Stop,
     /// The stop's deadline passed: close now.
     Kill,
-    /// The timer: the deadlines are due for a look (`tick`), the batched metrics for a
-    /// flush (`flush`), or both.
-    Due { tick: bool, flush: bool },
+    /// The timer: the deadlines kept on the client are due for a look (`tick`), the
+    /// batched metrics for a flush (`flush`), the followed reads' deadlines for a look
+    /// (`reads`), or several of them.
+    Due { tick: bool, flush: bool, reads: bool },
 }
 
 /// Why a deadline ends a session: the limit's name (the `limit` label).
@@ -88,6 +94,8 @@ pub(super) struct Life {
     next_tick: Instant,
     /// When the batched metrics are due, while some wait.
     flush_at: Option<Instant>,
+    /// When the followed reads' deadlines are due for a look, while there are any.
+    reads_at: Option<Instant>,
     /// Requests read so far, as the last tick saw them, and since when none came.
     msgs: u64,
     seen_msgs: u64,
@@ -128,6 +136,7 @@ impl Life {
             tick,
             next_tick: now + tick,
             flush_at: None,
+            reads_at: None,
             msgs: 0,
             seen_msgs: 0,
             quiet_since: now,
@@ -179,14 +188,18 @@ impl Life {
             let now = Instant::now();
             let tick = now >= self.next_tick;
             let flush = self.flush_at.is_some_and(|at| now >= at);
+            let reads = self.reads_at.is_some_and(|at| now >= at);
             if tick {
                 self.next_tick = now + self.tick;
             }
             if flush {
                 self.flush_at = None;
             }
+            if reads {
+                self.reads_at = None;
+            }
             self.arm();
-            return Poll::Ready(Wake::Due { tick, flush });
+            return Poll::Ready(Wake::Due { tick, flush, reads });
         }
         Poll::Pending
     }
@@ -213,12 +226,13 @@ impl Life {
         self.primed = true;
     }
 
-    /// Sets the timer to the next thing due (the next tick, or the flush when sooner).
+    /// Sets the timer to the next thing due: the next tick, or the flush or the reads'
+    /// look when sooner.
     fn arm(&mut self) {
-        let at = match self.flush_at {
-            Some(f) if f < self.next_tick => f,
-            _ => self.next_tick,
-        };
+        let at = [self.flush_at, self.reads_at]
+            .into_iter()
+            .flatten()
+            .fold(self.next_tick, Instant::min);
         if self.timer.deadline() != at {
             self.timer.as_mut().reset(at);
         }
@@ -238,6 +252,15 @@ impl Life {
     pub(super) fn counted(&mut self, dirty: bool) {
         if dirty && self.flush_at.is_none() {
             self.flush_at = Some(Instant::now() + FLUSH_AFTER);
+            self.arm();
+        }
+    }
+
+    /// Reads are followed (`watching`): their deadlines are due for a look within
+    /// `READS_TICK`. A clock read and a timer move once per look, not per message.
+    pub(super) fn watch_reads(&mut self, watching: bool) {
+        if watching && self.reads_at.is_none() {
+            self.reads_at = Some(Instant::now() + READS_TICK);
             self.arm();
         }
     }

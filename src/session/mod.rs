@@ -7,15 +7,18 @@
 //! life      the lifecycle: stop, kill, the deadlines kept on the client
 //! peers     the pair of peers: their outboxes (outbox) and the turn order with mongos
 //! request   what happens to a request: the gates (gate), then governed reads decided on
-//!           (policy::decide) and carried out
-//! reply     what happens to a reply: its turn, a write's answer, the confirming read's,
-//!           a tracked read judged (policy::judge) and its next rung, large replies passed
-//!           on in pieces
-//! judging   a large reply to a tracked read or write, judged in pieces as it passes
-//! reads     what is followed in flight: tracked reads, the confirming read, writes, the
-//!           connection's share of the ladder guard
+//!           (policy::decide) and carried out; a followed one becomes a Followed
+//! followed  one followed read from its request to its last reply: its attempt, slot,
+//!           timing and policy; its next step (settle → Next)
+//! reply     what happens to a reply, in its phases: head (what it answers: arrival), whole
+//!           or pieces, the end of a followed read (judged, heard through the one evidence
+//!           gate, settled, carried out)
+//! arrival   what a reply answers (Arrival), a large reply judged in pieces (Pieces)
+//! reads     what is followed in flight: followed reads (waiting, or waiting for the
+//!           cluster's answer), writes, authentication steps (Proof), the ladder share
+//! witness   the one evidence gate, as this connection's: its word to the breaker, or a
+//!           question to the cluster first
 //! gate      the early gates (request + config → Gate); off-worker decompression
-//! confirm   the cheap read that confirms a time limit before it counts
 //! counters  Meter: every count the session makes, one way; per-request counts batched
 //! outbox    what waits to be written to one peer
 //! ```
@@ -25,10 +28,10 @@
 //! `Bytes` that arrived. Writes (for the write-stall watch) cost a command-name read and a
 //! small per-session list; other commands pay nothing more.
 
-mod confirm;
+mod arrival;
 mod counters;
+mod followed;
 mod gate;
-mod judging;
 mod life;
 mod outbox;
 mod peers;
@@ -36,6 +39,7 @@ mod reads;
 mod relay;
 mod reply;
 mod request;
+mod witness;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -122,8 +126,8 @@ struct Handler {
     /// Where rewritten requests are written; its allocation comes back once the last one
     /// is sent (`rewrite::rewrite_into`).
     rewrite_buf: BytesMut,
-    /// A large reply to a tracked read or a followed write, judged as it passes in pieces.
-    judging: Option<Box<judging::Judging>>,
+    /// A large reply to a followed read or write, judged as it passes in pieces.
+    pieces: Option<Box<arrival::Pieces>>,
 }
 
 impl Session {
@@ -154,7 +158,7 @@ impl Session {
                 meter,
                 ns_buf: String::new(),
                 rewrite_buf: BytesMut::new(),
-                judging: None,
+                pieces: None,
             },
         }
     }

@@ -1,76 +1,86 @@
-//! What the session follows in flight: the tracked reads waiting for their reply (each on
-//! an attempt of its ladder, `policy::Attempt`), the confirming read, the writes the
-//! write-stall watch follows, and this connection's share of its upstream's ladder guard.
-//! Bounded: at most `max_pending_reads` tracked reads, one confirming read.
+//! What the session follows in flight: the reads waiting for their reply (each a
+//! [`Followed`]), the reads waiting for the cluster's answer to a question about them, the
+//! writes the write-stall watch follows, this connection's share of its upstream's ladder
+//! guard, and whether the connection has proved itself to the cluster ([`Proof`]).
+//! Bounded: at most `max_pending_reads` followed reads (waiting or asking).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
+use bytes::Bytes;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::confirm::Confirm;
-use crate::command::ReadPrefMode;
+use super::followed::Followed;
 use crate::config::LadderGuardConfig;
-use crate::policy::{self, Attempt, NsPolicy, Rung};
+use crate::confirm::Answer;
 use crate::stall::WriteTracker;
 use crate::upstream::{ConnLadder, Denied, LadderGuard, LadderPermit};
 use crate::wire::dupids::IdSet;
-use crate::wire::Request;
 
 /// Documents of one `available` reply looked at for duplicate `_id`s (a sample: the
 /// estimate is a lower bound; the scratch set stays below 64 KiB per connection).
 pub(super) const ORPHAN_SCAN_CAP: usize = 4096;
 
-/// A read whose reply the session inspects.
+/// A read waiting for the cluster's answer to a question its time limit raised, with the
+/// reply that raised it (what the client gets if nothing follows).
 #[derive(Debug)]
-pub(super) struct Tracked {
-    pub(super) request_id: i32,
-    /// Shared with the session's last tracked namespace: no allocation per read.
-    pub(super) ns: Arc<str>,
-    /// Borrowed from the metrics' command list when there (every read command is).
-    pub(super) command: Cow<'static, str>,
-    pub(super) policy: Arc<NsPolicy>,
-    /// The client's request as opened on arrival (a retry is rewritten from it, with no
-    /// second header read or decompression).
-    pub(super) original: Request,
-    /// When mongos could start its first attempt: the read's budget runs from here.
-    pub(super) started: Instant,
-    /// When mongos could start it (nothing sent before it was still waiting); `None`: not
-    /// yet.
-    pub(super) began: Option<Instant>,
-    /// The attempt in flight: its rung, the rungs ahead, its budget (`policy::Attempt`).
-    pub(super) attempt: Attempt,
-    /// The read lists tag sets.
-    pub(super) tagged: bool,
-    /// Its read preference mode (a confirming read uses the same, without tags).
-    pub(super) pref: Option<ReadPrefMode>,
-    /// The upstream's ladder slot, held while the primary rung is in flight.
-    pub(super) permit: Option<LadderPermit>,
-    /// Its place among the requests sent upstream that expect a final reply (`Peers`).
-    pub(super) seq: u64,
-    /// A repeated `_id` in its result can only be an orphan (`CommandInfo::unique_ids`).
-    pub(super) unique_ids: bool,
-    /// A dry run's read: a rung it would climb is counted, not climbed.
-    pub(super) dry: bool,
+pub(super) struct Parked {
+    pub(super) read: Followed,
+    pub(super) reply: Bytes,
+    /// The token its answer comes back with.
+    pub(super) token: u64,
+    /// When it was parked: an answer that never comes is given up after [`ANSWER_WAIT`]
+    /// past the namespace's `confirm_time`.
+    since: Instant,
 }
 
-impl Tracked {
-    /// The read as `policy::judge` sees it.
-    pub(super) fn read(&self) -> policy::Read<'_> {
-        self.attempt
-            .read(&self.policy, self.started, self.began, self.tagged)
+/// How long past `confirm_time` a parked read waits for its answer before it is settled as
+/// unanswered (the confirming task answers every question; this only bounds a lost one).
+pub(super) const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether a connection has proved itself to the cluster: only then does what its reads
+/// meet count for a breaker (`breaker::Witness`). It has when mongos accepted its
+/// authentication (a SCRAM or x509 conversation that ended with `ok: 1`, or speculative
+/// authentication accepted in the handshake), or ran one of its reads: answered it
+/// `ok: 1`, or failed it with an error only a read that runs can meet (stale routing, a
+/// time limit, no member to run it on). mongos checks a command's authorization before it
+/// runs it, so none of these reaches a client the cluster did not let read; Unauthorized
+/// and other refusals prove nothing.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Proof {
+    proven: bool,
+}
+
+impl Proof {
+    pub(super) fn proven(self) -> bool {
+        self.proven
+    }
+
+    pub(super) fn prove(&mut self) {
+        self.proven = true;
     }
 }
 
 #[derive(Debug, Default)]
 pub(super) struct Reads {
-    /// Tracked reads waiting for their reply.
-    pending: Vec<Tracked>,
-    /// The confirming read in flight, if any (at most one per connection).
-    pub(super) confirm: Option<Confirm>,
+    /// Followed reads waiting for their reply.
+    pending: Vec<Followed>,
+    /// Followed reads waiting for the cluster's answer to a question.
+    parked: Vec<Parked>,
+    /// Where the answers come back, once a question was asked (made on first need). As
+    /// many answers can wait as reads are parked, at most `max_pending_reads`.
+    answers: Option<(
+        mpsc::UnboundedSender<Answer>,
+        mpsc::UnboundedReceiver<Answer>,
+    )>,
+    next_token: u64,
     /// Writes sent and not answered yet (write-stall watch).
     pub(super) writes: WriteTracker,
-    /// The namespace of the last tracked read, shared by the tracked reads on it.
+    /// Requests whose replies can prove the connection (followed only until it has proved
+    /// itself): (requestID, place, what it is).
+    proofs: Vec<(i32, u64, Step)>,
+    pub(super) proof: Proof,
+    /// The namespace of the last followed read, shared by the followed reads on it.
     last_ns: Option<Arc<str>>,
     /// Scratch space for the orphan estimate on `available` replies.
     ids: IdSet,
@@ -78,6 +88,19 @@ pub(super) struct Reads {
     ladder: Option<Arc<LadderGuard>>,
     /// This connection's share of it (`per_connection_per_second`).
     ladder_share: ConnLadder,
+}
+
+/// At most this many requests are followed for the connection's proof at once (drivers
+/// send one at a time).
+const MAX_PROOFS_FOLLOWED: usize = 4;
+
+/// A request whose reply can prove the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// An authentication step: proves it when mongos accepts it (`Reply::auth_accepted`).
+    Auth,
+    /// A read: proves it when answered `ok: 1`.
+    Read,
 }
 
 impl Reads {
@@ -88,35 +111,35 @@ impl Reads {
 
     /// Nothing is followed: a reply is the client's, as it came.
     pub(super) fn none(&self) -> bool {
-        self.pending.is_empty() && self.writes.is_empty() && self.confirm.is_none()
+        self.pending.is_empty() && self.writes.is_empty() && self.proofs.is_empty()
     }
 
-    pub(super) fn no_tracked(&self) -> bool {
+    pub(super) fn no_pending(&self) -> bool {
         self.pending.is_empty()
     }
 
     /// `request_id` is that of a followed read or write still waiting for its reply.
     /// Scans only while something is followed.
     pub(super) fn reuses(&self, request_id: i32) -> bool {
-        (!self.pending.is_empty() && self.pending.iter().any(|t| t.request_id == request_id))
+        let read = |f: &Followed| f.request_id() == request_id && !f.expired();
+        (!self.pending.is_empty() && self.pending.iter().any(read))
+            || self
+                .parked
+                .iter()
+                .any(|p| p.read.request_id() == request_id)
             || (!self.writes.is_empty() && self.writes.contains(request_id))
     }
 
-    /// The tracked reads that are samples of an open breaker.
-    pub(super) fn samples(&self) -> impl Iterator<Item = &Tracked> {
-        self.pending.iter().filter(|t| t.attempt.sample)
-    }
-
-    /// `max` reads are tracked already (`max_pending_reads`).
+    /// `max` reads are followed already (`max_pending_reads`).
     pub(super) fn full(&self, max: usize) -> bool {
-        self.pending.len() >= max
+        self.pending.len() + self.parked.len() >= max
     }
 
-    pub(super) fn track(&mut self, t: Tracked) {
-        self.pending.push(t);
+    pub(super) fn follow(&mut self, f: Followed) {
+        self.pending.push(f);
     }
 
-    /// `ns` as the tracked reads keep it: the previous read's `Arc` when it was on the same
+    /// `ns` as the followed reads keep it: the previous read's `Arc` when it was on the same
     /// namespace (the common case), a new one otherwise.
     pub(super) fn ns(&mut self, ns: &str) -> Arc<str> {
         match &self.last_ns {
@@ -129,51 +152,140 @@ impl Reads {
         }
     }
 
-    /// A tracked read answered by `response_to` at place `seq` (both must match: a reply to
-    /// another request that reused its id never stands for it).
-    pub(super) fn answered(&mut self, response_to: i32, seq: u64) -> Option<Tracked> {
+    /// The followed read answered by `response_to` at place `seq`.
+    pub(super) fn answered(&mut self, response_to: i32, seq: u64) -> Option<Followed> {
         let i = self
             .pending
             .iter()
-            .position(|t| t.request_id == response_to && t.seq == seq)?;
+            .position(|f| f.answered_by(response_to, seq))?;
         Some(self.pending.swap_remove(i))
     }
 
-    /// A reply to `response_to` may answer a tracked read.
-    pub(super) fn may_answer(&self, response_to: i32) -> bool {
-        self.pending.iter().any(|t| t.request_id == response_to)
+    /// A reply to `response_to` may answer something followed: a read with that id, or
+    /// whatever writes or authentication steps are followed (matched by place).
+    pub(super) fn may_answer_any(&self, response_to: i32) -> bool {
+        self.pending.iter().any(|f| f.request_id() == response_to)
+            || !self.writes.is_empty()
+            || !self.proofs.is_empty()
     }
 
-    /// Request `next` may start now at mongos: a tracked read waiting for that turn begins
-    /// (a first attempt's budget, like its `maxTimeMS`, runs from then).
+    /// Request `next` may start now at mongos: a followed read waiting for that turn begins.
     pub(super) fn began(&mut self, next: u64) {
+        if self.pending.is_empty() {
+            return;
+        }
         let now = Instant::now();
-        for t in self.pending.iter_mut().filter(|t| t.began.is_none()) {
-            if t.seq == next {
-                t.began = Some(now);
-                if t.attempt.rung == Rung::First {
-                    t.started = now;
-                }
-            }
+        for f in &mut self.pending {
+            f.begins(next, now);
         }
     }
 
-    /// The tracked reads whose turn for a reply has passed (`finals_in` final replies came,
+    /// The followed reads whose turn for a reply has passed (`finals_in` final replies came,
     /// under other `responseTo`s): taken out, since nothing can be judged of them.
-    pub(super) fn passed(&mut self, finals_in: u64) -> Vec<Tracked> {
-        if self.pending.iter().all(|t| t.seq > finals_in) {
+    pub(super) fn passed(&mut self, finals_in: u64) -> Vec<Followed> {
+        if self.pending.iter().all(|f| !f.passed(finals_in)) {
             return Vec::new();
         }
         let (gone, kept) = std::mem::take(&mut self.pending)
             .into_iter()
-            .partition(|t| t.seq <= finals_in);
+            .partition(|f| f.passed(finals_in));
         self.pending = kept;
         gone
     }
 
-    /// Every tracked read, taken out (the session ends).
-    pub(super) fn take_all(&mut self) -> Vec<Tracked> {
-        std::mem::take(&mut self.pending)
+    /// The followed reads whose attempt mongos left unanswered past its limit at `now`.
+    pub(super) fn silent(&mut self, now: Instant) -> Vec<Followed> {
+        let due = |f: &Followed| f.deadline().is_some_and(|d| d <= now);
+        if !self.pending.iter().any(due) {
+            return Vec::new();
+        }
+        let (gone, kept) = std::mem::take(&mut self.pending).into_iter().partition(due);
+        self.pending = kept;
+        gone
+    }
+
+    /// Every followed read, taken out (the session ends).
+    pub(super) fn take_all(&mut self) -> Vec<Followed> {
+        let parked = std::mem::take(&mut self.parked).into_iter().map(|p| p.read);
+        let mut all = std::mem::take(&mut self.pending);
+        all.extend(parked);
+        all
+    }
+
+    /// Parks `read` (its reply `reply` held back) until the answer to the question asked
+    /// with the returned token comes back through the returned sender.
+    pub(super) fn park(
+        &mut self,
+        read: Followed,
+        reply: Bytes,
+    ) -> (u64, mpsc::UnboundedSender<Answer>) {
+        let (tx, _) = self.answers.get_or_insert_with(mpsc::unbounded_channel);
+        let tx = tx.clone();
+        self.next_token += 1;
+        let token = self.next_token;
+        let since = Instant::now();
+        self.parked.push(Parked {
+            read,
+            reply,
+            token,
+            since,
+        });
+        (token, tx)
+    }
+
+    /// The parked reads whose answer is overdue at `now` (their tokens).
+    pub(super) fn overdue_answers(&self, now: Instant) -> Vec<u64> {
+        let overdue = |p: &&Parked| now >= p.since + p.read.policy().confirm_time + ANSWER_WAIT;
+        self.parked
+            .iter()
+            .filter(overdue)
+            .map(|p| p.token)
+            .collect()
+    }
+
+    /// Reads are followed (or wait for an answer): their deadlines are looked at.
+    pub(super) fn watching(&self) -> bool {
+        !self.pending.is_empty() || !self.parked.is_empty()
+    }
+
+    /// Reads wait for answers: the relay listens for them.
+    pub(super) fn asking(&self) -> bool {
+        !self.parked.is_empty()
+    }
+
+    /// The next answer to a parked read's question (pending forever when none can come).
+    pub(super) async fn next_answer(&mut self) -> Option<Answer> {
+        match self.answers.as_mut() {
+            Some((_, rx)) => rx.recv().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The parked read an answer with `token` is for.
+    pub(super) fn unpark(&mut self, token: u64) -> Option<Parked> {
+        let i = self.parked.iter().position(|p| p.token == token)?;
+        Some(self.parked.swap_remove(i))
+    }
+
+    /// Follows the reply to `request_id` sent at place `seq` (a `step` that can prove the
+    /// connection), while the connection has not proved itself.
+    pub(super) fn follow_proof(&mut self, request_id: i32, seq: u64, step: Step) {
+        if !self.proof.proven() && self.proofs.len() < MAX_PROOFS_FOLLOWED {
+            self.proofs.push((request_id, seq, step));
+        }
+    }
+
+    /// The step the reply `response_to` at place `seq` answers, if it is one followed for
+    /// the proof; the steps whose turn passed are let go of.
+    pub(super) fn proof_replied(&mut self, response_to: i32, seq: u64) -> Option<Step> {
+        if self.proofs.is_empty() {
+            return None;
+        }
+        let found = (self.proofs.iter())
+            .find(|&&(id, s, _)| id == response_to && s == seq)
+            .map(|&(_, _, step)| step);
+        self.proofs.retain(|&(_, s, _)| s > seq);
+        found
     }
 
     /// A slot of the upstream's guard for one primary-rung read about to be sent, within
@@ -186,7 +298,7 @@ impl Reads {
         queued: bool,
     ) -> Option<Result<LadderPermit, (Denied, usize)>> {
         let guard = self.ladder.as_ref()?;
-        let held = self.pending.iter().filter(|t| t.permit.is_some()).count();
+        let held = self.pending.iter().filter(|f| f.holds_slot()).count();
         let claimed = self
             .ladder_share
             .try_acquire(guard, limits, held, queued, Instant::now());
@@ -208,6 +320,9 @@ impl Reads {
     pub(super) fn shrink_idle(&mut self) {
         if self.pending.is_empty() && self.pending.capacity() > 16 {
             self.pending = Vec::new();
+        }
+        if self.parked.is_empty() && self.answers.is_some() {
+            self.answers = None;
         }
         self.writes.shrink_idle();
     }

@@ -36,6 +36,8 @@ enum Event {
     Wrote(Result<(), SessionError>),
     Reply(Option<Result<Incoming, FrameError>>),
     Request(Option<Result<Bytes, FrameError>>),
+    /// The cluster answered a question a parked read waits on.
+    Answer(Option<crate::confirm::Answer>),
 }
 
 /// What a turn comes to: `Ok(None)` goes on; `Ok(Some(why))` ends the session as it should,
@@ -88,8 +90,12 @@ impl Session {
                 break Ok(why);
             }
             let (read_client, read_upstream) = self.reading(streaming);
+            // The followed reads' deadlines (mongos silent past a read's limit) are looked
+            // at on the lifecycle's timer while there are any.
+            self.life.watch_reads(self.h.reads.watching());
+            let asking = self.h.reads.asking();
             let Session { life, h, .. } = &mut *self;
-            let p = &mut h.peers;
+            let (p, reads) = (&mut h.peers, &mut h.reads);
             // Biased, in this order: the lifecycle (one load of its bell until something
             // rang, so a kill or a deadline is seen in the next turn even in a burst);
             // writes; replies before new requests (finishing work before taking more; each
@@ -104,6 +110,7 @@ impl Session {
                     Event::Wrote(w.map_err(SessionError::ClientIo))
                 }
                 rep = ur.next(), if read_upstream => Event::Reply(rep),
+                answer = reads.next_answer(), if asking => Event::Answer(answer),
                 req = cr.next(), if read_client => Event::Request(req),
             };
             match self.handle(event, &mut cr, &mut ur).await {
@@ -160,12 +167,17 @@ impl Session {
                 self.h.client_gone();
                 Ok(Some("client closed"))
             }
+            Event::Answer(Some(answer)) => {
+                self.h.on_answer(answer);
+                Ok(None)
+            }
+            Event::Answer(None) => Ok(None),
         }
     }
 
     /// What the lifecycle says: the stop (the session drains, `over`), the kill, or the
-    /// timer: the batched metrics flushed (and the buffers of a session gone quiet let go
-    /// of), the deadlines looked at.
+    /// timer: the followed reads' deadlines, the batched metrics flushed (and the buffers of
+    /// a session gone quiet let go of), the deadlines kept on the client.
     fn on_life<CR, UR>(
         &mut self,
         wake: Wake,
@@ -175,7 +187,10 @@ impl Session {
         match wake {
             Wake::Stop => None,
             Wake::Kill => Some("shutdown deadline passed"),
-            Wake::Due { tick, flush } => {
+            Wake::Due { tick, flush, reads } => {
+                if reads {
+                    self.h.on_deadline(Instant::now());
+                }
                 if flush {
                     self.h.meter.flush();
                     if self.life.went_quiet() && self.h.peers.nothing_outstanding() {

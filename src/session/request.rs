@@ -4,16 +4,16 @@
 //! watch), refused (legacy OP_QUERY), or governed. A governed read is classified from the
 //! message as opened, decided on (`policy::decide`, pure) and carried out: forwarded as it
 //! arrived, rewritten, sent to the primary, or answered by the proxy; a followed one becomes
-//! a tracked read (`reads`) on the attempt its decision names (`policy::Attempt`).
-
-use std::borrow::Cow;
-use std::time::SystemTime;
+//! a [`Followed`] read (`followed.rs`) on the attempt its decision names (`policy::Attempt`).
+//! While the connection has not proved itself to the cluster, its authentication steps are
+//! followed too (`reads::Proof`).
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::followed::{First, Followed};
 use super::gate::{self, Gate};
-use super::reads::Tracked;
+use super::reads::Step;
 use super::{Handler, SessionError};
 use crate::command::{self, ClassifyError, CommandInfo};
 use crate::policy::{self, Admission, Attempt, Decision, ErrorReply, Mode, Target};
@@ -67,19 +67,17 @@ impl Handler {
     /// still waiting for its reply closes the client, since its reply could be taken for
     /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
     /// connection's requests in flight.
-    fn refuse_reused_id(&self, request_id: i32) -> Result<(), SessionError> {
+    fn refuse_reused_id(&mut self, request_id: i32) -> Result<(), SessionError> {
         if !self.reads.reuses(request_id) {
             return Ok(());
         }
         self.meter.limit("reused_request_id");
         // The followed reads end unjudged: a sample among them says nothing (a probe gives
         // its slot back).
-        let now = Instant::now();
-        for t in self.reads.samples() {
-            let unknown = crate::breaker::Sample::Unknown;
-            self.shared
-                .breakers
-                .sampled(&t.ns, &t.policy, unknown, self.id, now);
+        for f in self.reads.take_all() {
+            if f.sample() {
+                self.witnessing().release_sample(&f);
+            }
         }
         Err(SessionError::ReusedRequestId(request_id))
     }
@@ -128,6 +126,7 @@ impl Handler {
             }
         };
         let Some(target) = policy::resolve(&info, &self.config.policy) else {
+            self.follow_proof(&req, &info);
             self.pass(req.frame().clone(), true);
             return Ok(());
         };
@@ -138,7 +137,7 @@ impl Handler {
         ns.push('.');
         ns.push_str(target.ns.coll);
         let now = Instant::now();
-        let admission = self.admit(&target, &ns, now);
+        let admission = self.admit(&target, &info, &ns, now);
         let decided = policy::decide(&target, &info, admission);
         let (decision, held) = policy::apply_dry_run(decided, &target.policy);
         if let Some(h) = held {
@@ -161,15 +160,25 @@ impl Handler {
     }
 
     /// What the breaker of `ns` admits for an eligible read (and the write-stall watch's
-    /// hold on fallback namespaces); other reads are not the breaker's business.
-    fn admit(&self, target: &Target<'_>, ns: &str, now: Instant) -> Admission {
+    /// hold on fallback namespaces); other reads are not the breaker's business. A read
+    /// pinned by tag sets never climbs to the primary, so it is admitted as it would be
+    /// without the primary rung.
+    fn admit(
+        &self,
+        target: &Target<'_>,
+        info: &CommandInfo<'_>,
+        ns: &str,
+        now: Instant,
+    ) -> Admission {
         if target.kind != policy::ReadKind::Eligible {
             return Admission::Closed;
         }
         if target.policy.mode == Mode::Fallback && self.shared.stall.holding() {
             self.shared.breakers.hold_on_read(ns, now);
         }
-        self.shared.breakers.admit(ns, &target.policy, now)
+        let climbs = target.policy.primary_rung && !info.read_pref_tags;
+        let breakers = &self.shared.breakers;
+        breakers.admit(ns, &target.policy, self.id, climbs, now)
     }
 
     /// Carries out a decision, counted as decided.
@@ -181,7 +190,10 @@ impl Handler {
     fn carry_out(&mut self, decision: Decision<'_>, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
         match decision {
-            Decision::Forward => self.forward(req.frame().clone(), true),
+            Decision::Forward => {
+                self.follow_proof(req, info);
+                self.forward(req.frame().clone(), true)
+            }
             Decision::Track { .. } => self.track(&decision, g),
             Decision::Rewrite { .. } => self.send_available(&decision, g),
             Decision::Primary { .. } => self.send_primary(decision, g),
@@ -209,7 +221,7 @@ impl Handler {
                 (self.edited(&decision, req, ns, info.name), attempt)
             {
                 tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
-                self.follow(out, g, attempt, Some(permit));
+                self.follow(out, g, attempt, Some(permit), written(&decision));
                 return;
             }
         }
@@ -225,7 +237,7 @@ impl Handler {
         errors: u32,
     ) {
         let Governed { req, info, ns, .. } = g;
-        let reply = policy::fail_fast_reply(ns, reason, errors, probe_in, SystemTime::now());
+        let reply = policy::fail_fast_reply(ns, reason, errors);
         self.meter.fail_fast(ns);
         tracing::debug!(ns = %ns, command = info.name, code = reply.code, reason = %reason, probe_in = ?probe_in, "fail fast: strict namespace, breaker open");
         self.reply_error(req.request_id(), &reply);
@@ -242,7 +254,7 @@ impl Handler {
             (Some(out), Some(attempt)) => {
                 self.meter.preemptive_rewrite(ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
-                self.follow(out, g, attempt, None);
+                self.follow(out, g, attempt, None, written(decision));
             }
             _ => self.forward(req.frame().clone(), true),
         }
@@ -257,11 +269,7 @@ impl Handler {
         };
         // A dry run's read is judged with the rungs it would have had (see `reply.rs`).
         let attempt = match g.held {
-            Some(h) => Attempt {
-                primary: h.primary,
-                retry: h.retry,
-                ..attempt
-            },
+            Some(h) => h.attempt(attempt),
             None => attempt,
         };
         let (out, attempt) = match self.edited(decision, req, ns, info.name) {
@@ -271,20 +279,22 @@ impl Handler {
         if attempt.bounded.is_some() {
             tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent bounded by open_time_limit");
         }
-        if !self.follow(out, g, attempt, None) && attempt.sample {
+        if !self.follow(out, g, attempt, None, written(decision)) && attempt.sample {
             self.shared.breakers.release_probe(ns);
         }
     }
 
-    /// Sends `out` (the governed request, as `attempt`) and remembers it for its reply.
-    /// Past `max_pending_reads` the read is sent but not followed (false): no next rung and
-    /// no evidence from it (its ladder slot is freed at once).
+    /// Sends `out` (the governed request, as `attempt`, with the `maxTimeMS` staleguard
+    /// `written` when it wrote one) and remembers it for its reply. Past
+    /// `max_pending_reads` the read is sent but not followed (false): no next rung and no
+    /// evidence from it (its ladder slot is freed at once).
     fn follow(
         &mut self,
         out: Bytes,
         g: Governed<'_, '_>,
         attempt: Attempt,
         permit: Option<LadderPermit>,
+        written: Option<i64>,
     ) -> bool {
         let Governed {
             req,
@@ -300,27 +310,28 @@ impl Handler {
             self.forward(out, true);
             return false;
         }
-        let tracked_ns = self.reads.ns(ns);
-        // mongos serves a connection's requests in order: this read starts now only when
-        // nothing sent before it is still waiting for its reply.
-        let began = self.peers.all_answered().then_some(now);
-        self.reads.track(Tracked {
-            request_id: req.request_id(),
-            ns: tracked_ns,
-            command: tracked_command(info.name),
+        // The limit the attempt goes out with: the one staleguard wrote, or the client's own.
+        let limit_ms = match attempt.limit_ours {
+            true => written,
+            false => info.max_time_ms.filter(|&ms| ms > 0),
+        };
+        let followed = Followed::first(First {
+            req,
+            info,
+            ns: self.reads.ns(ns),
             policy: target.policy.clone(),
-            original: req.clone(),
-            started: now,
-            began,
             attempt,
-            tagged: info.read_pref_tags,
-            pref: info.read_pref,
             permit,
+            limit_ms,
             // `forward` below counts it.
             seq: self.peers.next_place(),
-            unique_ids: info.unique_ids,
+            now,
+            // mongos serves a connection's requests in order: this read starts now only when
+            // nothing sent before it is still waiting for its reply.
+            at_once: self.peers.all_answered(),
             dry: held.is_some(),
         });
+        self.reads.follow(followed);
         self.forward(out, true);
         true
     }
@@ -355,6 +366,24 @@ impl Handler {
         }
     }
 
+    /// Until the connection has proved itself, the reply to an authentication step or a
+    /// read it sends is followed: mongos accepting the one, or answering the other `ok: 1`,
+    /// proves it (`reads::Proof`).
+    fn follow_proof(&mut self, req: &Request, info: &CommandInfo<'_>) {
+        if self.reads.proof.proven() {
+            return;
+        }
+        let step = if is_auth_step(info) {
+            Step::Auth
+        } else if command::is_read_command(info.name) {
+            Step::Read
+        } else {
+            return;
+        };
+        let place = self.peers.next_place();
+        self.reads.follow_proof(req.request_id(), place, step);
+    }
+
     /// Forwards a request no policy looked at.
     fn pass(&mut self, msg: Bytes, expects_reply: bool) {
         self.meter.forwarded();
@@ -373,6 +402,32 @@ impl Handler {
         self.peers.answer(out);
     }
 
+    /// A slot on this connection's upstream for one primary-rung read about to be sent,
+    /// within this connection's share (`upstream::ConnLadder`: only when mongos starts it at
+    /// once), or `None` (counted as `denied`).
+    pub(super) fn claim_ladder(&mut self, ns: &str) -> Option<LadderPermit> {
+        // The read would be the next request sent: mongos starts it once every earlier one
+        // has its final reply.
+        let queued = !self.peers.all_answered();
+        match self.reads.claim_ladder(self.config.ladder_guard, queued)? {
+            // Within the local guard: then within this instance's share of the fleet
+            // budget (`[fleet]`; passes untouched without one).
+            Ok(permit) => match self.shared.fleet_budget(permit, Instant::now()) {
+                Ok(permit) => Some(permit),
+                Err(denied) => {
+                    self.meter.ladder_not_sent(ns, "primary", "denied");
+                    tracing::debug!(ns = %ns, limit = denied.as_str(), "primary rung refused by the fleet budget");
+                    None
+                }
+            },
+            Err((denied, held)) => {
+                self.meter.ladder_not_sent(ns, "primary", "denied");
+                tracing::debug!(ns = %ns, limit = denied.as_str(), held, upstream = %self.upstream, "primary rung refused by the ladder guard");
+                None
+            }
+        }
+    }
+
     /// Answers request `request_id` with `reply` instead of sending it upstream.
     fn reply_error(&mut self, request_id: i32, reply: &ErrorReply) {
         let out = reply.to_message(self.shared.ids.request_id(), request_id);
@@ -380,13 +435,14 @@ impl Handler {
     }
 }
 
-/// A tracked read's command name without an allocation when the metrics know it (every read
-/// command the policy tracks does).
-fn tracked_command(name: &str) -> Cow<'static, str> {
-    let known = crate::metrics::Metrics::command_label(name);
-    if known == name {
-        Cow::Borrowed(known)
-    } else {
-        Cow::Owned(name.to_string())
-    }
+/// The `maxTimeMS` `decision` writes on the request, if any.
+fn written(decision: &Decision<'_>) -> Option<i64> {
+    policy::rewrite_spec(decision).and_then(|spec| spec.max_time_ms)
+}
+
+/// An authentication step whose reply says whether mongos accepted the connection:
+/// `saslStart`, `saslContinue`, `authenticate`, or a `hello` carrying
+/// `speculativeAuthenticate`.
+fn is_auth_step(info: &CommandInfo<'_>) -> bool {
+    matches!(info.name, "saslStart" | "saslContinue" | "authenticate") || info.speculative_auth
 }

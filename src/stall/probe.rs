@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Document};
-use mongodb::options::{ClientOptions, Credential, ServerAddress, Tls, TlsOptions};
 use mongodb::Client;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -141,32 +140,8 @@ fn client(
     p: &ProbeConfig,
     upstream: &str,
 ) -> Result<Client, mongodb::error::Error> {
-    let mut o = ClientOptions::default();
-    o.hosts = vec![ServerAddress::parse(upstream)?];
-    o.direct_connection = Some(true);
-    o.app_name = Some("staleguard-write-probe".to_string());
-    o.retry_writes = Some(false);
-    o.server_selection_timeout = Some(p.timeout);
-    o.connect_timeout = Some(config.connect_timeout.min(p.timeout));
-    o.max_pool_size = Some(4);
-    if let Some(c) = &p.credentials {
-        o.credential = Some(
-            Credential::builder()
-                .username(c.username.clone())
-                .password(c.password.expose().to_string())
-                .source(c.auth_source.clone())
-                .build(),
-        );
-    }
-    if let Some(t) = &config.upstream_tls {
-        o.tls = Some(Tls::Enabled(
-            TlsOptions::builder()
-                .ca_file_path(t.ca.clone())
-                .allow_invalid_certificates(t.insecure_skip_verify)
-                .build(),
-        ));
-    }
-    Client::with_options(o)
+    let creds = p.credentials.as_ref();
+    crate::upstream::driver_client(config, upstream, "staleguard-write-probe", p.timeout, creds)
 }
 
 struct ProbeTask {

@@ -264,10 +264,11 @@ pub async fn client(addr: SocketAddr, options: &str) -> Client {
 /// (the string value of the first key; for `getMore`, the `collection` field).
 /// staleguard's own confirming read (a `find` with `limit: 1`, `singleBatch` and no session:
 /// drivers always send `lsid`).
-pub fn is_confirm(b: &RawDocumentBuf) -> bool {
+pub fn is_confirm(b: &RawDocument) -> bool {
     b.get_i32("limit").ok() == Some(1)
         && b.get_bool("singleBatch").ok() == Some(true)
-        && b.get("lsid").ok().flatten().is_none()
+        && b.get_document("projection")
+            .is_ok_and(|p| p.get("staleguard_confirm_nothing").ok().flatten().is_some())
 }
 
 pub fn select(msgs: Vec<Bytes>, name: &str, coll: &str) -> Vec<Bytes> {

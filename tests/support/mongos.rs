@@ -229,6 +229,12 @@ impl FakeMongos {
         lock(&self.state.store).documents(ns)
     }
 
+    /// Makes `ns` a view on the collection `source` of the same database (what
+    /// `listCollections` says of it).
+    pub fn view(&self, ns: &str, source: &str) {
+        lock(&self.state.store).view(ns, source);
+    }
+
     /// Stores `docs` under `ns` as if they had been inserted.
     pub fn seed(&self, ns: &str, docs: impl IntoIterator<Item = RawDocumentBuf>) {
         lock(&self.state.store).seed(ns, docs);

@@ -84,6 +84,24 @@ impl Reply {
         })
     }
 
+    /// The reply to an authentication step accepted the connection: `ok: 1` and the
+    /// conversation over (`done: true` from `saslStart`/`saslContinue`; an `authenticate`
+    /// reply naming its `user`; a handshake whose `speculativeAuthenticate` is done, or is
+    /// x509's, which carries no `conversationId`). False for anything else, an unreadable
+    /// reply included.
+    pub fn auth_accepted(&self, max_message_size: usize) -> bool {
+        let Some(header) = self.header else {
+            return false;
+        };
+        if check_length(&header, self.frame.len(), max_message_size).is_err() {
+            return false;
+        }
+        with_body(&header, &self.frame, max_message_size, |body, _| {
+            Ok(auth_done(body))
+        })
+        .unwrap_or(false)
+    }
+
     /// The message as it arrived.
     pub fn frame(&self) -> &Bytes {
         &self.frame
@@ -134,6 +152,50 @@ fn op_reply_doc(payload: &[u8]) -> Result<&[u8], WireError> {
         .first
         .ok_or(WireError::Truncated("op_reply document"))?;
     Ok(first.as_bytes())
+}
+
+/// See [`Reply::auth_accepted`].
+fn auth_done(body: &[u8]) -> bool {
+    let Ok(status) = reply_status(body) else {
+        return false;
+    };
+    let Ok(mut elems) = Elements::new(body) else {
+        return false;
+    };
+    let (mut done, mut user, mut speculative) = (None, false, None);
+    while let Ok(Some(e)) = elems.next_elem() {
+        match e.key {
+            b"done" => done = Some(e.tag == scan::BOOLEAN && e.value.first() == Some(&1)),
+            b"user" => user = true,
+            b"speculativeAuthenticate" if e.tag == scan::DOCUMENT => speculative = Some(e.value),
+            _ => {}
+        }
+    }
+    if !status.ok {
+        return false;
+    }
+    match (done, speculative) {
+        (Some(done), _) => done,
+        (None, Some(doc)) => speculative_done(doc),
+        (None, None) => user,
+    }
+}
+
+/// A handshake's `speculativeAuthenticate` reply ends the conversation: `done: true`, or no
+/// `conversationId` at all (x509 answers with the user it authenticated).
+fn speculative_done(doc: &[u8]) -> bool {
+    let Ok(mut elems) = Elements::new(doc) else {
+        return false;
+    };
+    let (mut done, mut conversation) = (None, false);
+    while let Ok(Some(e)) = elems.next_elem() {
+        match e.key {
+            b"done" => done = Some(e.tag == scan::BOOLEAN && e.value.first() == Some(&1)),
+            b"conversationId" => conversation = true,
+            _ => {}
+        }
+    }
+    done.unwrap_or(!conversation)
 }
 
 fn reply_status(body: &[u8]) -> Result<ReplyStatus, WireError> {

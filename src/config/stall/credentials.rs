@@ -8,15 +8,15 @@ use crate::config::spans::{Ctx, Recorded};
 
 /// The login keys of `[stall_watch.probe]` or `[stall_watch.shards]` (serde cannot flatten
 /// them into a table that denies unknown keys).
-pub(super) struct RawCreds<'a> {
-    pub(super) username: Option<&'a Spanned<String>>,
-    pub(super) password: Option<&'a Spanned<String>>,
-    pub(super) password_env: Option<&'a Spanned<String>>,
-    pub(super) auth_source: Option<&'a Spanned<String>>,
+pub(in crate::config) struct RawCreds<'a> {
+    pub(in crate::config) username: Option<&'a Spanned<String>>,
+    pub(in crate::config) password: Option<&'a Spanned<String>>,
+    pub(in crate::config) password_env: Option<&'a Spanned<String>>,
+    pub(in crate::config) auth_source: Option<&'a Spanned<String>>,
 }
 
 /// `username` with `password` or `password_env`, optional `auth_source`.
-pub(super) fn credentials<T>(
+pub(in crate::config) fn credentials<T>(
     ctx: &mut Ctx,
     c: &RawCreds<'_>,
     table: &Spanned<T>,

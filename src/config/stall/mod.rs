@@ -18,7 +18,7 @@ use super::spans::{Ctx, Recorded};
 use probe::{probe, RawProbe};
 use shards::{shards, RawShards};
 
-mod credentials;
+pub(in crate::config) mod credentials;
 mod probe;
 mod shards;
 

@@ -39,6 +39,8 @@ struct Cursor {
 #[derive(Default)]
 pub struct Store {
     collections: HashMap<String, Vec<RawDocumentBuf>>,
+    /// Views: namespace -> the collection (same database) it reads.
+    views: HashMap<String, String>,
     cursors: HashMap<i64, Cursor>,
     cursor_ids: i64,
 }
@@ -46,6 +48,11 @@ pub struct Store {
 impl Store {
     pub fn documents(&self, ns: &str) -> Vec<RawDocumentBuf> {
         self.collections.get(ns).cloned().unwrap_or_default()
+    }
+
+    /// Makes `ns` a view on `source` (a collection of the same database).
+    pub fn view(&mut self, ns: &str, source: &str) {
+        self.views.insert(ns.to_string(), source.to_string());
     }
 
     pub fn seed(&mut self, ns: &str, docs: impl IntoIterator<Item = RawDocumentBuf>) {
@@ -109,6 +116,7 @@ pub fn plan(state: &State, req: &Request, conn_id: i32) -> Plan {
         "killCursors" => kill_cursors(store, req),
         "count" => count(store, req),
         "aggregate" => aggregate(store, req),
+        "listCollections" => list_collections(store, req),
         "drop" => {
             store.collections.remove(&namespace(req));
             rawdoc! { "ns": namespace(req), "nIndexesWas": 1, "ok": 1.0 }
@@ -343,6 +351,26 @@ fn find(store: &mut Store, req: &Request) -> RawDocumentBuf {
         store.open_cursor(&ns, docs)
     };
     cursor_reply(id, &ns, cstr!("firstBatch"), first)
+}
+
+/// `listCollections` with a `{name: ...}` filter (what staleguard's view lookup sends): the
+/// view or collection of that name, if any.
+fn list_collections(store: &Store, req: &Request) -> RawDocumentBuf {
+    let db = req.db();
+    let name = (req.body.get_document("filter").ok())
+        .and_then(|f| f.get_str("name").ok())
+        .unwrap_or("");
+    let ns = format!("{db}.{name}");
+    let mut batch = bson::RawArrayBuf::new();
+    if let Some(source) = store.views.get(&ns) {
+        batch.push(rawdoc! {"name": name, "type": "view", "options": {"viewOn": source.as_str(), "pipeline": []}});
+    } else if store.collections.contains_key(&ns) {
+        batch.push(rawdoc! {"name": name, "type": "collection", "options": {}});
+    }
+    rawdoc! {
+        "cursor": {"id": 0_i64, "ns": format!("{db}.$cmd.listCollections"), "firstBatch": batch},
+        "ok": 1.0,
+    }
 }
 
 fn get_more(store: &mut Store, req: &Request) -> RawDocumentBuf {
