@@ -56,6 +56,10 @@ pub struct SessionHandles {
     /// cores the process may use (at least one), so that a flood of them cannot take every
     /// core from the relays (`session::gate`).
     pub inflate_slots: Semaphore,
+    /// The bytes every session together may hold whole for mongos (large requests a policy
+    /// may need whole), in units of `session::HELD_UNIT` (`session::upload`): past it a
+    /// session reads no more of such a request until room comes back.
+    pub held_for_upstream: Arc<Semaphore>,
     /// Where questions to the cluster go (`confirm`): a time limit before it counts, a read
     /// staleguard's own limit cut before it climbs.
     pub confirmer: Confirmer,
@@ -113,6 +117,9 @@ impl Handles {
             stall: stall.clone(),
             ids: ids.clone(),
             inflate_slots: Semaphore::new(inflate_slots()),
+            held_for_upstream: Arc::new(Semaphore::new(
+                crate::session::HELD_FOR_UPSTREAM / crate::session::HELD_UNIT,
+            )),
             confirmer,
         });
         Handles {

@@ -361,13 +361,13 @@ fn small_messages_reuse_the_read_buffer() {
 fn reply_codec_streams_large_messages_on_request() {
     const SHRINK_AFTER: usize = 16 * 1024;
     use staleguard::wire::replies::PIECE_ROOM;
-    use staleguard::wire::{Incoming, ReplyCodec};
+    use staleguard::wire::{Incoming, StreamCodec};
     let mut large = with_length(1_000_000, OpCode::MSG, &vec![5; 1_000_000 - HEADER_LEN]);
     // moreToCome
     large[16] = 2;
     let small = ping(3);
     for stream in [true, false] {
-        let mut c = ReplyCodec::new(48_000_000, 64 * 1024);
+        let mut c = StreamCodec::replies(48_000_000, 64 * 1024);
         let mut buf = BytesMut::with_capacity(8 * 1024);
         assert_eq!(
             read_through(&mut c, &mut buf, &small),
@@ -377,7 +377,7 @@ fn reply_codec_streams_large_messages_on_request() {
         let mut head_only = BytesMut::new();
         head_only.put_slice(&large[..19]);
         assert_eq!(
-            ReplyCodec::new(48_000_000, 64 * 1024)
+            StreamCodec::replies(48_000_000, 64 * 1024)
                 .decode(&mut head_only)
                 .unwrap(),
             None

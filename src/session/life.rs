@@ -23,7 +23,6 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::counters::FLUSH_AFTER;
 use crate::config::Limits;
-use crate::wire::MessageCodec;
 
 /// A session that never goes idle adds its batched metrics at least this often (messages).
 const FLUSH_MSGS: u64 = 1024;
@@ -66,7 +65,11 @@ pub(super) enum Wake {
     /// The timer: the deadlines kept on the client are due for a look (`tick`), the
     /// batched metrics for a flush (`flush`), the followed reads' deadlines for a look
     /// (`reads`), or several of them.
-    Due { tick: bool, flush: bool, reads: bool },
+    Due {
+        tick: bool,
+        flush: bool,
+        reads: bool,
+    },
 }
 
 /// Why a deadline ends a session: the limit's name (the `limit` label).
@@ -100,6 +103,8 @@ pub(super) struct Life {
     msgs: u64,
     seen_msgs: u64,
     quiet_since: Instant,
+    /// A message under way as the ticks saw it: the request count then, and since when.
+    partial: Option<(u64, Instant)>,
     /// Messages both ways as the last flush timer saw them (what tells an idle session).
     seen_traffic: u64,
     traffic: u64,
@@ -140,6 +145,7 @@ impl Life {
             msgs: 0,
             seen_msgs: 0,
             quiet_since: now,
+            partial: None,
             seen_traffic: 0,
             traffic: 0,
             trimmed: false,
@@ -274,8 +280,9 @@ impl Life {
         self.msgs % FLUSH_MSGS == 0
     }
 
-    /// A message (or a piece of one) came from the upstream.
-    pub(super) fn reply_read(&mut self) {
+    /// A message (or a piece of one) came from the upstream, or a piece of a request from
+    /// the client.
+    pub(super) fn carried(&mut self) {
         self.traffic += 1;
         self.trimmed = false;
     }
@@ -298,6 +305,23 @@ impl Life {
         self.trimmed = true;
     }
 
+    /// On the limits tick: how long the message under way (`partial`) has been arriving, as
+    /// the ticks saw it (from the first tick that found it, so a deadline acts within one
+    /// tick more than its setting); `None` between messages.
+    pub(super) fn partial_for(&mut self, now: Instant, partial: bool) -> Option<Duration> {
+        if !partial {
+            self.partial = None;
+            return None;
+        }
+        match self.partial {
+            Some((msgs, since)) if msgs == self.msgs => Some(now - since),
+            _ => {
+                self.partial = Some((self.msgs, now));
+                Some(Duration::ZERO)
+            }
+        }
+    }
+
     /// On the limits tick: how long the client has sent nothing (a tick that finds the
     /// request count unchanged extends the quiet).
     pub(super) fn quiet_for(&mut self, now: Instant) -> Duration {
@@ -318,17 +342,17 @@ pub(super) fn limits_tick(l: &Limits) -> Duration {
     quarter(shortest)
 }
 
-/// The limit a client is past: a message started longer than `message_timeout` ago, or
-/// nothing sent for `idle_timeout` (having been `quiet_for`) with nothing in flight
-/// (`idle`).
+/// The limit a client is past: a message that has been arriving for `message_timeout`
+/// (`partial_for`, `None` between messages), or nothing sent for `idle_timeout` (having been
+/// `quiet_for`) with nothing in flight (`idle`).
 pub(super) fn overdue(
     l: &Limits,
-    codec: &MessageCodec,
+    partial_for: Option<Duration>,
     quiet_for: Duration,
     idle: bool,
 ) -> Option<Limit> {
-    match codec.partial_since() {
-        Some(since) if since.elapsed() >= l.message_timeout => Some("message_timeout"),
+    match partial_for {
+        Some(d) if d >= l.message_timeout => Some("message_timeout"),
         Some(_) => None,
         None if idle && l.idle_timeout.is_some_and(|d| quiet_for >= d) => Some("idle_timeout"),
         None => None,

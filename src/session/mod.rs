@@ -39,12 +39,13 @@ mod reads;
 mod relay;
 mod reply;
 mod request;
+mod upload;
 mod witness;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
@@ -56,12 +57,13 @@ use crate::config::Config;
 use crate::handles::SessionHandles;
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
-use crate::wire::{MessageCodec, WireError};
+use crate::wire::{Incoming, StreamCodec, WireError};
 
 use counters::Meter;
 use life::{Life, Wake};
 use peers::Peers;
 use reads::Reads;
+pub use upload::{HELD_FOR_UPSTREAM, HELD_UNIT};
 /// Why a session ended, and which side caused it.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -104,6 +106,8 @@ impl SessionError {
 pub struct Session {
     peer: SocketAddr,
     life: Life,
+    /// Its share of the bytes held for mongos (`upload`).
+    held: upload::Held,
     h: Handler,
 }
 
@@ -147,6 +151,7 @@ impl Session {
         Session {
             peer,
             life: Life::new(stop, kill, tick),
+            held: upload::Held::default(),
             h: Handler {
                 shared,
                 config,
@@ -193,7 +198,7 @@ impl Session {
         CW: AsyncWrite + Unpin,
     {
         let max = self.h.config.max_message_size;
-        let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), relay::READ_BUFFER);
+        let mut cr = FramedRead::with_capacity(cr, relay::request_codec(max), relay::READ_BUFFER);
         let Some(first) = self.first_message(&mut cr).await else {
             return;
         };
@@ -235,13 +240,14 @@ impl Session {
         this.h.meter.disconnected();
     }
 
-    /// The client's whole first message, within `first_message_timeout` of the session's
-    /// start (and `message_timeout` once it starts, `idle_timeout` if shorter); `None` when
-    /// the client leaves, misbehaves, is too slow or the proxy stops first.
+    /// The client's whole first message (or the head of a large one, which waits for the
+    /// relay's answer), within `first_message_timeout` of the session's start (and
+    /// `message_timeout` once it starts, `idle_timeout` if shorter); `None` when the client
+    /// leaves, misbehaves, is too slow or the proxy stops first.
     async fn first_message<CR: AsyncRead + Unpin>(
         &mut self,
-        cr: &mut FramedRead<CR, MessageCodec>,
-    ) -> Option<Bytes> {
+        cr: &mut FramedRead<CR, StreamCodec>,
+    ) -> Option<Incoming> {
         let started = Instant::now();
         loop {
             let wake = tokio::select! {
@@ -262,12 +268,15 @@ impl Session {
                 // A client that has sent nothing yet is owed nothing by a stop.
                 Wake::Stop | Wake::Kill => return None,
             }
-            let waited = started.elapsed();
+            let now = Instant::now();
+            let waited = now - started;
+            let partial = !cr.read_buffer().is_empty() || cr.decoder().in_large();
+            let partial_for = self.life.partial_for(now, partial);
             let limits = &self.h.config.limits;
             let limit = if waited >= limits.first_message_timeout {
                 Some("first_message_timeout")
             } else {
-                life::overdue(limits, cr.decoder(), waited, true)
+                life::overdue(limits, partial_for, waited, true)
             };
             if let Some(limit) = limit {
                 self.limit_hit(limit);

@@ -14,18 +14,24 @@ use tokio_util::codec::FramedRead;
 use super::life::{self, Limit, Wake};
 use super::{client_err, gate, upstream_err, Session, SessionError};
 use crate::wire::codec::FrameError;
-use crate::wire::{Incoming, MessageCodec, ReplyCodec, Request};
+use crate::wire::{Incoming, Request, StreamCodec};
 
 /// Initial read-buffer size per direction; grows to the message size when needed, and
 /// goes back after a message larger than `wire::codec::SHRINK_AFTER`.
 pub(super) const READ_BUFFER: usize = 8 * 1024;
 
-/// Replies larger than this that nothing inspects go to the client in pieces (`reply.rs`).
+/// Messages larger than this that nothing inspects go on in pieces: replies to the client
+/// (`reply.rs`), requests to mongos (`upload`).
 const STREAM_ABOVE: usize = 64 * 1024;
 
 /// The upstream side's decoder.
-pub(super) fn reply_codec(max_message_size: usize) -> ReplyCodec {
-    ReplyCodec::new(max_message_size, STREAM_ABOVE)
+pub(super) fn reply_codec(max_message_size: usize) -> StreamCodec {
+    StreamCodec::replies(max_message_size, STREAM_ABOVE)
+}
+
+/// The client side's decoder.
+pub(super) fn request_codec(max_message_size: usize) -> StreamCodec {
+    StreamCodec::requests(max_message_size, STREAM_ABOVE)
 }
 
 /// What woke the loop.
@@ -35,7 +41,9 @@ enum Event {
     /// A write step to one peer ended.
     Wrote(Result<(), SessionError>),
     Reply(Option<Result<Incoming, FrameError>>),
-    Request(Option<Result<Bytes, FrameError>>),
+    Request(Option<Result<Incoming, FrameError>>),
+    /// The budget a large request held whole waited for came (false: it never will).
+    Held(bool),
     /// The cluster answered a question a parked read waits on.
     Answer(Option<crate::confirm::Answer>),
 }
@@ -54,20 +62,20 @@ impl Session {
         UW: AsyncWrite + Unpin,
     {
         let max = self.h.config.max_message_size;
-        let cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
+        let cr = FramedRead::with_capacity(cr, request_codec(max), READ_BUFFER);
         let ur = FramedRead::with_capacity(ur, reply_codec(max), READ_BUFFER);
         Box::new(self).relay_framed(cr, cw, ur, uw, None).await;
     }
 
-    /// The relay over framed readers; `first` is a request read before the upstream was
-    /// dialed. Gives the session back once it is over.
+    /// The relay over framed readers; `first` is a request (or the head of a large one)
+    /// read before the upstream was dialed. Gives the session back once it is over.
     pub(super) async fn relay_framed<CR, CW, UR, UW>(
         mut self: Box<Self>,
-        mut cr: FramedRead<CR, MessageCodec>,
+        mut cr: FramedRead<CR, StreamCodec>,
         mut cw: CW,
-        mut ur: FramedRead<UR, ReplyCodec>,
+        mut ur: FramedRead<UR, StreamCodec>,
         mut uw: UW,
-        first: Option<Bytes>,
+        first: Option<Incoming>,
     ) -> Box<Self>
     where
         CR: AsyncRead + Unpin,
@@ -78,7 +86,7 @@ impl Session {
         let tick = life::limits_tick(&self.h.config.limits);
         self.life.set_tick(tick, Instant::now());
         if let Some(first) = first {
-            if let Err(e) = self.request(first).await {
+            if let Err(e) = self.from_client(first, &mut cr).await {
                 self.finish(Err(e), true);
                 Box::pin(self.close(&mut cw, &mut uw)).await;
                 return self;
@@ -86,7 +94,7 @@ impl Session {
         }
         let end: Result<&str, SessionError> = loop {
             let streaming = ur.decoder().is_streaming();
-            if let Some(why) = self.over(streaming) {
+            if let Some(why) = self.over(streaming || cr.decoder().is_streaming()) {
                 break Ok(why);
             }
             let (read_client, read_upstream) = self.reading(streaming);
@@ -94,8 +102,9 @@ impl Session {
             // at on the lifecycle's timer while there are any.
             self.life.watch_reads(self.h.reads.watching());
             let asking = self.h.reads.asking();
-            let Session { life, h, .. } = &mut *self;
+            let Session { life, h, held, .. } = &mut *self;
             let (p, reads) = (&mut h.peers, &mut h.reads);
+            let waiting = held.is_waiting();
             // Biased, in this order: the lifecycle (one load of its bell until something
             // rang, so a kill or a deadline is seen in the next turn even in a burst);
             // writes; replies before new requests (finishing work before taking more; each
@@ -112,6 +121,7 @@ impl Session {
                 rep = ur.next(), if read_upstream => Event::Reply(rep),
                 answer = reads.next_answer(), if asking => Event::Answer(answer),
                 req = cr.next(), if read_client => Event::Request(req),
+                ok = held.acquired(), if waiting => Event::Held(ok),
             };
             match self.handle(event, &mut cr, &mut ur).await {
                 Ok(None) => {}
@@ -122,13 +132,18 @@ impl Session {
             if let Err(e) = self.h.peers.write_now(&mut cw, &mut uw) {
                 break Err(e);
             }
+            if self.held.holds() {
+                self.release_held(cr.decoder());
+            }
         };
-        // A client closed for not reading gets nothing more: a close that waited to write
-        // to it would hold the session until the stop's deadline.
-        let not_reading = matches!(end, Ok("write_timeout"));
+        // A peer closed for not reading gets nothing more: a close that waited to write to
+        // it would hold the session until the stop's deadline. What was held for the other
+        // one goes too (its requests or replies cannot be finished).
+        let not_reading = matches!(end, Ok("write_timeout" | "upstream_write_timeout"));
         self.finish(end, cr.read_buffer().is_empty());
+        self.held.release();
         if not_reading {
-            self.h.peers.to_client.discard();
+            self.h.peers.discard();
             return self;
         }
         // Boxed, like the decompression below: a session's task is as large as the largest
@@ -141,8 +156,8 @@ impl Session {
     async fn handle<CR, UR>(
         &mut self,
         event: Event,
-        cr: &mut FramedRead<CR, MessageCodec>,
-        ur: &mut FramedRead<UR, ReplyCodec>,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        ur: &mut FramedRead<UR, StreamCodec>,
     ) -> Turn
     where
         CR: AsyncRead + Unpin,
@@ -152,7 +167,7 @@ impl Session {
             Event::Life(wake) => Ok(self.on_life(wake, cr, ur)),
             Event::Wrote(w) => w.map(|()| None),
             Event::Reply(Some(Ok(item))) => {
-                self.life.reply_read();
+                self.life.carried();
                 self.h.on_incoming(item, ur.decoder_mut());
                 Ok(None)
             }
@@ -161,7 +176,7 @@ impl Session {
                 self.h.upstream_gone();
                 Ok(Some("upstream closed"))
             }
-            Event::Request(Some(Ok(msg))) => self.on_request(msg).await,
+            Event::Request(Some(Ok(item))) => self.from_client(item, cr).await.map(|()| None),
             Event::Request(Some(Err(e))) => Err(client_err(e)),
             Event::Request(None) => {
                 self.h.client_gone();
@@ -172,6 +187,11 @@ impl Session {
                 Ok(None)
             }
             Event::Answer(None) => Ok(None),
+            Event::Held(true) => {
+                cr.decoder_mut().stream(false);
+                Ok(None)
+            }
+            Event::Held(false) => Ok(Some("proxy stopping")),
         }
     }
 
@@ -181,8 +201,8 @@ impl Session {
     fn on_life<CR, UR>(
         &mut self,
         wake: Wake,
-        cr: &mut FramedRead<CR, MessageCodec>,
-        ur: &mut FramedRead<UR, ReplyCodec>,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        ur: &mut FramedRead<UR, StreamCodec>,
     ) -> Option<&'static str> {
         match wake {
             Wake::Stop => None,
@@ -198,7 +218,7 @@ impl Session {
                     }
                 }
                 if tick {
-                    return self.on_tick(cr.decoder(), Instant::now());
+                    return self.on_tick(cr.read_buffer(), cr.decoder(), Instant::now());
                 }
                 None
             }
@@ -208,7 +228,11 @@ impl Session {
     /// A session gone quiet lets go of its buffers (read buffers, outbox slots): an idle
     /// connection pair holds little more than its task. The next message after it costs one
     /// small read more.
-    fn trim<CR, UR>(&mut self, cr: &mut FramedRead<CR, MessageCodec>, ur: &mut FramedRead<UR, ReplyCodec>) {
+    fn trim<CR, UR>(
+        &mut self,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        ur: &mut FramedRead<UR, StreamCodec>,
+    ) {
         for buf in [cr.read_buffer_mut(), ur.read_buffer_mut()] {
             if buf.is_empty() {
                 *buf = BytesMut::new();
@@ -223,7 +247,7 @@ impl Session {
     /// and on the end of a reply being streamed to the client, whose pieces nothing may come
     /// between); the write-stall watch hears whether the upstream is read.
     fn reading(&mut self, streaming: bool) -> (bool, bool) {
-        let read_client = self.h.peers.room_for_requests() && !streaming;
+        let read_client = self.h.peers.room_for_requests() && !streaming && !self.held.is_waiting();
         let read_upstream = self.h.peers.room_for_replies();
         self.h.upstream_reads(read_upstream);
         (read_client, read_upstream)
@@ -238,13 +262,13 @@ impl Session {
 
     /// One request from the client (the batched metrics flushed every so many: a client
     /// that never pauses has no round trip to flush on).
-    async fn on_request(&mut self, msg: Bytes) -> Turn {
+    pub(super) async fn on_request(&mut self, msg: Bytes) -> Result<(), SessionError> {
         let flush_due = self.life.request_read();
         self.request(msg).await?;
         if flush_due && self.h.meter.is_dirty() {
             self.h.meter.flush();
         }
-        Ok(None)
+        Ok(())
     }
 
     /// One request; a large compressed one is decompressed off the workers first (this
@@ -273,17 +297,30 @@ impl Session {
     }
 
     /// The deadlines, on their tick: a message too slow to arrive, a client idle too long,
-    /// a client that takes nothing written to it; otherwise the lists a burst left are let
-    /// go of. The handler's own deadlines (followed reads past their budget) belong here
-    /// too, as `self.h.on_tick(now)`.
-    fn on_tick(&mut self, codec: &MessageCodec, now: Instant) -> Option<Limit> {
+    /// a client that takes nothing written to it, a mongos that takes nothing written to it
+    /// (`write_timeout` too: one serving an awaitable `hello` on this connection while the
+    /// client piles a large request behind it); otherwise the lists a burst left are let go
+    /// of. The handler's own deadlines (followed reads past their budget) are looked at on
+    /// their own, shorter tick (`Wake::Due { reads }`, `Handler::on_deadline`).
+    fn on_tick(&mut self, buf: &BytesMut, codec: &StreamCodec, now: Instant) -> Option<Limit> {
         let quiet = self.life.quiet_for(now);
-        let idle = self.h.peers.nothing_outstanding();
+        let p = &mut self.h.peers;
+        let idle = p.nothing_outstanding();
         let limits = self.h.config.limits;
-        let limit = life::overdue(&limits, codec, quiet, idle).or_else(|| {
-            let stuck = self.h.peers.to_client.stuck_for(now) >= limits.write_timeout;
-            stuck.then_some("write_timeout")
-        });
+        let upstream_stuck = p.to_upstream.stuck_for(now);
+        // A request going on in pieces that mongos does not take is mongos's delay, not the
+        // client's (the upstream deadline below is for it).
+        let waiting_on_upstream = codec.is_streaming() && !p.to_upstream.is_idle();
+        let partial = (!buf.is_empty() || codec.in_large()) && !waiting_on_upstream;
+        let partial_for = self.life.partial_for(now, partial);
+        let limit = life::overdue(&limits, partial_for, quiet, idle)
+            .or_else(|| {
+                let stuck = p.to_client.stuck_for(now) >= limits.write_timeout;
+                stuck.then_some("write_timeout")
+            })
+            .or_else(|| {
+                (upstream_stuck >= limits.write_timeout).then_some("upstream_write_timeout")
+            });
         match limit {
             Some(limit) => self.limit_hit(limit),
             None => self.h.reads.shrink_idle(),

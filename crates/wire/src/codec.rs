@@ -3,8 +3,6 @@
 //! read buffer goes back to its small default, so a connection does not keep the largest
 //! message it ever carried.
 
-use std::time::Instant;
-
 use bytes::{Bytes, BytesMut};
 use tokio_util::codec::Decoder;
 
@@ -24,10 +22,6 @@ pub const SHRINK_AFTER: usize = 16 * 1024;
 #[derive(Debug, Clone)]
 pub struct MessageCodec {
     max: usize,
-    /// Since when a message has been partly received (its first bytes arrived and it is
-    /// not whole yet): what a deadline for finishing a message is measured from. Read from
-    /// the clock only when a read ends inside a message.
-    partial_since: Option<Instant>,
     /// Make room for a whole declared frame at once (for a peer we trust: the upstream
     /// mongos), instead of growing with the bytes received (for clients).
     trust_declared: bool,
@@ -40,7 +34,6 @@ impl MessageCodec {
     pub fn new(max_message_size: usize) -> Self {
         MessageCodec {
             max: max_message_size.max(HEADER_LEN),
-            partial_since: None,
             trust_declared: false,
             shrink_due: false,
         }
@@ -57,17 +50,6 @@ impl MessageCodec {
 }
 
 impl MessageCodec {
-    /// When the message being received now started arriving; `None` between messages.
-    pub fn partial_since(&self) -> Option<Instant> {
-        self.partial_since
-    }
-
-    fn partial(&mut self) {
-        if self.partial_since.is_none() {
-            self.partial_since = Some(Instant::now());
-        }
-    }
-
     /// The largest message accepted.
     pub(crate) fn max(&self) -> usize {
         self.max
@@ -116,7 +98,6 @@ impl Decoder for MessageCodec {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
         if src.is_empty() {
-            self.partial_since = None;
             // Between messages: make sure the next read has room for a whole small message.
             // Left alone, the buffer keeps only what the last frame left behind (nothing,
             // when a frame filled it exactly), `FramedRead` asks for one byte, and a 333-byte
@@ -132,7 +113,6 @@ impl Decoder for MessageCodec {
             return Ok(None);
         }
         if src.len() < 4 {
-            self.partial();
             return Ok(None);
         }
         let declared = i32::from_le_bytes([src[0], src[1], src[2], src[3]]);
@@ -158,11 +138,8 @@ impl Decoder for MessageCodec {
                 len.min(MIN_ROOM.max(src.len().saturating_mul(2)))
             };
             self.make_room(src, room);
-            self.partial();
             return Ok(None);
         }
-        // The next message's clock starts when the decoder next finds it partial.
-        self.partial_since = None;
         if len > SHRINK_AFTER {
             self.shrink_due = true;
         }
