@@ -56,9 +56,9 @@ pub struct SessionHandles {
     /// cores the process may use (at least one), so that a flood of them cannot take every
     /// core from the relays (`session::gate`).
     pub inflate_slots: Semaphore,
-    /// The bytes every session together may hold whole for mongos (large requests a policy
-    /// may need whole), in units of `session::HELD_UNIT` (`session::upload`): past it a
-    /// session reads no more of such a request until room comes back.
+    /// The bytes every session together may hold whole for mongos
+    /// (`config::HELD_FOR_UPSTREAM`, in units of `config::HELD_UNIT`; `session::upload`):
+    /// past it a session reads no more of such a request until room comes back.
     pub held_for_upstream: Arc<Semaphore>,
     /// Where questions to the cluster go (`confirm`): a time limit before it counts, a read
     /// staleguard's own limit cut before it climbs.
@@ -118,7 +118,7 @@ impl Handles {
             ids: ids.clone(),
             inflate_slots: Semaphore::new(inflate_slots()),
             held_for_upstream: Arc::new(Semaphore::new(
-                crate::session::HELD_FOR_UPSTREAM / crate::session::HELD_UNIT,
+                crate::config::HELD_FOR_UPSTREAM / crate::config::HELD_UNIT,
             )),
             confirmer,
         });

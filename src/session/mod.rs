@@ -63,7 +63,6 @@ use counters::Meter;
 use life::{Life, Wake};
 use peers::Peers;
 use reads::Reads;
-pub use upload::{HELD_FOR_UPSTREAM, HELD_UNIT};
 /// Why a session ended, and which side caused it.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {

@@ -19,16 +19,11 @@ use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 
 use super::{Session, SessionError};
+use crate::config::{HELD_FOR_UPSTREAM, HELD_UNIT};
 use crate::stall;
 use crate::wire::body::command_name_in_prefix;
 use crate::wire::opmsg::MORE_TO_COME;
 use crate::wire::{Head, Incoming, OpCode, StreamCodec, HEADER_LEN};
-
-/// The budget of bytes held for mongos, in units of this many bytes (a semaphore permit).
-pub const HELD_UNIT: usize = 1024;
-
-/// The default budget of bytes held whole for mongos by every session together.
-pub const HELD_FOR_UPSTREAM: usize = 64 * 1024 * 1024;
 
 /// What a large request's head (its header and first bytes) says about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
