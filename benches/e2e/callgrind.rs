@@ -4,7 +4,9 @@
 //! on a shared machine. User space only (callgrind sees no kernel time).
 //!
 //! The counters are zeroed at the window's start (`callgrind_control -z`) and read at its
-//! end (`callgrind_control -e`, summed over the threads).
+//! end (`callgrind_control -e`, summed over the threads); the window's profile is then
+//! dumped (`callgrind_control -d`: a file beside the one `--callgrind-out-file` names, with
+//! a `.N` suffix), for `callgrind_annotate`.
 
 use std::process::Command;
 
@@ -47,5 +49,6 @@ pub fn instructions(pid: u32) -> Result<u64, String> {
     if threads == 0 {
         return Err(format!("callgrind_control -e printed no thread: {text:?}"));
     }
+    control(&["-d"], pid)?;
     Ok(sum)
 }

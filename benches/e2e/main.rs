@@ -68,6 +68,9 @@ struct Opts {
     /// The fake mongos answers each `find` with about this many bytes (`E2E_REPLY_BYTES`;
     /// 0: the 229-byte one-document reply).
     reply_bytes: usize,
+    /// The fake mongos answers each `find` with this many small documents instead
+    /// (`E2E_REPLY_DOCS`; 0: see `reply_bytes`).
+    reply_docs: usize,
     /// HAProxy's `nbthread` (`E2E_HAPROXY_THREADS`; default: the machine's cores, the number
     /// of worker threads staleguard's runtime starts).
     haproxy_threads: usize,
@@ -142,6 +145,7 @@ impl Opts {
                 .filter(|v| !v.is_empty())
                 .map_or_else(|| env!("CARGO_BIN_EXE_staleguard").into(), Into::into),
             reply_bytes: env_or("E2E_REPLY_BYTES", 0),
+            reply_docs: env_or("E2E_REPLY_DOCS", 0),
             haproxy_threads: env_or(
                 "E2E_HAPROXY_THREADS",
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -230,7 +234,7 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let mut fleet = start_fleet(opts)?;
-    let reply_len = reply_len(opts.reply_bytes);
+    let reply_len = reply_len(opts);
     let mut summary = Summary::new(opts.judge_conns, reply_len);
     if opts.latency {
         if fleet.staleguard.is_some() && opts.targets.iter().any(|t| t == "staleguard-rewrite") {
@@ -270,6 +274,8 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
             "3".into(),
             "--reply-bytes".into(),
             opts.reply_bytes.to_string(),
+            "--reply-docs".into(),
+            opts.reply_docs.to_string(),
         ],
         "E2E_UPSTREAM_WRAPPER",
     )?;
@@ -472,8 +478,9 @@ async fn open_breaker(staleguard: SocketAddr, upstream: SocketAddr) -> Result<()
 }
 
 /// The length of the fake mongos's `find` reply (see `msgs::find_reply_for`).
-fn reply_len(reply_bytes: usize) -> usize {
-    staleguard::wire::reply::op_msg(0, 0, 0, &msgs::find_reply_for(reply_bytes)).len()
+fn reply_len(opts: &Opts) -> usize {
+    let body = msgs::find_reply_for(opts.reply_bytes, opts.reply_docs);
+    staleguard::wire::reply::op_msg(0, 0, 0, &body).len()
 }
 
 /// Where a target's traffic goes and which process pays for it.
@@ -534,7 +541,7 @@ async fn latency_runs(
     fleet: &mut Fleet,
 ) -> Result<BTreeMap<(usize, String), Vec<Sample>>, String> {
     let targets = targets(opts, fleet);
-    let reply_len = reply_len(opts.reply_bytes);
+    let reply_len = reply_len(opts);
     let mut rows: BTreeMap<(usize, String), Vec<Sample>> = BTreeMap::new();
     for &n in &opts.conns {
         for round in 0..opts.rounds {
