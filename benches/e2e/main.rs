@@ -17,6 +17,7 @@
 mod callgrind;
 mod counts;
 mod forwarder;
+mod guard;
 mod load;
 mod memory;
 mod micro;
@@ -106,10 +107,17 @@ impl Opts {
     fn from_env(args: &[String]) -> Opts {
         let has = |flag: &str| args.iter().any(|a| a == flag);
         let quick = has("--quick");
+        // The CI guard (`guard.rs`): a short side-by-side at 64 connections.
+        let guard = has("--guard");
         let secs = |key: &str, full: f64, q: f64| {
-            Duration::from_secs_f64(env_or(key, if quick { q } else { full }))
+            Duration::from_secs_f64(env_or(key, if quick || guard { q } else { full }))
         };
-        let conns = env_list("E2E_CONNS", if quick { "1,16" } else { "1,16,64,256" })
+        let conns_default = match (quick, guard) {
+            (_, true) => "64",
+            (true, _) => "1,16",
+            _ => "1,16,64,256",
+        };
+        let conns = env_list("E2E_CONNS", conns_default)
             .iter()
             .map(|c| c.parse().expect("E2E_CONNS: numbers"))
             .collect();
@@ -119,15 +127,30 @@ impl Opts {
             .map(|(d, c)| (d.to_string(), c.to_string()))
             .expect("E2E_NS: db.coll");
         let memory_only = has("--memory-only");
-        Opts {
-            warmup: secs("E2E_WARMUP", 0.5, 0.2),
-            measure: secs("E2E_SECS", 3.0, 0.5),
-            rounds: env_or("E2E_ROUNDS", if quick { 1 } else { 3 }),
-            conns,
-            targets: env_list(
+        // The guard's comparison is fixed: the forwarder, HAProxy, governed reads.
+        let targets = if guard {
+            ["floor", "haproxy", "staleguard-governed"]
+                .map(String::from)
+                .to_vec()
+        } else {
+            env_list(
                 "E2E_TARGETS",
                 "direct,floor,haproxy,staleguard,staleguard-governed,staleguard-rewrite",
+            )
+        };
+        Opts {
+            warmup: secs("E2E_WARMUP", 0.5, if guard { 0.3 } else { 0.2 }),
+            measure: secs("E2E_SECS", 3.0, if guard { 1.0 } else { 0.5 }),
+            rounds: env_or(
+                "E2E_ROUNDS",
+                match (quick, guard) {
+                    (_, true) => 7,
+                    (true, _) => 1,
+                    _ => 3,
+                },
             ),
+            conns,
+            targets,
             client_threads: env_or("E2E_CLIENT_THREADS", 2),
             mem_pairs: env_or("E2E_MEM_PAIRS", if quick { 500 } else { 10_000 }),
             ns,
@@ -172,6 +195,17 @@ fn main() {
         return;
     }
     let opts = Opts::from_env(&args);
+    if args.iter().any(|a| a == "--guard") {
+        procs::raise_nofile(65_536);
+        match guard::run(&opts) {
+            Ok(true) => return,
+            Ok(false) => std::process::exit(1),
+            Err(e) => {
+                eprintln!("e2e guard: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
     if let Err(e) = orchestrate(&opts) {
         eprintln!("e2e: {e}");
         std::process::exit(1);

@@ -86,7 +86,7 @@ impl Session {
         let tick = life::limits_tick(&self.h.config.limits);
         self.life.set_tick(tick, Instant::now());
         if let Some(first) = first {
-            if let Err(e) = self.from_client(first, &mut cr).await {
+            if let Err(e) = self.on_client_item(first, &mut cr).await {
                 self.finish(Err(e), true);
                 Box::pin(self.close(&mut cw, &mut uw)).await;
                 return self;
@@ -176,7 +176,7 @@ impl Session {
                 self.h.upstream_gone();
                 Ok(Some("upstream closed"))
             }
-            Event::Request(Some(Ok(item))) => self.from_client(item, cr).await.map(|()| None),
+            Event::Request(Some(Ok(item))) => self.on_client_item(item, cr).await.map(|()| None),
             Event::Request(Some(Err(e))) => Err(client_err(e)),
             Event::Request(None) => {
                 self.h.client_gone();

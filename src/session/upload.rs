@@ -155,7 +155,7 @@ impl Held {
 impl Session {
     /// What came from the client: a whole request, the head of a large one (streamed or
     /// held whole), or a piece of one going on in pieces.
-    pub(super) async fn from_client<CR: AsyncRead + Unpin>(
+    pub(super) async fn on_client_item<CR: AsyncRead + Unpin>(
         &mut self,
         item: Incoming,
         cr: &mut FramedRead<CR, StreamCodec>,
