@@ -60,6 +60,7 @@ pub fn run(opts: &Opts) -> Result<bool, String> {
                     count: false,
                     rate: opts.rate,
                     callgrind: false,
+                    active: opts.active,
                 };
                 let out = load::run(&spec)
                     .await

@@ -38,6 +38,9 @@ pub struct Spec {
     /// The proxy runs under callgrind: count its instructions in the window
     /// (`E2E_CALLGRIND`).
     pub callgrind: bool,
+    /// How many of the connections send (`E2E_ACTIVE`); the others stay open and idle
+    /// after their handshake.
+    pub active: Option<usize>,
 }
 
 pub struct Outcome {
@@ -226,7 +229,10 @@ struct ConnResult {
 }
 
 pub async fn run(spec: &Spec) -> Result<Outcome, String> {
-    let clients = connect_many(spec.addr, spec.conns).await?;
+    let mut clients = connect_many(spec.addr, spec.conns).await?;
+    let active = spec.active.unwrap_or(spec.conns).min(spec.conns);
+    // Held open, idle, until the window ends.
+    let idle = clients.split_off(active);
     let t0 = Instant::now();
     let warm_end = t0 + spec.warmup;
     let end = warm_end + spec.measure;
@@ -236,8 +242,8 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
     // spread over one interval so the connections do not send in step.
     let interval = spec
         .rate
-        .map(|r| Duration::from_secs_f64(spec.conns as f64 / r.max(1.0)));
-    let n = spec.conns.max(1) as u32;
+        .map(|r| Duration::from_secs_f64(active.max(1) as f64 / r.max(1.0)));
+    let n = active.max(1) as u32;
     // The proxy's CPU (all its threads) and this process's own (the load generator; the
     // orchestrator is idle meanwhile), both from /proc/PID/stat at both ends of the window.
     let me = std::process::id();
@@ -296,6 +302,7 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
     }
     let (cpu_secs, load_cpu_secs, counts, instructions) =
         sampler.await.map_err(|e| e.to_string())?;
+    drop(idle);
     lat_ns.sort_unstable();
     Ok(Outcome {
         round_trips: lat_ns.len() as u64,

@@ -78,6 +78,8 @@ struct Opts {
     /// Offered load, round trips per second over all connections (`E2E_RATE`); unset: each
     /// connection sends as soon as its last reply arrived (closed loop).
     rate: Option<f64>,
+    /// At most this many connections send (`E2E_ACTIVE`); the others stay open, idle.
+    active: Option<usize>,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -177,6 +179,10 @@ impl Opts {
                 .ok()
                 .filter(|v| !v.is_empty())
                 .map(|v| v.parse().expect("E2E_RATE: round trips per second")),
+            active: std::env::var("E2E_ACTIVE")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| v.parse().expect("E2E_ACTIVE: a number of connections")),
         }
     }
 }
@@ -344,10 +350,12 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
     let floor_percore = other_floor("floor-percore", "forwarder", &["--per-core"]);
     let floor_uring = other_floor("floor-uring", "forwarder-uring", &[]);
     let haproxy = if wants("haproxy") {
+        // Room for the largest connection count (HAProxy refuses past maxconn).
+        let maxconn = opts.conns.iter().copied().max().unwrap_or(0).max(4086) + 10;
         match start_haproxy(
             tmp.path(),
             upstream.addr,
-            4096,
+            maxconn,
             opts.haproxy_threads,
             "haproxy",
         ) {
@@ -593,6 +601,7 @@ async fn latency_runs(
                     count: opts.count,
                     rate: opts.rate,
                     callgrind: opts.callgrind && t.name.starts_with("staleguard"),
+                    active: opts.active,
                 };
                 let out = load::run(&spec)
                     .await
