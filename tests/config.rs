@@ -736,7 +736,7 @@ mode = "passthrough"
     assert!(out.contains("max_message_size  48000000"), "{out}");
     assert!(out.contains("connect_timeout   5s"), "{out}");
     assert!(out.contains("shutdown_timeout  10s"), "{out}");
-    assert!(out.contains("layout            shared"), "{out}");
+    assert!(out.contains("layout            per-core"), "{out}");
     // Four tables keyed by `#`, each under its title; every setting in one of them.
     let cells = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let table = |title: &str| -> Vec<Vec<String>> {

@@ -288,11 +288,11 @@ impl Default for Limits {
 pub enum Layout {
     /// One single-threaded runtime per core; each accepted connection is handed to the next
     /// one in turn and stays there, its wake-ups never crossing threads. What HAProxy and
-    /// Envoy do with their threads.
+    /// Envoy do with their threads (the default: no worker wakes another for a message).
+    #[default]
     PerCore,
     /// Every session on the one multi-threaded runtime, moved between its workers by work
-    /// stealing (the default).
-    #[default]
+    /// stealing.
     Shared,
 }
 

@@ -5,22 +5,21 @@
 //! tick rather than per message; the batched metrics, which reach the shared ones within
 //! `FLUSH_AFTER`; and the buffers an idle connection lets go of.
 //!
-//! Whatever ends a wait (a token cancelled, the timer) rings the session's own [`Bell`]. The
+//! Whatever ends a wait (a token cancelled, the timer) rings the lifecycle's own `Bell`. The
 //! relay polls [`Life::wake`] first in every turn, and that poll costs one load of the bell
 //! until it rings: the tokens' locks and the timer are polled again only then, never per
 //! message.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use futures::task::AtomicWaker;
-use std::future::Future;
-use std::pin::Pin;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use super::bell::Bell;
 use super::counters::FLUSH_AFTER;
 use crate::config::Limits;
 
@@ -36,24 +35,6 @@ const READS_TICK: Duration = Duration::from_millis(100);
 /// carried nothing between two looks, with nothing in flight, lets go of its buffers, so
 /// within `FLUSH_AFTER + 2 × TRIM_AFTER` of its last message.
 const TRIM_AFTER: Duration = Duration::from_millis(500);
-
-/// Rung by whatever ends one of the lifecycle's waits; wakes the session's task.
-#[derive(Debug, Default)]
-struct Bell {
-    rung: AtomicBool,
-    task: AtomicWaker,
-}
-
-impl std::task::Wake for Bell {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.rung.store(true, Ordering::Release);
-        self.task.wake();
-    }
-}
 
 /// What ended a wait of the lifecycle, for the relay to hand on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,10 +106,10 @@ impl std::fmt::Debug for Life {
 impl Life {
     /// A session's lifecycle, whose deadlines are looked at every `tick` from now.
     pub(super) fn new(stop: CancellationToken, kill: CancellationToken, tick: Duration) -> Life {
-        let bell = Arc::new(Bell::default());
+        let (bell, bell_waker) = Bell::new();
         let now = Instant::now();
         Life {
-            bell_waker: Waker::from(bell.clone()),
+            bell_waker,
             bell,
             stop: Box::pin(stop.cancelled_owned()),
             kill: Box::pin(kill.cancelled_owned()),
@@ -213,12 +194,11 @@ impl Life {
     /// Polls the signals and the timer with the bell when it rang (or was never primed);
     /// otherwise one load. Leaves the task's waker with the bell.
     fn listen(&mut self, cx: &mut Context<'_>) {
-        if self.primed && !self.bell.rung.load(Ordering::Acquire) {
+        if self.primed && !self.bell.rang() {
             return;
         }
-        self.bell.task.register(cx.waker());
-        // Cleared before the polls: whatever goes off after them rings again.
-        self.bell.rung.store(false, Ordering::Release);
+        // Taken before the polls: whatever goes off after them rings again.
+        self.bell.answer(cx);
         let mut bcx = Context::from_waker(&self.bell_waker);
         if !self.stop_seen && self.stop.as_mut().poll(&mut bcx).is_ready() {
             self.stop_seen = true;

@@ -29,6 +29,7 @@
 //! small per-session list; other commands pay nothing more.
 
 mod arrival;
+mod bell;
 mod counters;
 mod followed;
 mod gate;

@@ -6,11 +6,11 @@
 //! the peers do, reading or not.
 
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 
+use super::bell::Ear;
 use super::life::{self, Limit, Wake};
 use super::{client_err, gate, upstream_err, Session, SessionError};
 use crate::wire::codec::FrameError;
@@ -92,6 +92,9 @@ impl Session {
                 return self;
             }
         }
+        // Each peer's read side is polled again only after it gave something or rang: a
+        // turn does not take the other socket's readiness lock for nothing.
+        let (mut client_ear, mut upstream_ear) = (Ear::default(), Ear::default());
         let end: Result<&str, SessionError> = loop {
             let streaming = ur.decoder().is_streaming();
             if let Some(why) = self.over(streaming || cr.decoder().is_streaming()) {
@@ -118,9 +121,9 @@ impl Session {
                 w = p.to_client.step(&mut cw), if !p.to_client.is_idle() => {
                     Event::Wrote(w.map_err(SessionError::ClientIo))
                 }
-                rep = ur.next(), if read_upstream => Event::Reply(rep),
+                rep = upstream_ear.next(&mut ur), if read_upstream => Event::Reply(rep),
                 answer = reads.next_answer(), if asking => Event::Answer(answer),
-                req = cr.next(), if read_client => Event::Request(req),
+                req = client_ear.next(&mut cr), if read_client => Event::Request(req),
                 ok = held.acquired(), if waiting => Event::Held(ok),
             };
             match self.handle(event, &mut cr, &mut ur).await {

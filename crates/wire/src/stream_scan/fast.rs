@@ -25,26 +25,31 @@ impl StreamScan {
         let bytes = &bytes[..room];
         let cap = self.cap.unwrap_or(0);
         let mut at = 0;
-        while let Some(doc) = whole_doc(&bytes[at..]) {
-            if self.looked >= cap {
-                self.count.skipped = self.count.skipped.saturating_add(1);
-            } else {
-                let Some(id) = first_id(doc.value) else {
-                    break;
-                };
-                if let Some(id) = id {
-                    self.looked += 1;
-                    if id.len() <= STREAM_ID_MAX {
-                        if self.ids.insert(id) {
-                            self.count.duplicates = self.count.duplicates.saturating_add(1);
-                        }
-                        self.count.examined = self.count.examined.saturating_add(1);
-                    } else {
-                        self.count.skipped = self.count.skipped.saturating_add(1);
+        while self.looked < cap {
+            let Some(doc) = whole_doc(&bytes[at..]) else {
+                break;
+            };
+            let Some(id) = first_id(doc.value) else {
+                break;
+            };
+            if let Some(id) = id {
+                self.looked += 1;
+                if id.len() <= STREAM_ID_MAX {
+                    if self.ids.insert(id) {
+                        self.count.duplicates = self.count.duplicates.saturating_add(1);
                     }
+                    self.count.examined = self.count.examined.saturating_add(1);
+                } else {
+                    self.count.skipped = self.count.skipped.saturating_add(1);
                 }
             }
             at += doc.end;
+        }
+        if self.looked >= cap {
+            // Past the cap the documents are only counted.
+            let (took, docs) = skip_docs(&bytes[at..]);
+            at += took;
+            self.count.skipped = self.count.skipped.saturating_add(docs);
         }
         if at > 0 {
             self.pos += at as u64;
@@ -74,6 +79,38 @@ fn whole_doc(b: &[u8]) -> Option<scan::Elem<'_>> {
         start: 0,
         end,
     })
+}
+
+/// Passes over the batch documents lying whole at the front of `b`, checked as
+/// [`whole_doc`] checks them; returns the bytes they take and how many they are. The loop
+/// a reply of many small documents spends its time in once the cap is reached: a key is an
+/// array index (a few digits), found within its first 16 bytes or left to the slow path.
+fn skip_docs(b: &[u8]) -> (usize, u32) {
+    let (mut at, mut docs) = (0usize, 0u32);
+    while let Some(rest) = b.get(at..) {
+        if rest.first() != Some(&scan::DOCUMENT) {
+            break;
+        }
+        let key = &rest[1..rest.len().min(17)];
+        let Some(nul) = key.iter().position(|&c| c == 0) else {
+            break;
+        };
+        let v = nul + 2;
+        let Some(len) = rest.get(v..v + 4) else {
+            break;
+        };
+        let n = i32::from_le_bytes([len[0], len[1], len[2], len[3]]);
+        if n < 5 {
+            break;
+        }
+        let end = v + n as usize;
+        if rest.get(end - 1) != Some(&0) {
+            break;
+        }
+        at += end;
+        docs += 1;
+    }
+    (at, docs)
 }
 
 /// The first `_id` element of a batch document (type byte, key and value), `Some(None)` when
