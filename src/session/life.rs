@@ -62,7 +62,9 @@ pub(super) struct Life {
     bell_waker: Waker,
     stop: Pin<Box<WaitForCancellationFutureOwned>>,
     kill: Pin<Box<WaitForCancellationFutureOwned>>,
-    timer: Pin<Box<Sleep>>,
+    /// Made at the first wait, on the runtime the session runs on (a session is made on
+    /// the accept loop's runtime and may run on another's, `layout = "per-core"`).
+    timer: Option<Pin<Box<Sleep>>>,
     /// The signals and the timer have been polled with the bell since it last rang (or the
     /// timer was last moved): until it rings, nothing of them needs polling.
     primed: bool,
@@ -113,7 +115,7 @@ impl Life {
             bell,
             stop: Box::pin(stop.cancelled_owned()),
             kill: Box::pin(kill.cancelled_owned()),
-            timer: Box::pin(tokio::time::sleep_until(now + tick)),
+            timer: None,
             primed: false,
             stop_seen: false,
             draining: false,
@@ -206,25 +208,33 @@ impl Life {
         if !self.killed && self.kill.as_mut().poll(&mut bcx).is_ready() {
             self.killed = true;
         }
-        if !self.fired && self.timer.as_mut().poll(&mut bcx).is_ready() {
+        let next = self.next_due();
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(next)));
+        if !self.fired && timer.as_mut().poll(&mut bcx).is_ready() {
             self.fired = true;
         }
         self.primed = true;
     }
 
-    /// Sets the timer to the next thing due: the next tick, or the flush or the reads'
-    /// look when sooner.
+    /// Sets the timer to the next thing due.
     fn arm(&mut self) {
-        let at = [self.flush_at, self.reads_at]
-            .into_iter()
-            .flatten()
-            .fold(self.next_tick, Instant::min);
-        if self.timer.deadline() != at {
-            self.timer.as_mut().reset(at);
+        let at = self.next_due();
+        if let Some(timer) = self.timer.as_mut().filter(|t| t.deadline() != at) {
+            timer.as_mut().reset(at);
         }
         // Polled again with the bell at the next turn (a timer that went off holds no
         // waker any more).
         self.primed = false;
+    }
+
+    /// When the timer is due: the next tick, or the flush or the reads' look when sooner.
+    fn next_due(&self) -> Instant {
+        [self.flush_at, self.reads_at]
+            .into_iter()
+            .flatten()
+            .fold(self.next_tick, Instant::min)
     }
 
     /// The stop was asked and handed on: the session ends once what is in flight is

@@ -173,7 +173,8 @@ impl Session {
     /// task does not hold several copies of it.
     pub async fn run(self: Box<Self>, client: Stream) {
         let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
-        self.relay(client).instrument(span).await
+        let relay = std::pin::pin!(self.relay(client).instrument(span));
+        relay::counting_polls(relay).await
     }
 
     async fn relay(self: Box<Self>, client: Stream) {

@@ -34,6 +34,49 @@ pub(super) fn request_codec(max_message_size: usize) -> StreamCodec {
     StreamCodec::requests(max_message_size, STREAM_ABOVE)
 }
 
+/// Events a session handles in one poll of its task before it lets the other sessions of
+/// its thread run: a client that floods its connection delays the others on its thread by
+/// at most this many of its messages at a time (tokio's own budget is 128 socket reads,
+/// and one read may hold many messages). A client that waits for its replies never comes
+/// near it.
+const BURST: u32 = 16;
+
+std::thread_local! {
+    /// Polls of session tasks on this thread so far: what tells a session whether its
+    /// events came in one poll.
+    static POLLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Polls `relay` (a session's task), counting each poll in `POLLS`.
+pub(super) async fn counting_polls<F: std::future::Future>(
+    mut relay: std::pin::Pin<&mut F>,
+) -> F::Output {
+    std::future::poll_fn(move |cx| {
+        POLLS.with(|p| p.set(p.get().wrapping_add(1)));
+        relay.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// The events handled in the current poll of the session's task.
+#[derive(Debug, Default)]
+struct Burst {
+    poll: u64,
+    events: u32,
+}
+
+impl Burst {
+    /// One more event; true when the session has had its share of this poll.
+    fn full(&mut self) -> bool {
+        let poll = POLLS.with(std::cell::Cell::get);
+        if poll != self.poll {
+            (self.poll, self.events) = (poll, 0);
+        }
+        self.events += 1;
+        self.events >= BURST
+    }
+}
+
 /// What woke the loop.
 enum Event {
     /// The lifecycle: the stop, the kill, the timer.
@@ -95,6 +138,7 @@ impl Session {
         // Each peer's read side is polled again only after it gave something or rang: a
         // turn does not take the other socket's readiness lock for nothing.
         let (mut client_ear, mut upstream_ear) = (Ear::default(), Ear::default());
+        let mut burst = Burst::default();
         let end: Result<&str, SessionError> = loop {
             let streaming = ur.decoder().is_streaming();
             if let Some(why) = self.over(streaming || cr.decoder().is_streaming()) {
@@ -137,6 +181,9 @@ impl Session {
             }
             if self.held.holds() {
                 self.release_held(cr.decoder());
+            }
+            if burst.full() {
+                tokio::task::yield_now().await;
             }
         };
         // A peer closed for not reading gets nothing more: a close that waited to write to

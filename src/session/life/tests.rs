@@ -125,8 +125,7 @@ async fn a_stop_closes_an_idle_session_at_once() {
     assert!(took < Duration::from_millis(20), "took {took:?}");
 }
 
-/// A client and a mongos that never pause: the kill still ends the session within a few
-/// turns, and a stop alone does not (something is always in flight).
+/// A client and a mongos that never pause: the kill ends the session within a few turns.
 #[tokio::test(start_paused = true)]
 async fn the_kill_ends_a_busy_session() {
     let p = piped(limits(|_| {}), 1 << 16);
@@ -171,11 +170,7 @@ async fn the_kill_ends_a_busy_session() {
     while replies.load(std::sync::atomic::Ordering::Relaxed) < 200 {
         tokio::task::yield_now().await;
     }
-    p.stop.cancel();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    assert!(!p.relay.is_finished(), "a stop waits for what is in flight");
+    assert!(!p.relay.is_finished(), "busy");
     p.kill.cancel();
     let mut turns = 0;
     while !p.relay.is_finished() {
