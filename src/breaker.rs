@@ -42,6 +42,7 @@ pub use entry::backoff;
 use entry::Breaker;
 
 pub use bound::MIN_EXPIRY;
+pub use fleet::{closed_by_fleet, FleetClose, OwnSamples};
 pub use snapshot::Snapshot;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -125,10 +125,15 @@ impl Confirmer {
     }
 }
 
-/// One cheap read in flight, and the questions waiting on it.
+/// One question's cheap reads in flight, and the questions waiting on them.
 struct Flight {
     waiting: Vec<Question>,
+    started: Instant,
 }
+
+/// A flight whose reads have not come back this long past `confirm_time` is given up (its
+/// task bounds its reads to `confirm_time` and a second; this only guards a lost one).
+const FLIGHT_LOST: Duration = Duration::from_secs(5);
 
 /// The confirming task's state.
 struct State {
@@ -178,6 +183,16 @@ impl State {
                 return deliver(&self.ctx, &q, c, "shared");
             }
         }
+        let lost = (self.flights.get(&key)).is_some_and(|f| {
+            now.saturating_duration_since(f.started) > q.policy.confirm_time + FLIGHT_LOST
+        });
+        if lost {
+            if let Some(f) = self.flights.remove(&key) {
+                for w in &f.waiting {
+                    deliver(&self.ctx, w, Confirmation::Unknown, "unknown");
+                }
+            }
+        }
         if let Some(f) = self.flights.get_mut(&key) {
             if f.waiting.len() <= JOINERS {
                 f.waiting.push(q);
@@ -202,7 +217,11 @@ impl State {
             policy: q.policy.clone(),
         };
         tokio::spawn(read.run(key.clone(), self.done.clone()));
-        self.flights.insert(key, Flight { waiting: vec![q] });
+        let flight = Flight {
+            waiting: vec![q],
+            started: now,
+        };
+        self.flights.insert(key, flight);
     }
 
     /// One start from the share of `q`'s connection: `per_connection` per `window`.
@@ -269,7 +288,7 @@ fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
     let what;
     let heard = match c {
         Confirmation::Confirmed { code, reason } => {
-            tracing::info!(ns = %q.ns, evidence = %q.what, code, "time limit confirmed: the cheap read failed too");
+            crate::logs::sampled!(info, ns = %q.ns, evidence = %q.what, code, "time limit confirmed: the cheap read failed too");
             what = format!("{}, confirmed by a limit-1 read: {code}", q.what);
             // The confirming read's own code says best why (stale routing or a hang).
             let reason = match reason {

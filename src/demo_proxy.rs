@@ -22,12 +22,21 @@ pub struct InProcess;
 impl Launch for InProcess {
     type Proxy = Running;
     const DEFAULT_MIN_WAIT: Duration = crate::policy::DEFAULT_MIN_WAIT;
+    const DEFAULT_ADMIN_LISTEN: &'static str = crate::config::DEFAULT_ADMIN_LISTEN;
 
     async fn start(&self, config: &str, admin: bool) -> Result<Running, Box<dyn Error>> {
         let mut cfg = Config::parse(config, std::path::Path::new("<demo>"))
             .map_err(|e| format!("demo config: {e:?}"))?;
         if !admin {
             cfg.admin_listen = None;
+        }
+        // The default admin address may be taken (a staleguard already running here, another
+        // demo): the demo's page then goes on a free port, which the demo prints.
+        let default = Some(crate::config::DEFAULT_ADMIN_LISTEN);
+        if cfg.admin_listen.as_deref() == default
+            && std::net::TcpListener::bind(crate::config::DEFAULT_ADMIN_LISTEN).is_err()
+        {
+            cfg.admin_listen = Some("127.0.0.1:0".to_string());
         }
         Ok(server::start(Arc::new(cfg)).await?)
     }

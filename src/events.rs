@@ -37,6 +37,10 @@ pub enum Kind {
     ReloadRefused,
     UpstreamUp,
     UpstreamDown,
+    /// `[fleet]`: Redis answers again (or for the first time): this instance shares again.
+    FleetJoined,
+    /// `[fleet]`: Redis lost: this instance acts alone.
+    FleetLost,
 }
 
 impl Kind {
@@ -50,6 +54,8 @@ impl Kind {
             Kind::ReloadRefused => "reload_refused",
             Kind::UpstreamUp => "upstream_up",
             Kind::UpstreamDown => "upstream_down",
+            Kind::FleetJoined => "fleet_joined",
+            Kind::FleetLost => "fleet_lost",
         }
     }
 
@@ -57,7 +63,11 @@ impl Kind {
     pub fn is_bad(self) -> bool {
         matches!(
             self,
-            Kind::BreakerOpened | Kind::WriteStallRaised | Kind::ReloadRefused | Kind::UpstreamDown
+            Kind::BreakerOpened
+                | Kind::WriteStallRaised
+                | Kind::ReloadRefused
+                | Kind::UpstreamDown
+                | Kind::FleetLost
         )
     }
 }
@@ -129,6 +139,22 @@ impl Event {
             Some(e) => Event::new(Kind::UpstreamDown, e),
         }
         .place(addr)
+    }
+
+    /// `[fleet]`: this instance (`name`) reached Redis again, or lost it.
+    pub fn fleet(connected: bool, name: &str) -> Event {
+        if connected {
+            Event::new(
+                Kind::FleetJoined,
+                "Redis answers: openings, budgets and probes are shared",
+            )
+        } else {
+            Event::new(
+                Kind::FleetLost,
+                "Redis does not answer: acting alone (own breakers, local guard, every probe)",
+            )
+        }
+        .place(name)
     }
 
     /// A config reload of `file` (asked by `trigger`) applied or refused; `messages`: its
@@ -233,17 +259,28 @@ impl Ring {
     }
 }
 
-/// The recent past the status page shows: the events, and the series of what reads met.
+/// The recent past the status page shows: the events, and the series of what reads met,
+/// in fine buckets (`[admin] history_interval`, 30 minutes at the default) and in coarse
+/// ones ([`COARSE`] times wider, 3 hours at the default).
 #[derive(Debug, Default)]
 pub struct Recent {
     pub events: Ring,
     series: Mutex<Series>,
+    coarse: Mutex<Series>,
 }
 
+/// How many fine buckets one coarse bucket spans.
+pub const COARSE: u64 = 6;
+
 impl Recent {
-    /// The series, to sample into or to read.
+    /// The fine series, to sample into or to read.
     pub fn series(&self) -> MutexGuard<'_, Series> {
         self.series.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The coarse series, to sample into or to read.
+    pub fn coarse(&self) -> MutexGuard<'_, Series> {
+        self.coarse.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

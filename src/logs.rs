@@ -5,6 +5,14 @@
 //! characters in strings.
 //!
 //! One place covers every event and span: the formatter, not each call site.
+//!
+//! Lines that repeat with traffic (one per read) go through [`sampled!`] (`sampled.rs`), so
+//! the log does not grow with the read rate.
+
+mod sampled;
+
+pub(crate) use sampled::sampled;
+pub use sampled::{Site, BURST, WINDOW};
 
 use std::fmt::{self, Write as _};
 

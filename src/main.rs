@@ -1,4 +1,5 @@
-//! The `staleguard` command line: `run`, `check-config`.
+//! The `staleguard` command line: `run`, `check-config`, and with the `sim` feature `sim`,
+//! `demo` and `incident`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +65,32 @@ enum Command {
         /// Also listen on one port per node (for serverStatus on shard primaries).
         #[arg(long)]
         node_ports: bool,
+        /// With --node-ports: the first node's port (a0; then a1, a2, b0, b1, b2); 0 picks
+        /// free ports.
+        #[arg(long, default_value_t = 27100)]
+        node_base_port: u16,
+    },
+    #[cfg(feature = "sim")]
+    /// Drive the incident by name against a running `staleguard sim --node-ports`, with a
+    /// small paced load through a running `staleguard run` (see config/sim.toml).
+    Incident {
+        /// stall (shard A's primary stops completing writes), partial (then secondary a1
+        /// restarts; a2 stays healthy) or full (a1 and a2 restart).
+        #[arg(long, default_value = "partial", value_parser = ["stall", "partial", "full"])]
+        scenario: String,
+        /// The staleguard the load goes through.
+        #[arg(long, default_value = "127.0.0.1:27018")]
+        proxy: String,
+        /// The simulated cluster's mongos, where the faults are injected.
+        #[arg(long, default_value = "127.0.0.1:27017")]
+        cluster: String,
+        /// Length of each of the four phases (healthy, stalled, restarted, resumed).
+        #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+        phase: std::time::Duration,
+        /// Requests per second of each workload (inventory reads, payment reads, order
+        /// inserts).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        rate: u32,
     },
     #[cfg(feature = "sim")]
     /// Tell the story: the incident against the simulated cluster, with and without staleguard.
@@ -112,6 +139,8 @@ fn main() -> ExitCode {
     let default_level = match cli.command {
         #[cfg(feature = "sim")]
         Command::Demo { .. } => "error",
+        #[cfg(feature = "sim")]
+        Command::Incident { .. } => "warn",
         _ => "info",
     };
     init_logs(
@@ -130,7 +159,20 @@ fn main() -> ExitCode {
             listen,
             refresh_timeout,
             node_ports,
-        } => sim(listen, refresh_timeout, node_ports),
+            node_base_port,
+        } => sim(
+            listen,
+            refresh_timeout,
+            node_ports.then_some(node_base_port),
+        ),
+        #[cfg(feature = "sim")]
+        Command::Incident {
+            scenario,
+            proxy,
+            cluster,
+            phase,
+            rate,
+        } => incident(&scenario, proxy, cluster, phase, rate),
         #[cfg(feature = "sim")]
         Command::Demo { phase } => demo(phase),
     }
@@ -296,8 +338,9 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
     }
 }
 
+/// `node_ports`: the first node's port, when the nodes listen too.
 #[cfg(feature = "sim")]
-fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: bool) -> ExitCode {
+fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: Option<u16>) -> ExitCode {
     let Some(rt) = runtime() else {
         return ExitCode::FAILURE;
     };
@@ -305,7 +348,8 @@ fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: bool) -
         let cfg = staleguard::sim::SimConfig {
             listen,
             refresh_timeout,
-            node_ports,
+            node_ports: node_ports.is_some(),
+            node_base_port: node_ports.unwrap_or(0),
             ..Default::default()
         };
         let handle = match staleguard::sim::start(cfg).await {
@@ -321,10 +365,45 @@ fn sim(listen: String, refresh_timeout: std::time::Duration, node_ports: bool) -
                 println!("  node {node} on {a}");
             }
         }
-        println!("faults: run {{simControl: \"status\"}} on the admin database (see README)");
+        println!("faults: run {{simControl: \"status\"}} on the admin database (see README), or `staleguard incident --scenario partial|full|stall`");
         wait_for_signal().await;
         handle.shutdown().await;
         ExitCode::SUCCESS
+    })
+}
+
+#[cfg(feature = "sim")]
+fn incident(
+    scenario: &str,
+    proxy: String,
+    cluster: String,
+    phase: std::time::Duration,
+    rate: u32,
+) -> ExitCode {
+    use staleguard::demo::{IncidentOptions, Scenario};
+    let Some(scenario) = Scenario::parse(scenario) else {
+        eprintln!("error: unknown scenario {scenario:?}: stall, partial or full");
+        return ExitCode::from(2);
+    };
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let opts = IncidentOptions {
+        scenario,
+        proxy,
+        cluster,
+        phase,
+        rate,
+        ..IncidentOptions::default()
+    };
+    rt.block_on(async move {
+        match staleguard::demo::drive_incident(opts).await {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        }
     })
 }
 

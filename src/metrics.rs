@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use dashmap::{DashMap, DashSet};
-use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -21,9 +20,11 @@ mod dry_run;
 mod exposition;
 mod fleet;
 mod hot;
+mod labels;
 mod ladder;
 pub mod latency;
 mod limits;
+mod process;
 mod stall;
 mod totals;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
@@ -31,6 +32,7 @@ pub use dry_run::{DryRunMetrics, NsAction, DRY_RUN_ACTIONS};
 pub use exposition::Format;
 pub use fleet::{BudgetLabel, FleetEventLabels, FleetMetrics, BUDGET_RESULTS};
 pub use hot::NsHot;
+pub use labels::{CommandDecision, NsCode, NsKind, NsLabel, ResultLabel, SideLabel, UpstreamLabel};
 pub use ladder::{LadderMetrics, NsRungResult, RESULTS as LADDER_RESULTS, RUNGS as LADDER_RUNGS};
 pub use latency::{LatencyBatch, LatencyHistogram};
 pub use limits::{LimitLabel, LimitMetrics, WhyLabel, IGNORED, LIMITS};
@@ -59,44 +61,6 @@ const COMMANDS: [&str; 16] = [
     "explain",
     "other",
 ];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CommandDecision {
-    pub command: &'static str,
-    pub decision: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NsCode {
-    pub namespace: String,
-    pub code: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NsKind {
-    pub namespace: String,
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NsLabel {
-    pub namespace: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct UpstreamLabel {
-    pub upstream: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SideLabel {
-    pub side: &'static str,
-}
 
 /// Sizes of the (command, decision) table, for sessions that count locally.
 pub const REQUEST_SLOTS: (usize, usize) = (COMMANDS.len(), DECISIONS.len());
@@ -139,6 +103,11 @@ pub struct Metrics {
     ns_errors: DashMap<String, AtomicU64>,
     /// Forwarded requests with no decision to make, counted without a label lookup.
     forwarded: Counter,
+    /// Every request from a client: governed (`requests`) and forwarded without a decision
+    /// (`forwarded`) together, so that relay-only traffic shows too.
+    client_requests: Counter,
+    /// The process's own metrics, without the prefix (`process_cpu_seconds_total`, ...).
+    process: Registry,
     seen_ns: DashSet<String>,
     ns_count: AtomicUsize,
     /// The write-stall watch's inputs and state.
@@ -198,6 +167,12 @@ impl Metrics {
             tls_failures: Family::default(),
             ns_errors: DashMap::new(),
             forwarded: Counter::default(),
+            client_requests: Counter::default(),
+            process: {
+                let mut r = Registry::default();
+                r.register_collector(Box::new(process::ProcessCollector));
+                r
+            },
             seen_ns: DashSet::new(),
             ns_count: AtomicUsize::new(0),
             stall: StallMetrics::default(),
@@ -223,6 +198,11 @@ impl Metrics {
                 "requests",
                 "Requests by command and decision (forward, track, track_retry, bounded, rewrite, primary, fail_fast, refuse)",
                 m.requests.clone(),
+            );
+            r.register(
+                "client_requests",
+                "Requests from clients, every one: governed (also in requests_total, by decision) and forwarded without a decision (also in forwarded_unclassified_total); not empty in relay-only mode",
+                m.client_requests.clone(),
             );
             r.register(
                 "forwarded_unclassified",
@@ -320,8 +300,10 @@ impl Metrics {
     pub fn render_as(&self, format: Format) -> String {
         let mut om = String::new();
         if let Ok(r) = self.registry.lock() {
-            let _ = encode(&mut om, &r);
+            let _ = encode_registry(&mut om, &r);
         }
+        let _ = encode_registry(&mut om, &self.process);
+        let _ = encode_eof(&mut om);
         exposition::finish(&om, format)
     }
 
@@ -353,6 +335,7 @@ impl Metrics {
     /// them in batches).
     pub fn forwarded(&self, n: u64) {
         self.forwarded.inc_by(n);
+        self.client_requests.inc_by(n);
     }
 
     pub fn request(&self, command: &str, decision: &'static str) {
@@ -373,6 +356,7 @@ impl Metrics {
 
     /// Adds `n` requests to a slot from `request_slot`.
     pub fn add_requests(&self, c: usize, d: usize, n: u64) {
+        self.client_requests.inc_by(n);
         // Each (command, decision) counter is looked up in the family once, then kept.
         self.request_counters[c][d]
             .get_or_init(|| {

@@ -1,7 +1,8 @@
 //! Hot reload: read and validate the config file again, then swap it in atomically. An
 //! invalid file changes nothing. Triggered by SIGHUP (the binary), a change of the file
-//! (a watcher on its folder: applied once the file is whole, closed by its writer or
-//! renamed into place, and reading the same twice) or `Running::reload` (the server's API).
+//! (a watcher on its folder: applied once the file is whole, renamed or linked into place,
+//! or written in place and then quiet for [`WRITE_QUIET`] and closed, and reading the same
+//! twice) or `Running::reload` (the server's API).
 //!
 //! What survives a reload: breakers whose namespace is still governed by the same pattern
 //! with the same mode; upstreams still listed (with their health). Settings that need a
@@ -17,6 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError};
@@ -184,9 +186,11 @@ fn retain_breakers(shared: &ReloadHandles, old: &Config, new: &Config) {
 /// and an update renames a new `..data` over the old one, so no event ever names
 /// `config.toml`. Events on any link of that chain in the folder count (see [`watched_names`]).
 ///
-/// A file written in place is applied only once its writer has closed it (inotify's
-/// close-write) and it reads the same twice: a write in progress, however long its pauses,
-/// is never applied half-written (see [`Change`]).
+/// A file written in place is applied only once no data change has come for
+/// [`WRITE_QUIET`], someone has closed it since (inotify's close-write), and it reads the
+/// same twice: a close alone proves nothing (a `touch` in the writer's pause closes the file
+/// too), so a write whose pauses are shorter than [`WRITE_QUIET`] is never applied
+/// half-written, whatever else opens and closes the file (see [`Settle`]).
 pub fn watch(shared: Arc<ReloadHandles>, stop: CancellationToken) -> Result<(), String> {
     let path = shared.config.load().source.clone();
     if path.file_name().is_none() {
@@ -233,17 +237,20 @@ pub fn watch(shared: Arc<ReloadHandles>, stop: CancellationToken) -> Result<(), 
 /// What an event on the config file (or a link to it) says about its content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
-    /// A writer has the file open and is changing it (a write, a truncation, a new regular
-    /// file): wait for [`Change::Complete`].
-    Writing,
-    /// A whole content is in place: a writer closed the file (close-write), a file or a
-    /// link was renamed over the name, a symlink was made.
-    Complete,
-    /// Something else (attributes, a removal): look again after the quiet period.
+    /// The file's data changed in place (a write, a truncation, a new regular file): an
+    /// in-place write, settled only by [`WRITE_QUIET`] without another such event.
+    Written,
+    /// Someone who had the file open for writing closed it (inotify's close-write). Not
+    /// proof that the writer is done: a `touch`, an autosave check or an agent fixing
+    /// permissions opens and closes the file for writing in the middle of a slow write.
+    Closed,
+    /// A whole content was put in place at once: a file or a link renamed over the name,
+    /// a symlink made.
+    Replaced,
+    /// Something else (attributes, a removal): look again after the short quiet period.
     Unknown,
-    /// Events were lost (the kernel's queue overflowed): whether a writer is at work is not
-    /// known any more; the content is applied once it reads the same twice after a quiet
-    /// period.
+    /// Events were lost (the kernel's queue overflowed): a write may be in progress and its
+    /// close may be lost; settled as an in-place write whose close was seen.
     Lost,
 }
 
@@ -251,19 +258,19 @@ impl Change {
     fn of(kind: &EventKind, path: &Path) -> Option<Change> {
         use notify::event::{AccessKind, AccessMode, ModifyKind};
         Some(match kind {
-            EventKind::Access(AccessKind::Close(AccessMode::Write)) => Change::Complete,
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => Change::Closed,
             // Opens and reads (ours included) change nothing.
             EventKind::Access(_) => return None,
-            EventKind::Modify(ModifyKind::Name(_)) => Change::Complete,
+            EventKind::Modify(ModifyKind::Name(_)) => Change::Replaced,
             EventKind::Modify(ModifyKind::Metadata(_)) => Change::Unknown,
-            EventKind::Modify(_) => Change::Writing,
+            EventKind::Modify(_) => Change::Written,
             EventKind::Create(_) => {
                 let link =
                     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
                 if link {
-                    Change::Complete
+                    Change::Replaced
                 } else {
-                    Change::Writing
+                    Change::Written
                 }
             }
             EventKind::Remove(_) | EventKind::Any | EventKind::Other => Change::Unknown,
@@ -311,16 +318,91 @@ pub fn watched_names(path: &Path) -> Vec<OsString> {
 /// Symlink hops followed by [`watched_names`].
 const MAX_LINKS: usize = 8;
 
-/// Whether the platform's watcher reports close-write (Linux's inotify does): then a file
-/// being written is waited for until its writer closes it, however long it pauses.
-/// Elsewhere a write is taken as finished after [`WRITE_QUIET`] without events.
+/// Whether the platform's watcher reports close-write (Linux's inotify does): then an
+/// in-place write is also waited for until someone closes the file, however long its
+/// writer pauses (as long as nothing else closes it meanwhile).
 const CLOSE_EVENTS: bool = cfg!(target_os = "linux");
 
-/// Where close-write is not reported: how long a file being written must stay quiet.
-pub const WRITE_QUIET: Duration = Duration::from_secs(2);
+/// How long a file written in place must go without a data change before its content is
+/// applied, whoever closes it meanwhile: the longest pause an in-place writer may make
+/// between two pieces when something else (a `touch`) may close the file in that pause.
+pub const WRITE_QUIET: Duration = Duration::from_secs(5);
 
 /// The pause between the two reads that must agree before a content is applied.
 const REREAD: Duration = Duration::from_millis(50);
+
+/// Where the events since the last applied content leave the file: when its content may be
+/// read, as a pure function of the events and the clock (table-tested below).
+#[derive(Debug, Clone, Copy)]
+struct Settle {
+    /// The last data change of an in-place write not settled yet.
+    written_at: Option<Instant>,
+    /// A close-write (or lost events) came after `written_at`.
+    closed: bool,
+    /// The last event of any kind.
+    last_event: Instant,
+}
+
+/// What the debounce task does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Nothing to read before this long has passed (or another event comes).
+    Wait(Duration),
+    /// An in-place write has been quiet long enough but nobody has closed the file: wait
+    /// for an event.
+    WaitForClose,
+    /// Read the content (twice, [`REREAD`] apart).
+    Read,
+}
+
+impl Settle {
+    fn new(now: Instant) -> Settle {
+        Settle {
+            written_at: None,
+            closed: false,
+            last_event: now,
+        }
+    }
+
+    fn note(&mut self, change: Change, now: Instant) {
+        self.last_event = now;
+        match change {
+            Change::Written => {
+                self.written_at = Some(now);
+                self.closed = false;
+            }
+            Change::Closed => self.closed = self.written_at.is_some(),
+            Change::Replaced => {
+                // A new file under the name: the old one's writer writes elsewhere now.
+                self.written_at = None;
+                self.closed = false;
+            }
+            Change::Lost => {
+                self.written_at = Some(now);
+                self.closed = true;
+            }
+            Change::Unknown => {}
+        }
+    }
+
+    fn step(&self, now: Instant) -> Step {
+        let Some(written) = self.written_at else {
+            return wait_until(self.last_event + DEBOUNCE, now);
+        };
+        match wait_until(written + WRITE_QUIET, now) {
+            Step::Read if CLOSE_EVENTS && !self.closed => Step::WaitForClose,
+            step => step,
+        }
+    }
+}
+
+fn wait_until(at: Instant, now: Instant) -> Step {
+    if now < at {
+        Step::Wait(at - now)
+    } else {
+        Step::Read
+    }
+}
 
 async fn debounce(
     shared: Arc<ReloadHandles>,
@@ -332,49 +414,50 @@ async fn debounce(
 ) {
     // Kept alive for as long as this task runs.
     let _watcher = watcher;
-    // A writer changed the file and has not closed it since.
-    let mut writing = false;
     loop {
-        tokio::select! {
+        let first = tokio::select! {
             _ = stop.cancelled() => return,
             ev = rx.recv() => match ev {
-                Some(c) => note(&mut writing, c),
+                Some(c) => c,
                 None => return,
             },
-        }
-        // Wait for the events to settle: a quiet period that every event restarts, and
-        // while a writer has the file open, its close. Then the content, read twice alike.
+        };
+        let mut settle = Settle::new(Instant::now());
+        settle.note(first, Instant::now());
+        // Wait for the events to settle (see `Settle`), then the content, read twice alike.
         let mut told = false;
         let content = loop {
-            let quiet = if writing { WRITE_QUIET } else { DEBOUNCE };
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                ev = rx.recv() => match ev {
-                    Some(c) => note(&mut writing, c),
-                    None => return,
-                },
-                _ = tokio::time::sleep(quiet) => {
-                    if writing && CLOSE_EVENTS {
-                        if !std::mem::replace(&mut told, true) {
-                            tracing::debug!(file = %path.display(), "config file still open for writing; waiting for its close");
-                        }
-                        continue;
+            let wait = match settle.step(Instant::now()) {
+                Step::Wait(d) => Some(d),
+                Step::WaitForClose => {
+                    if !std::mem::replace(&mut told, true) {
+                        tracing::debug!(file = %path.display(), "config file written in place and not closed yet; waiting for its close");
                     }
+                    None
+                }
+                Step::Read => {
                     // Read twice: a content that changes between the reads is not whole.
                     let first = read(&path);
                     tokio::time::sleep(REREAD).await;
                     let mut moved = false;
                     while let Ok(c) = rx.try_recv() {
-                        note(&mut writing, c);
+                        settle.note(c, Instant::now());
                         moved = true;
                     }
                     let second = read(&path);
-                    if moved || first != second {
-                        continue;
+                    if !moved && first == second {
+                        break second;
                     }
-                    writing = false;
-                    break second;
+                    continue;
                 }
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                ev = rx.recv() => match ev {
+                    Some(c) => settle.note(c, Instant::now()),
+                    None => return,
+                },
+                _ = sleep_or_forever(wait) => {}
             }
         };
         let Some(now) = content else {
@@ -389,12 +472,10 @@ async fn debounce(
     }
 }
 
-/// Folds one event into whether a writer is at work.
-fn note(writing: &mut bool, change: Change) {
-    match change {
-        Change::Writing => *writing = true,
-        Change::Complete | Change::Lost => *writing = false,
-        Change::Unknown => {}
+async fn sleep_or_forever(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -408,7 +489,7 @@ mod tests {
     use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RenameMode};
 
     #[test]
-    fn only_a_close_or_a_rename_completes_a_write() {
+    fn events_say_what_happened_to_the_content() {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = dir.path().join("f.toml");
         std::fs::write(&file, "").expect("file");
@@ -419,29 +500,70 @@ mod tests {
         let close = EventKind::Access(AccessKind::Close(AccessMode::Write));
         let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::To));
         let created = EventKind::Create(CreateKind::File);
-        assert_eq!(of(data, &file), Some(Change::Writing));
-        assert_eq!(of(created, &file), Some(Change::Writing));
-        assert_eq!(of(created, &link), Some(Change::Complete));
-        assert_eq!(of(close, &file), Some(Change::Complete));
-        assert_eq!(of(renamed, &file), Some(Change::Complete));
+        assert_eq!(of(data, &file), Some(Change::Written));
+        assert_eq!(of(created, &file), Some(Change::Written));
+        assert_eq!(of(created, &link), Some(Change::Replaced));
+        assert_eq!(of(close, &file), Some(Change::Closed));
+        assert_eq!(of(renamed, &file), Some(Change::Replaced));
         let opened = EventKind::Access(AccessKind::Open(AccessMode::Any));
         assert_eq!(of(opened, &file), None);
         let read = EventKind::Access(AccessKind::Close(AccessMode::Read));
         assert_eq!(of(read, &file), None);
+    }
 
-        // A write stays in progress until its close, whatever comes between.
-        let mut writing = false;
-        for c in [Change::Writing, Change::Unknown, Change::Writing] {
-            note(&mut writing, c);
-            assert!(writing);
-        }
-        note(&mut writing, Change::Complete);
-        assert!(!writing);
-        note(&mut writing, Change::Writing);
-        note(&mut writing, Change::Lost);
-        assert!(
-            !writing,
-            "lost events: the content decides (read twice alike)"
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_replacement_settles_after_the_short_quiet() {
+        let t0 = Instant::now();
+        let mut s = Settle::new(t0);
+        s.note(Change::Replaced, t0);
+        assert_eq!(s.step(t0), Step::Wait(DEBOUNCE));
+        assert_eq!(s.step(t0 + DEBOUNCE), Step::Read);
+        // A touch of a file nobody wrote: the short quiet, then the content decides.
+        let mut s = Settle::new(t0);
+        s.note(Change::Closed, t0);
+        s.note(Change::Unknown, t0 + ms(1));
+        assert_eq!(s.step(t0 + ms(1) + DEBOUNCE), Step::Read);
+    }
+
+    /// The case: a slow in-place write, and a `touch` (its close-write) in the
+    /// writer's pause. The close does not end the write: only `WRITE_QUIET` without a data
+    /// change does.
+    #[test]
+    fn a_close_in_a_writers_pause_does_not_settle_the_write() {
+        let t0 = Instant::now();
+        let mut s = Settle::new(t0);
+        s.note(Change::Written, t0);
+        let touch = t0 + ms(1_200);
+        s.note(Change::Closed, touch);
+        s.note(Change::Unknown, touch);
+        assert_eq!(
+            s.step(touch + DEBOUNCE),
+            Step::Wait(WRITE_QUIET - ms(1_200) - DEBOUNCE)
         );
+        // The writer's second piece restarts the quiet and needs a close of its own.
+        let second = t0 + ms(2_500);
+        s.note(Change::Written, second);
+        assert_eq!(s.step(second + WRITE_QUIET), Step::WaitForClose);
+        s.note(Change::Closed, second + ms(10));
+        assert_eq!(s.step(second + ms(10)), Step::Wait(WRITE_QUIET - ms(10)));
+        assert_eq!(s.step(second + WRITE_QUIET), Step::Read);
+        // Written and then replaced by a rename: the replacement is what counts.
+        s.note(Change::Written, second + ms(20));
+        s.note(Change::Replaced, second + ms(30));
+        assert_eq!(s.step(second + ms(30) + DEBOUNCE), Step::Read);
+    }
+
+    #[test]
+    fn lost_events_settle_as_a_closed_write() {
+        let t0 = Instant::now();
+        let mut s = Settle::new(t0);
+        s.note(Change::Written, t0);
+        s.note(Change::Lost, t0 + ms(100));
+        assert_eq!(s.step(t0 + ms(100) + WRITE_QUIET), Step::Read);
+        assert!(matches!(s.step(t0 + ms(200)), Step::Wait(_)));
     }
 }

@@ -286,6 +286,11 @@ pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
     let a = &config.admin_limits;
     m.set("admin_max_connections", a.max_connections as f64);
     m.set(
+        "admin_max_connections_per_peer",
+        a.max_connections_per_peer as f64,
+    );
+    m.set("admin_health_lane", crate::config::ADMIN_HEALTH_LANE as f64);
+    m.set(
         "admin_header_read_timeout",
         a.header_read_timeout.as_secs_f64(),
     );

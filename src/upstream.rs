@@ -9,7 +9,7 @@ mod share;
 
 pub use driver::driver_client;
 pub use ladder::{ConnLadder, Denied, LadderGuard, LadderPermit};
-pub use share::{FleetShare, ShareSaid};
+pub use share::{FleetShare, ShareSaid, Slots, Starts};
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

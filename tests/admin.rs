@@ -1,8 +1,8 @@
 //! The admin endpoint: `/healthz`, `/readyz`, `/metrics`, `/status`, the bearer token, and
 //! the HTML status page as a person sees it in a real headless Chromium.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use ops_support::http::get;
 use ops_support::*;
@@ -208,7 +208,7 @@ async fn status_page_in_headless_chromium() {
     // The namespace table: the open breaker is the first row, highlighted, with its mode,
     // what happens to reads, and why it opened.
     let table = dom
-        .split("<table id=\"namespaces\">")
+        .split("<table id=\"namespaces\" class=\"cards\">")
         .nth(1)
         .and_then(|t| t.split("</table>").next())
         .expect("namespaces table");

@@ -2,9 +2,13 @@
 //! never finishes is cut at `header_read_timeout`; a response its client does not read is
 //! cut at `request_timeout`; past `max_connections` a connection gets a bare 503; each is
 //! counted in `limit_hits_total`. And the token from a file or an environment variable.
+//!
+//! Issue 30, item 3: whatever holds the cap, `/healthz` and `/readyz` are answered (the
+//! health lane), to kubelet-style probes (a new connection each, a 1 s timeout); and one
+//! address holds at most `max_connections_per_peer`.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -296,7 +300,7 @@ async fn admin_connections_cannot_take_every_descriptor() {
     use support::raw::{self, RawClient};
     let fake = FakeMongos::start().await;
     let config = format!(
-        "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\n",
+        "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[admin]\nlisten = \"127.0.0.1:0\"\nheader_read_timeout = \"60s\"\nmax_connections_per_peer = 64\n",
         fake.addr()
     );
     let proxy = Binary::start_under(&["prlimit", "--nofile=512:512", "--"], &config, &[]);
@@ -306,7 +310,8 @@ async fn admin_connections_cannot_take_every_descriptor() {
     for _ in 0..520 {
         held.push(TcpStream::connect(admin).await.expect("connect admin"));
     }
-    // Those past the cap are answered 503 and closed; the first 64 stay open.
+    // Those past the cap are answered 503 and closed (the health lane holds at most 16 of
+    // them at once, each at most 1 s, waiting for a head); the first 64 stay open.
     let answers = futures::future::join_all(held.into_iter().map(|mut s| async move {
         let mut buf = [0u8; 128];
         let answer = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
@@ -336,4 +341,227 @@ async fn admin_connections_cannot_take_every_descriptor() {
         m.contains("staleguard_limit_hits_total{limit=\"admin_max_connections\"} 456"),
         "{m}"
     );
+}
+
+/// One kubelet-style probe: a new connection, `GET path` as kube-probe sends it, the answer
+/// within 1 s (the kubelet's default `timeoutSeconds`); its status, or none.
+async fn probe(admin: SocketAddr, path: &str) -> Option<u16> {
+    let ask = async {
+        let mut s = TcpStream::connect(admin).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nUser-Agent: kube-probe/1.31\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        text.split_whitespace().nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()?
+}
+
+/// The issue's attack: `n` keep-alive clients, each sending `GET /healthz` every 4 s on its
+/// connection (and reconnecting when it is closed), until `stop`.
+fn keep_alive_attackers(
+    admin: SocketAddr,
+    n: usize,
+    stop: tokio_util::sync::CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                while !stop.is_cancelled() {
+                    let Ok(mut s) = TcpStream::connect(admin).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        let req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+                        if s.write_all(req).await.is_err() {
+                            break;
+                        }
+                        // Its answer (or the close), then the pause.
+                        match tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+                            Ok(Ok(n)) if n > 0 => {}
+                            _ => break,
+                        }
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(Duration::from_secs(4)) => {}
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Issue 30, item 3, the case as written: 64 keep-alive connections each sending `GET
+/// /healthz` every 4 s hold every place under `max_connections` (64; the per-peer cap set as
+/// high, so that only the health lane can help), and 30 of 30 kubelet-style probes got 503.
+/// Now every probe of `/healthz` and `/readyz` is answered 200 within its 1 s, while other
+/// routes past the cap still get 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_answered_while_keep_alive_clients_hold_the_cap() {
+    let fake = FakeMongos::start().await;
+    let p = proxy(&fake, |c| {
+        c.admin_limits.max_connections_per_peer = 64;
+    })
+    .await;
+    let admin = admin(&p);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let attackers = keep_alive_attackers(admin, 64, stop.clone());
+    // Every place taken: the attackers' connections are served.
+    let mut full = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if hits(&p, "admin_max_connections") > 0
+            || get_raw_status(admin, "/metrics").await == Some(503)
+        {
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "the attackers never filled the cap");
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let path = if i % 3 == 2 { "/readyz" } else { "/healthz" };
+        let started = Instant::now();
+        let status = probe(admin, path).await;
+        statuses.push((path, status, started.elapsed()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answered = statuses.iter().filter(|(_, s, _)| *s == Some(200)).count();
+    let slowest = statuses
+        .iter()
+        .map(|(_, _, t)| *t)
+        .max()
+        .unwrap_or_default();
+    println!("kubelet-style probes answered 200: {answered} of 30, slowest {slowest:?}");
+    assert_eq!(answered, 30, "{statuses:?}");
+    // The cap still holds for everything else.
+    assert_eq!(get_raw_status(admin, "/metrics").await, Some(503));
+    assert!(hits(&p, "admin_max_connections") >= 30);
+    stop.cancel();
+    for a in attackers {
+        let _ = a.await;
+    }
+    p.shutdown().await;
+}
+
+/// `GET path` on a new connection, whatever it is answered (none when nothing came).
+async fn get_raw_status(admin: SocketAddr, path: &str) -> Option<u16> {
+    let ask = async {
+        let mut s = TcpStream::connect(admin).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.ok()?;
+        String::from_utf8_lossy(&out)
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    tokio::time::timeout(Duration::from_secs(3), ask)
+        .await
+        .ok()?
+}
+
+/// Issue 30, item 3: connections that send nothing, opened without pause (hundreds at once,
+/// more as the lane pushes them out), cannot keep the probes out of the health lane either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_answered_through_a_flood_of_silent_connections() {
+    let fake = FakeMongos::start().await;
+    let p = proxy(&fake, |c| {
+        c.admin_limits.max_connections = 4;
+        c.admin_limits.header_read_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let admin = admin(&p);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let flooding = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut held = std::collections::VecDeque::new();
+            let mut opened = 0u64;
+            while !stop.is_cancelled() {
+                if let Ok(s) = TcpStream::connect(admin).await {
+                    opened += 1;
+                    held.push_back(s);
+                }
+                if held.len() > 400 {
+                    held.pop_front();
+                }
+                tokio::task::yield_now().await;
+            }
+            opened
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut answered = 0;
+    for _ in 0..20 {
+        if probe(admin, "/healthz").await == Some(200) {
+            answered += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let opened = flooding.await.expect("flood");
+    println!("probes answered through the flood: {answered} of 20 ({opened} silent connections)");
+    assert_eq!(answered, 20);
+    assert!(opened > 100, "{opened}");
+    assert!(
+        hits(&p, "admin_health_lane") > 0,
+        "the lane pushed some out"
+    );
+    p.shutdown().await;
+}
+
+/// Issue 30, item 3: one address (here 127.0.0.2) holds at most `max_connections_per_peer`
+/// admin connections, so a scrape from another address is served while it holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_holds_at_most_its_share_of_the_admin_cap() {
+    let fake = FakeMongos::start().await;
+    let p = proxy(&fake, |c| {
+        c.admin_limits.max_connections = 8;
+        c.admin_limits.max_connections_per_peer = 4;
+        c.admin_limits.header_read_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let admin = admin(&p);
+    let m = p.shared().metrics.render();
+    assert!(
+        m.contains("staleguard_limit_setting{limit=\"admin_max_connections_per_peer\"} 4"),
+        "{m}"
+    );
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("bind 127.0.0.2");
+        held.push(socket.connect(admin).await.expect("connect"));
+    }
+    // The four past its share wait in the health lane for a head, then get 503.
+    let answers = futures::future::join_all(held.drain(4..).map(|mut s| async move {
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(0);
+        buf[..n].starts_with(b"HTTP/1.1 503")
+    }))
+    .await;
+    assert!(answers.iter().all(|&r| r), "{answers:?}");
+    assert_eq!(hits(&p, "admin_max_connections_per_peer"), 4);
+    // Another address is served a route the lane would refuse.
+    let r = get(admin, "/metrics", &[]).await;
+    assert_eq!(r.status, 200);
+    drop(held);
+    p.shutdown().await;
 }

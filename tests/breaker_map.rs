@@ -4,8 +4,8 @@
 //! breakers; `pay.transactions` (listed exactly) and `db.orders` (under another wildcard
 //! pattern) must still open on a real incident afterwards.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::time::Duration;
 

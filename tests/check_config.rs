@@ -67,7 +67,7 @@ colour = "blue"
         [
             "error: s.toml:3: max_conections: unknown key `max_conections`: did you mean `max_connections`?",
             "error: s.toml:7: admin.tokn: unknown key `tokn`: did you mean `token`?",
-            "error: s.toml:10: stall_watch.stall_after: invalid type: integer `5`, expected a string",
+            "error: s.toml:10: stall_watch.stall_after: expected a string in quotes, found the number 5",
             "error: s.toml:15: namespaces[0].thresold: unknown key `thresold`: did you mean `threshold`?",
             "error: s.toml:20: namespaces[1].window: invalid duration `soon`: expected number at 0 (write e.g. \"250ms\", \"10s\", \"2m\")",
             &format!("error: s.toml:21: namespaces[1].colour: unknown key `colour`; known keys here: {}", lines[5].split("known keys here: ").nth(1).unwrap_or("?")),
@@ -89,7 +89,7 @@ fn a_missing_field_and_a_wrong_type_in_two_sections() {
     let (code, _, err) = check(&text);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("s.toml:4: ladder_guard.max_in_flight: invalid type: string \"many\""),
+        err.contains("s.toml:4: ladder_guard.max_in_flight: expected a whole number, found the string \"many\""),
         "{err}"
     );
     assert!(
@@ -178,6 +178,90 @@ mode = "passthrough"
     assert!(out.lines().all(|l| l.chars().count() <= 100), "{out}");
 }
 
+/// Issue 32 items 5 and 11: the settings' values start in one column, past the longest
+/// name; `[fleet]` and its budgets are printed (the password masked, a default name named as
+/// such); `--explain` says what the default strict mode does (reads still go out, bounded)
+/// and serde's type names never appear in an error.
+#[test]
+fn settings_align_the_fleet_prints_and_explain_says_what_strict_does() {
+    let text = format!(
+        "{BASE}[fleet]\nredis = \"redis://:hunter2@redis.ops:6379/0\"\n\
+         [ladder_guard]\nfleet_max_per_second = 200\nfleet_max_in_flight = 32\n\
+         [[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\nladder = [\"primary\"]\n\
+         [[namespaces]]\npattern = \"pay.audit\"\nmode = \"strict\"\n"
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("s.toml"), &text).expect("write config");
+    let (code, out, err) = run_in(
+        dir.path(),
+        &["check-config", "s.toml", "--explain", "pay.audit"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let settings: Vec<&str> = out.lines().take_while(|l| !l.is_empty()).collect();
+    let column = |l: &str| {
+        l.find(' ')
+            .map(|i| i + l[i..].find(|c: char| c != ' ').unwrap_or(0))
+    };
+    let starts: Vec<usize> = settings
+        .iter()
+        .filter(|l| !l.starts_with(' '))
+        .filter_map(|l| column(l))
+        .collect();
+    assert!(
+        starts.windows(2).all(|w| w[0] == w[1]),
+        "values start in one column: {starts:?}\n{out}"
+    );
+    assert!(out.contains("max_connections_per_peer  off"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("fleet.redis") && l.ends_with("redis://:***@redis.ops:6379/0")),
+        "{out}"
+    );
+    assert!(!out.contains("hunter2"), "{out}");
+    assert!(out.contains("(the default, listen's address"), "{out}");
+    assert!(
+        out.contains("fleet_max_per_second 200/s, fleet_max_in_flight 32 in flight"),
+        "{out}"
+    );
+    let effect: String = out
+        .split("  effect: ")
+        .nth(1)
+        .map(|e| e.split("\n  threshold").next().unwrap_or(e))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        effect.contains(
+            "reads are still sent, each attempt with maxTimeMS at most 200ms (on_open = \"bound\")"
+        ),
+        "the default strict mode is not plain fail-fast: {effect}"
+    );
+    assert!(effect.contains("sent once more under it"), "{effect}");
+    // Without [fleet] it says so.
+    let (_, out, _) = check(BASE);
+    assert!(
+        out.contains("fleet                     - (no [fleet]"),
+        "{out}"
+    );
+    // serde's type names stay out of errors.
+    let (code, _, err) = check(&format!(
+        "{BASE}[[namespaces]]\npattern = \"a.b\"\nmode = \"strict\"\nthreshold = \"3\"\nclose_after = 2.5\ndry_run = \"yes\"\n"
+    ));
+    assert_eq!(code, Some(2));
+    for serde in ["i64", "u32", "a boolean", "invalid type"] {
+        assert!(!err.contains(serde), "{serde:?} in {err}");
+    }
+    assert!(
+        err.contains("namespaces[0].threshold: expected a whole number, found the string \"3\" (write 3, without quotes)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("namespaces[0].dry_run: expected true or false, found the string \"yes\""),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_missing_default_config_names_the_config_flag() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -195,5 +279,5 @@ fn a_missing_default_config_names_the_config_flag() {
     std::fs::write(dir.path().join("x.toml"), BASE).expect("write");
     let (code, out, err) = run_in(dir.path(), &["check-config", "--config", "x.toml"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.starts_with("config            x.toml"), "{out}");
+    assert!(out.starts_with("config                    x.toml"), "{out}");
 }

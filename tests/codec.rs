@@ -2,7 +2,7 @@
 //! OP_COMPRESSED and legacy OP_QUERY, plus property tests that hostile bytes never panic
 //! and never make the decoder allocate past its bound.
 
-mod support;
+use crate::support;
 
 use bson::{rawdoc, RawDocumentBuf};
 use bytes::{BufMut, Bytes, BytesMut};

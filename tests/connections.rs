@@ -4,7 +4,7 @@
 //! `max_connections_per_peer` is refused like one past `max_connections`, other peers are
 //! not. Every limit counts in `limit_hits_total` and shows in `limit_setting`.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -134,6 +134,47 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
     );
     let orders = t(Workload::Orders, Path::Staleguard);
     assert!(orders.ok > 0 && orders.requests > orders.ok, "{orders:?}");
+    // The summary says what each phase's numbers mean, with this run's numbers: phase 4's
+    // direct answers that came after the primary resumed, which staleguard had failed fast.
+    let summary = demo::summary(&report);
+    for needle in [
+        "What each phase shows",
+        "  3 a1 restarts (a1 stale, a2 healthy): straight to mongos ",
+        &format!(
+            "Straight to mongos, {} of its {} answers in this phase came after the primary resumed",
+            pay_direct.answered_late[3], pay_direct.by_phase[3].1
+        ),
+        "the price of not hanging",
+        "  sg+ladder: ",
+    ] {
+        assert!(
+            summary.contains(needle),
+            "summary lacks {needle:?}:\n{summary}"
+        );
+    }
+    assert!(
+        pay_direct.answered_late[3] > 0,
+        "some direct phase-4 reads were answered after the resume: {pay_direct:?}"
+    );
+}
+
+/// A taken default admin address (a staleguard already running on this machine) gives the
+/// demo's proxy a free port for its page, not an error it cannot act on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_goes_on_a_free_port_when_the_default_is_taken() {
+    use staleguard::demo::Launch;
+    // Taken: by this listener, or by whatever already holds it.
+    let _held = std::net::TcpListener::bind(staleguard::config::DEFAULT_ADMIN_LISTEN);
+    let config =
+        "listen = \"127.0.0.1:0\"\nupstreams = [\"127.0.0.1:1\"]\nhealth_interval = \"off\"\n";
+    let proxy = staleguard::demo_proxy::InProcess
+        .start(config, true)
+        .await
+        .expect("starts");
+    let admin = proxy.admin_addr().expect("a page on a free port");
+    assert_ne!(admin.to_string(), staleguard::config::DEFAULT_ADMIN_LISTEN);
+    assert!(admin.ip().is_loopback(), "{admin}");
+    proxy.shutdown().await;
 }
 
 fn pay_guard_error_p50(t: &demo::Tally) -> f64 {

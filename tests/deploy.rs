@@ -1,7 +1,8 @@
 //! The deployment files: the Kubernetes manifests parse and say what the README promises
 //! (probes, ConfigMap mounted as a folder, grace period from `shutdown_timeout`, requests,
-//! a PodDisruptionBudget), their embedded configs pass `staleguard check-config`; the
-//! systemd unit passes `systemd-analyze verify`; `staleguard --version` names the commit.
+//! a PodDisruptionBudget, a NetworkPolicy that opens the exposed admin port only to listed
+//! peers), their embedded configs pass `staleguard check-config`; the systemd unit passes
+//! `systemd-analyze verify`; `staleguard --version` names the commit.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -211,6 +212,74 @@ fn check_admin_token(docs: &[Yaml], deployment: &Yaml, config: &toml::Table) {
     assert!(named["stringData"][key].as_str().is_some(), "{key}");
 }
 
+/// Issue 30, item 3: the admin port is exposed (`0.0.0.0`), so a NetworkPolicy selecting the
+/// Deployment's pods lets only listed peers reach it: every ingress rule that admits the
+/// admin port (naming it, or naming no port) names its peers. Every other port a container
+/// of the pod declares is open to some rule (a policy selecting the pod governs them all),
+/// unless `loopback` (staleguard's own port when it listens on the pod's loopback only).
+fn check_admin_policy(docs: &[Yaml], deployment: &Yaml, loopback: &[&str]) {
+    let np = one(docs, "NetworkPolicy");
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the NetworkPolicy selects the Deployment's pods"
+    );
+    assert!(
+        np["spec"]["policyTypes"]
+            .as_sequence()
+            .is_some_and(|t| t.iter().any(|t| t == "Ingress")),
+        "an Ingress policy"
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    let c = staleguard_container(pod);
+    let port_of = |c: &Yaml, name: &str| {
+        c["ports"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["containerPort"].as_u64())
+    };
+    let admin_number = port_of(c, "admin").expect("admin port");
+    let rules = np["spec"]["ingress"].as_sequence().expect("ingress rules");
+    let admits = |r: &Yaml, name: &str, number: u64| match r["ports"].as_sequence() {
+        None => true,
+        Some(ps) => ps.iter().any(|p| p["port"] == name || p["port"] == number),
+    };
+    let admin_rules: Vec<&Yaml> = rules
+        .iter()
+        .filter(|r| admits(r, "admin", admin_number))
+        .collect();
+    assert!(
+        !admin_rules.is_empty(),
+        "the admin port is reachable by someone"
+    );
+    assert!(
+        admin_rules
+            .iter()
+            .all(|r| r["from"].as_sequence().is_some_and(|f| !f.is_empty())),
+        "the admin port is open only to listed peers: {admin_rules:?}"
+    );
+    let containers = pod["containers"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .chain(pod["initContainers"].as_sequence().into_iter().flatten());
+    for container in containers {
+        for p in container["ports"].as_sequence().into_iter().flatten() {
+            let name = p["name"].as_str().unwrap_or_default();
+            let number = p["containerPort"].as_u64().expect("containerPort");
+            if name == "admin" || loopback.contains(&name) {
+                continue;
+            }
+            assert!(
+                rules.iter().any(|r| admits(r, name, number)),
+                "port {name} ({number}) of container {:?} is open to no rule: the policy would cut it off",
+                container["name"]
+            );
+        }
+    }
+}
+
 #[test]
 fn sidecar_manifest_parses_and_its_config_is_valid() {
     let docs = documents("config/kubernetes/sidecar.yaml");
@@ -236,6 +305,8 @@ fn sidecar_manifest_parses_and_its_config_is_valid() {
         .and_then(|e| e["value"].as_str())
         .expect("MONGODB_URI");
     assert!(uri.starts_with(&format!("mongodb://{listen}/")), "{uri}");
+    // The admin port is exposed: a NetworkPolicy guards it (the mongodb port is loopback).
+    check_admin_policy(&docs, d, &["mongodb"]);
     // A native sidecar: started before the application, stopped after it.
     assert!(pod["initContainers"]
         .as_sequence()
@@ -258,32 +329,14 @@ fn shared_manifest_parses_and_its_config_is_valid() {
     check_admin_token(&docs, d, &config);
     // And a NetworkPolicy: the admin port only from the listed peers, the mongodb port
     // from anywhere.
+    check_admin_policy(&docs, d, &[]);
     let np = one(&docs, "NetworkPolicy");
-    assert_eq!(
-        np["spec"]["podSelector"]["matchLabels"],
-        d["spec"]["selector"]["matchLabels"]
-    );
     let rules = np["spec"]["ingress"].as_sequence().expect("ingress rules");
-    let for_port = |name: &str| -> Vec<&Yaml> {
-        rules
-            .iter()
-            .filter(|r| {
-                r["ports"]
-                    .as_sequence()
-                    .is_some_and(|ps| ps.iter().any(|p| p["port"] == name))
-            })
-            .collect()
-    };
-    let admin_rules = for_port("admin");
-    assert!(!admin_rules.is_empty());
     assert!(
-        admin_rules
-            .iter()
-            .all(|r| r["from"].as_sequence().is_some_and(|f| !f.is_empty())),
-        "the admin port is open only to listed peers"
-    );
-    assert!(
-        for_port("mongodb").iter().any(|r| r["from"].is_null()),
+        rules.iter().any(|r| r["from"].is_null()
+            && r["ports"]
+                .as_sequence()
+                .is_some_and(|ps| ps.iter().any(|p| p["port"] == "mongodb"))),
         "applications reach the mongodb port"
     );
     assert!(config["listen"]
@@ -338,6 +391,23 @@ fn systemd_unit_verifies_and_reloads_with_sighup() {
         "LimitNOFILE=65536",
     ] {
         assert!(unit.lines().any(|l| l == line), "unit lacks `{line}`");
+    }
+    // Every file the unit points at (Documentation=, the binary) is one its install steps
+    // put there.
+    let installs: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   install "))
+        .collect();
+    for (key, path) in unit.lines().filter_map(|l| l.split_once('=')) {
+        let Some(file) = path.strip_prefix("file:") else {
+            continue;
+        };
+        assert!(
+            installs
+                .iter()
+                .any(|i| i.split_whitespace().any(|w| w == file)),
+            "{key}={path}: no install step puts a file there: {installs:?}"
+        );
     }
     // The stop timeout covers shutdown_timeout's default (10 s).
     let stop = unit
@@ -555,7 +625,7 @@ fn the_container_config_listens_on_all_interfaces_behind_an_admin_token() {
     };
     let (code, printed) = check(Some("s3cret-admin-token"));
     assert_eq!(code, Some(0), "{printed}");
-    assert!(printed.contains("admin.token       set"), "{printed}");
+    assert!(printed.contains("admin.token               set"), "{printed}");
     assert!(!printed.contains("warning"), "{printed}");
     let (code, printed) = check(None);
     assert_eq!(code, Some(2), "{printed}");

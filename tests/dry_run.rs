@@ -5,9 +5,8 @@
 //! action a policy would have taken is counted once: fail fast, bounded, rewrite, retry,
 //! primary (at once while open, and climbing after a trigger error), refuse, time limit.
 
-mod ops_support;
-mod policy_support;
-mod support;
+use crate::ops_support;
+use crate::policy_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -206,13 +205,13 @@ async fn a_dry_run_counts_every_action_and_takes_none() {
     // The page lists them.
     let page = get(admin, "/", &[]).await.body;
     let table = page
-        .split_once("<table id=\"dry-run\">")
+        .split_once("<table id=\"dry-run\" class=\"cards\">")
         .map(|(_, t)| t.split_once("</table>").map_or(t, |(t, _)| t))
         .unwrap_or_else(|| panic!("no dry-run table:\n{page}"));
     assert!(
-        table.contains("<code>dry.ladder</code></td><td>on</td>")
-            && table.contains("<td data-action=\"primary\">5</td>")
-            && table.contains("<td data-action=\"rewrite\">2</td>"),
+        table.contains("<code>dry.ladder</code></td><td data-label=\"dry run\">on</td>")
+            && table.contains("<td data-action=\"primary\" data-label=\"primary\">5</td>")
+            && table.contains("<td data-action=\"rewrite\" data-label=\"rewrite\">2</td>"),
         "{table}"
     );
 

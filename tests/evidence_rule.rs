@@ -6,8 +6,8 @@
 //! connection), views, slow healthy reads, tag-pinned reads beside a primary rung, a mongos
 //! that goes silent, and the fail-fast text.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};

@@ -1,7 +1,7 @@
 //! The fake mongos on its own (no proxy): the driver and raw sockets talk to it directly,
 //! so a failure here is the fake's, not the proxy's.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -2,12 +2,9 @@
 //! normal test suite: every seed, then proptest inputs, both random and mutated seeds.
 //! The properties themselves are the fuzz crate's own code, included here.
 
-#[path = "../benches/common/msgs.rs"]
-mod msgs;
-#[path = "../crates/fuzz/src/props.rs"]
-mod props;
-#[path = "../crates/fuzz/src/seeds.rs"]
-mod seeds;
+// The fuzz crate's files, declared at the top of the test crate (tests/it.rs): `seeds.rs`
+// names `crate::msgs` and `crate::props`.
+use crate::{props, seeds};
 
 use std::sync::OnceLock;
 

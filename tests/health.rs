@@ -2,8 +2,8 @@
 //! for new client connections and comes back when it answers again; with every upstream
 //! down they are still tried. Health shows in `/readyz`, `/status` and `/metrics`.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -11,8 +11,8 @@
 //! Duplicate keys and OP_QUERY cannot be sent through the driver, so those tests send
 //! hand-built messages on a raw socket to the proxy (fake mongos behind it).
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::time::Duration;
 

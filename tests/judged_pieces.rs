@@ -5,8 +5,8 @@
 //! not of the client's reading (a client that takes a large reply slowly does not make its
 //! read look slow). Raw clients through the proxy to the in-process fake mongos.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,8 @@
 //! documents returned twice (the orphan estimate). Without `ladder`, behaviour is the
 //! fail-fast of `tests/policy.rs`.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -11,8 +11,8 @@
 //! - meanwhile every read of the victim climbs to the primary and is answered;
 //! - reads pinned by tag sets never go to the primary.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,8 +3,8 @@
 //! floods, messages that never finish, memory held by declared lengths, and CPU spent on
 //! decompression bombs. Each fails on the proxy before the limits and passes now.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::io::Write as _;
 use std::time::{Duration, Instant};

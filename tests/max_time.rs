@@ -5,8 +5,8 @@
 //! fallback collection with StaleConfig (a tracked read would be retried with `available`
 //! and counted for the breaker).
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::str::FromStr;
 

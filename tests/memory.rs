@@ -7,7 +7,7 @@
 //! 64 KiB and more with its own mapping and unmaps it when freed, so VmRSS shows what the
 //! proxy holds rather than what the allocator keeps cached after a burst (that cache is
 //! shared by all connections and bounded by the peak, not kept per connection; the figures
-//! with glibc's default are printed by `cargo test --test memory -- --nocapture` too).
+//! with glibc's default are printed by `cargo test --test it memory:: -- --nocapture` too).
 //! `MEMORY_TEST_BIN=path` runs the same measurements on another build of the proxy.
 
 use std::net::SocketAddr;

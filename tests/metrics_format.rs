@@ -5,9 +5,8 @@
 //! `Content-Type`, every family name is unique, breaker transitions are counted, and every
 //! `find` the driver sent is in `requests_total` under its decision, the primary included.
 
-mod ops_support;
-mod policy_support;
-mod support;
+use crate::ops_support;
+use crate::policy_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -266,5 +265,85 @@ async fn metrics_pass_promtool_in_both_formats_and_count_every_decision() {
         samples(&om.body).keys().collect::<BTreeSet<_>>()
     );
 
+    env.proxy.shutdown().await;
+}
+
+/// Issue 32 item 6: relay only (no `[[namespaces]]`, the rollout's first step), the traffic
+/// still shows in `/metrics` (`client_requests_total`, where `requests_total` counts only
+/// governed requests), and the process's own metrics are there under the names
+/// Prometheus's client libraries use, for CPU and memory; both formats pass promtool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_only_traffic_and_the_process_metrics_show() {
+    let env = Env::start("[admin]\nlisten = \"127.0.0.1:0\"\n").await;
+    let admin = env.proxy.admin_addr().expect("admin endpoint");
+    env.fake.seed("shop.items", seed_docs(3));
+    let client = env.client("").await;
+    let items = coll(&client, "shop.items", secondary());
+    for _ in 0..20 {
+        assert_eq!(find(&items).await.expect("relayed").len(), 3);
+    }
+    // Counts reach /metrics within a second of a connection going quiet.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let body = loop {
+        let body = metrics(admin, None).await.body;
+        if samples(&body)
+            .get("staleguard_client_requests_total")
+            .is_some_and(|n| *n >= 20.0)
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "client_requests_total:\n{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let s = samples(&body);
+    assert!(
+        !s.keys()
+            .any(|k| k.starts_with("staleguard_requests_total{")),
+        "no governed request in relay-only mode:\n{body}"
+    );
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            s.get(name).is_some_and(|v| *v > 0.0),
+            "{name} missing or zero:\n{body}"
+        );
+    }
+    let kinds = families(&body);
+    assert_eq!(
+        kinds.get("process_cpu_seconds_total").map(String::as_str),
+        Some("counter")
+    );
+    assert_eq!(
+        kinds
+            .get("process_resident_memory_bytes")
+            .map(String::as_str),
+        Some("gauge")
+    );
+    let rss = s["process_resident_memory_bytes"];
+    assert!(rss > 1e6 && rss < 1e10, "resident memory {rss}");
+    let started = s["process_start_time_seconds"];
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    assert!(
+        started <= now && started > now - 3600.0,
+        "{started} vs {now}"
+    );
+    let om = metrics(admin, Some("application/openmetrics-text"))
+        .await
+        .body;
+    for (what, body) in [("text", &body), ("OpenMetrics", &om)] {
+        let (ok, out) = check_metrics(body);
+        assert!(ok, "promtool check metrics ({what}):\n{out}\n{body}");
+    }
+    assert!(
+        om.ends_with("# EOF\n") && om.matches("# EOF").count() == 1,
+        "{om}"
+    );
     env.proxy.shutdown().await;
 }

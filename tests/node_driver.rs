@@ -7,8 +7,8 @@
 //! processes share them. If they cannot be installed (no node/npm, no registry), the tests
 //! fail with npm's output: they never skip.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::time::Duration;
 

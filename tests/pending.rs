@@ -7,8 +7,8 @@
 //! read is resent with `available` (its client gets `ok: 1`), an untracked one gets the error
 //! as mongos sent it.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

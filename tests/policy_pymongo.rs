@@ -6,8 +6,8 @@
 //! share it. If it cannot be made (no python3, no registry), the tests fail with the reason:
 //! they never skip silently.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::time::Duration;
 

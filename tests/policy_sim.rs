@@ -11,8 +11,8 @@
 //! Reads are pinned to nodes with `$readPreference: {mode: "secondary", tags: [...]}` sent in
 //! a `run_command`: the Rust driver sends tag sets as `tagSets`, which mongos ignores.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;

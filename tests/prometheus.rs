@@ -15,7 +15,7 @@
 //! The end-to-end run loads the shipped rules with every `for` and range window divided by
 //! [`TIME_SCALE`] (2m becomes 6s), scraping and evaluating every second.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -554,6 +554,8 @@ listen = "127.0.0.1:0"
 
 [stall_watch]
 stall_after = "1s"
+# The writers all run on this machine: one client address.
+min_client_addresses = 1
 on_write_stall = "open_fallback_breakers"
 
 [stall_watch.probe]
@@ -811,11 +813,14 @@ async fn alerts_fire_during_the_simulated_stall_and_resolve_after_it() {
 
     // The dashboard and the rules against this Prometheus and this staleguard's metrics.
     check_dashboard(&prom).await;
-    // Families with no sample yet are not rendered: TLS failures and serverStatus poll
-    // errors did not happen here, so take their names from an exporter that saw one.
+    // Families with no sample yet are not rendered: TLS failures, serverStatus poll errors
+    // and dry-run counts did not happen here (nor is there a fleet), so take their names
+    // from an exporter that saw one.
     let mut exported = exported_names(&proxy.shared().metrics.render());
     let rare = staleguard::metrics::Metrics::new();
+    rare.register_fleet();
     rare.tls_failure("client");
+    rare.hot_dry_run(&rare.ns_hot("dry.run"), "rewrite");
     rare.stall
         .poll_errors
         .get_or_create(&staleguard::metrics::ShardLabel {

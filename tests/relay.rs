@@ -3,7 +3,7 @@
 //! With no `[[namespaces]]` configured the proxy is a pure relay, so every test here also
 //! checks that what arrives on the other side is what was sent.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! request on connections already open; breakers of unchanged policies keep their state; an
 //! invalid file changes nothing and shows in `/status` and the metrics.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -312,6 +312,16 @@ const WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Polls until `db`'s mode is `want`; returns how long that took, failing past 5 s.
 async fn time_until_mode(proxy: &Running, db: &str, want: Mode) -> std::time::Duration {
+    time_until_mode_within(proxy, db, want, std::time::Duration::from_secs(5)).await
+}
+
+/// Polls until `db`'s mode is `want`; returns how long that took, failing past `limit`.
+async fn time_until_mode_within(
+    proxy: &Running,
+    db: &str,
+    want: Mode,
+    limit: std::time::Duration,
+) -> std::time::Duration {
     let start = std::time::Instant::now();
     loop {
         let mode = proxy
@@ -325,7 +335,7 @@ async fn time_until_mode(proxy: &Running, db: &str, want: Mode) -> std::time::Du
             return start.elapsed();
         }
         assert!(
-            start.elapsed() < std::time::Duration::from_secs(5),
+            start.elapsed() < limit,
             "{db} never became {want:?} (still {mode:?})"
         );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -464,14 +474,23 @@ fn watched_names_follow_the_configmap_links() {
     assert_eq!(names(&plain), ["plain.toml"]);
 }
 
-/// Issue 21, item 4: a config written in place in two pieces, with a pause between them
-/// longer than the quiet period (and than the fallback quiet period for platforms without
-/// close events), is never applied half-written, although the first piece alone is a valid
-/// config; the whole file is, once its writer closes it.
-#[tokio::test]
-async fn a_file_written_in_place_in_two_pieces_is_applied_only_whole() {
+/// Writes `head` into the config file in place (opened, truncated, written, flushed) and
+/// returns the open file; the caller writes the rest and closes it.
+fn start_in_place(path: &Path, head: &str) -> std::fs::File {
     use std::io::Write as _;
-    let env = env("strict", "strict").await;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .expect("open in place");
+    f.write_all(head.as_bytes()).expect("first piece");
+    f.flush().expect("flush");
+    f
+}
+
+/// The whole file with `pay.*` fallback and `shop.*` passthrough, cut before the `shop.*`
+/// entry: the first piece alone is a valid config in which `shop` has no policy.
+fn two_pieces(env: &Env) -> (String, String) {
     let whole = text(&env.fake, "fallback", "passthrough");
     let cut = whole
         .find("[[namespaces]]\npattern = \"shop.*\"")
@@ -479,43 +498,90 @@ async fn a_file_written_in_place_in_two_pieces_is_applied_only_whole() {
     let (head, tail) = whole.split_at(cut);
     let prefix = Config::parse(head, &env.path).expect("the first piece alone is valid");
     assert!(prefix.policy.lookup("shop", "x").is_none());
-    let metrics = |env: &Env| env.proxy.shared().metrics.render();
+    (head.to_string(), tail.to_string())
+}
 
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(&env.path)
-        .expect("open in place");
-    f.write_all(head.as_bytes()).expect("first piece");
-    f.flush().expect("flush");
-    let pause = staleguard::reload::WRITE_QUIET + std::time::Duration::from_millis(500);
-    assert!(pause > staleguard::reload::DEBOUNCE * 4);
+/// Asserts for `pause` that nothing was applied (`pay` still strict, no reload counted).
+async fn nothing_applied_for(env: &Env, pause: std::time::Duration) {
     let started = std::time::Instant::now();
     while started.elapsed() < pause {
         assert_eq!(
             env.mode_of("pay"),
             Mode::Strict,
-            "the first piece was applied"
+            "the first piece was applied after {:?}",
+            started.elapsed()
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let m = metrics(&env);
+    let m = env.proxy.shared().metrics.render();
     assert!(
         m.contains("staleguard_reloads_total{result=\"ok\"} 0")
             && m.contains("staleguard_reloads_total{result=\"error\"} 0"),
         "nothing reloaded during the pause: {m}"
     );
-    f.write_all(tail.as_bytes()).expect("second piece");
-    drop(f);
-    let took = time_until_mode(&env.proxy, "shop", Mode::Passthrough).await;
-    assert!(took < WITHIN, "the whole file applied after {took:?}");
+}
+
+/// Once the whole file is in: applied within `WRITE_QUIET` + 1 s of its last piece, once.
+async fn whole_applied_once(env: &Env) {
+    let limit = staleguard::reload::WRITE_QUIET + WITHIN;
+    let took = time_until_mode_within(&env.proxy, "shop", Mode::Passthrough, limit).await;
+    assert!(took < limit, "the whole file applied after {took:?}");
     assert_eq!(env.mode_of("pay"), Mode::Fallback);
     tokio::time::sleep(staleguard::reload::DEBOUNCE * 2).await;
-    let m = metrics(&env);
+    let m = env.proxy.shared().metrics.render();
     assert!(
         m.contains("staleguard_reloads_total{result=\"ok\"} 1")
             && m.contains("staleguard_reloads_total{result=\"error\"} 0"),
         "one reload, of the whole file: {m}"
     );
+}
+
+/// Issue 21, item 4: a config written in place in two pieces, with a pause between them
+/// longer than `WRITE_QUIET`, is never applied half-written although the first piece alone
+/// is a valid config, as long as nothing closes the file in the pause; the whole file is,
+/// once its writer closes it and it stays quiet.
+#[tokio::test]
+async fn a_file_written_in_place_in_two_pieces_is_applied_only_whole() {
+    use std::io::Write as _;
+    let env = env("strict", "strict").await;
+    let (head, tail) = two_pieces(&env);
+    let mut f = start_in_place(&env.path, &head);
+    let pause = staleguard::reload::WRITE_QUIET + std::time::Duration::from_millis(500);
+    nothing_applied_for(&env, pause).await;
+    f.write_all(tail.as_bytes()).expect("second piece");
+    drop(f);
+    whole_applied_once(&env).await;
+    env.proxy.shutdown().await;
+}
+
+/// Issue 30, item 6: a slow in-place write, and in its pause a `touch` (the real command:
+/// open for writing, set the times, close) and a program that opens the file for writing
+/// and closes it without a byte. Neither close ends the write: the first piece is never
+/// applied; the whole file is, `WRITE_QUIET` after its last piece.
+#[tokio::test]
+async fn a_touch_in_a_slow_writers_pause_does_not_apply_the_first_piece() {
+    use std::io::Write as _;
+    let env = env("strict", "strict").await;
+    let (head, tail) = two_pieces(&env);
+    let mut f = start_in_place(&env.path, &head);
+    let step = std::time::Duration::from_millis(800);
+    nothing_applied_for(&env, step).await;
+    let touched = std::process::Command::new("touch")
+        .arg(&env.path)
+        .status()
+        .expect("touch runs");
+    assert!(touched.success());
+    nothing_applied_for(&env, step).await;
+    drop(
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&env.path)
+            .expect("open for writing"),
+    );
+    // Past the old close-write rule's 200 ms quiet by far, within WRITE_QUIET of the piece.
+    nothing_applied_for(&env, step * 3).await;
+    f.write_all(tail.as_bytes()).expect("second piece");
+    drop(f);
+    whole_applied_once(&env).await;
     env.proxy.shutdown().await;
 }

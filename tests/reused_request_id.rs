@@ -4,8 +4,8 @@
 //! the fake mongos (which serves each connection in order); the official driver, with many
 //! requests in flight on several connections, is never closed.
 
-mod policy_support;
-mod support;
+use crate::policy_support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -670,7 +670,7 @@ fn inspect_malformed_replies() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Timing (release): cargo test --release --test rewrite -- --ignored --nocapture
+// Timing (release): cargo test --release --test it rewrite:: -- --ignored --nocapture
 
 /// A ~300-byte find as a driver sends it.
 fn driver_find() -> RawDocumentBuf {

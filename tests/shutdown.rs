@@ -1,7 +1,7 @@
 //! Graceful stop: requests in flight finish, idle connections close, new ones are refused,
 //! and a request that outlives `shutdown_timeout` is cut.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

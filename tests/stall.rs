@@ -20,6 +20,10 @@ use staleguard::sim::{self, SimConfig, SimHandle, TableState};
 use staleguard::stall::{Signal, SignalKind};
 
 const STALL_AFTER: Duration = Duration::from_secs(1);
+/// The passive signal as these tests watch it: every writer here runs on this machine, so
+/// every client has one address (`min_client_addresses = 1`; the rule's default of two is
+/// tests/stall_evidence.rs's).
+const PASSIVE: &str = "[stall_watch]\nstall_after = \"1s\"\nmin_client_addresses = 1\n";
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 struct Rig {
@@ -182,7 +186,7 @@ fn of_kind(rig: &Rig, kind: SignalKind) -> Vec<Signal> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passive_signal_rises_within_stall_after_plus_one_second_and_clears_on_resume() {
-    let rig = Rig::start("[stall_watch]\nstall_after = \"1s\"\n").await;
+    let rig = Rig::start(PASSIVE).await;
     let client = rig.client("").await;
     let writer = Writer::start(&client, Duration::from_millis(50));
     until("writes complete", Duration::from_secs(5), || {
@@ -266,12 +270,13 @@ async fn passive_signal_rises_within_stall_after_plus_one_second_and_clears_on_r
     rig.stop().await;
 }
 
-/// Clients that give up are not progress, but their writes stop counting when they leave:
-/// once every waiting write is abandoned the signal clears, with nothing completed, and
-/// rises again when new writers wait on two connections.
+/// Clients that give up are not progress (issue 32 item 2): writers whose socket timeout
+/// (1.8 s) cuts their writes again and again during one stall leave the signal raised,
+/// one raise for the whole stall; once they stop writing it clears `clear_after` later,
+/// with nothing completed, and rises again when new writers wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_giving_up_clear_the_passive_signal_without_progress() {
-    let rig = Rig::start("[stall_watch]\nstall_after = \"1s\"\n").await;
+async fn clients_timing_out_during_one_stall_do_not_make_the_passive_signal_flap() {
+    let rig = Rig::start(&format!("{PASSIVE}clear_after = \"2s\"\n")).await;
     let client = rig.client("&retryWrites=false").await;
     let writer = Writer::with_timeout(
         &client,
@@ -284,14 +289,30 @@ async fn clients_giving_up_clear_the_passive_signal_without_progress() {
         !rig.raised().is_empty()
     })
     .await;
+    let since = of_kind(&rig, SignalKind::Passive)[0].since;
     let completed = of_kind(&rig, SignalKind::Passive)[0]
         .evidence
         .writes_completed;
+    // Three socket timeouts' worth of writers giving up and new ones waiting.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(6) {
+        let s = of_kind(&rig, SignalKind::Passive).remove(0);
+        assert!(s.raised && s.since == since, "kept raised: {s:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = of_kind(&rig, SignalKind::Passive).remove(0);
+    assert!(s.evidence.writes_abandoned.unwrap_or(0) > 0, "{s:#?}");
+    let raises = rig.status_json()["events"].as_array().map_or(0, |e| {
+        e.iter()
+            .filter(|e| e["kind"] == "write_stall_raised")
+            .count()
+    });
+    assert_eq!(raises, 1, "one stall, one raise");
     writer.stop();
-    // Every write gives up at its socket timeout; the connections close.
+    // No writer any more: it clears clear_after after the evidence went, nothing completed.
     until(
         "every waiting write abandoned, the signal clear",
-        Duration::from_secs(6),
+        Duration::from_secs(8),
         || {
             of_kind(&rig, SignalKind::Passive)
                 .first()
@@ -300,7 +321,6 @@ async fn clients_giving_up_clear_the_passive_signal_without_progress() {
     )
     .await;
     let s = of_kind(&rig, SignalKind::Passive).remove(0);
-    assert!(s.evidence.writes_abandoned.unwrap_or(0) > 0, "{s:#?}");
     assert_eq!(s.evidence.writes_completed, completed, "nothing completed");
     // New writers, still stalled: raised again.
     let writer = Writer::start(&client, Duration::from_millis(100));
@@ -447,7 +467,7 @@ async fn composite_rises_once_its_window_has_passed_and_clears_on_resume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_normal_workloads_raise_nothing() {
     let rig = Rig::start(&format!(
-        "[stall_watch]\nstall_after = \"1s\"\n[stall_watch.probe]\ninterval = \"500ms\"\nslow = \"300ms\"\n{SHARDS}"
+        "[stall_watch]\nstall_after = \"1s\"\nmin_client_addresses = 1\n[stall_watch.probe]\ninterval = \"500ms\"\nslow = \"300ms\"\n{SHARDS}"
     ))
     .await;
     // Idle: no traffic but the probe's.
@@ -502,7 +522,7 @@ async fn read_inventory(coll: &mongodb::Collection<Document>, store: i32) -> usi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_fallback_breakers_turns_inventory_reads_available_before_their_first_stale_config() {
     let rig = Rig::start(
-        "[stall_watch]\nstall_after = \"1s\"\non_write_stall = \"open_fallback_breakers\"\n\
+        "[stall_watch]\nstall_after = \"1s\"\nmin_client_addresses = 1\non_write_stall = \"open_fallback_breakers\"\n\
          [defaults]\ncooldown = \"1s\"\n\
          [[namespaces]]\npattern = \"demo.store_inventory\"\nmode = \"fallback\"\n\
          [[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n",
@@ -610,7 +630,7 @@ async fn open_fallback_breakers_turns_inventory_reads_available_before_their_fir
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wildcard_fallback_namespaces_are_held_as_they_are_first_read() {
     let rig = Rig::start(
-        "[stall_watch]\nstall_after = \"1s\"\non_write_stall = \"open_fallback_breakers\"\n\
+        "[stall_watch]\nstall_after = \"1s\"\nmin_client_addresses = 1\non_write_stall = \"open_fallback_breakers\"\n\
          [[namespaces]]\npattern = \"demo.*\"\nmode = \"fallback\"\n",
     )
     .await;
@@ -655,6 +675,19 @@ fn stall_watch_defaults() {
     assert!(s.passive, "the passive watch is on in a file");
     assert_eq!(s.stall_after, Duration::from_secs(5));
     assert_eq!(s.min_in_flight, 1);
+    assert_eq!(
+        s.min_client_addresses, 2,
+        "two clients, not two connections"
+    );
+    assert_eq!(s.clear_after(), Duration::from_secs(15), "3 x stall_after");
+    let c = parse("[stall_watch]\nstall_after = \"2s\"\n").expect("valid");
+    assert_eq!(c.stall.clear_after(), Duration::from_secs(6));
+    let c =
+        parse("[stall_watch]\nclear_after = \"0s\"\nmin_client_addresses = 1\n").expect("valid");
+    assert_eq!(
+        (c.stall.clear_after(), c.stall.min_client_addresses),
+        (Duration::ZERO, 1)
+    );
     assert_eq!(s.on_write_stall, StallAction::Observe);
     assert!(s.probe.is_none() && s.shards.is_none());
     assert!(!Config::for_upstreams("127.0.0.1:0", vec!["m:1".into()])
@@ -709,6 +742,24 @@ fn stall_watch_errors_name_line_and_key() {
     );
     assert!(
         e[2].starts_with("staleguard.toml:4: stall_watch.on_write_stall: unknown value"),
+        "{e:#?}"
+    );
+
+    let e = errors("[stall_watch]\nmin_client_addresses = 0\nclear_after = \"later\"\n");
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert!(
+        e[0].starts_with(
+            "staleguard.toml:2: stall_watch.min_client_addresses: 0 is out of range 1..=1000"
+        ),
+        "{e:#?}"
+    );
+    assert!(
+        e[1].starts_with("staleguard.toml:3: stall_watch.clear_after: invalid duration"),
+        "{e:#?}"
+    );
+    let e = errors("[stall_watch]\npassive = false\nclear_after = \"2s\"\n");
+    assert!(
+        e[0].contains("stall_watch.clear_after: has no effect: passive = false"),
         "{e:#?}"
     );
 

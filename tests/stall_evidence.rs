@@ -1,12 +1,15 @@
 //! Issue 20 item 5: the passive write-stall signal believes the cluster, not the clients.
 //! A write waits from its turn at mongos (a connection is served in order), is done at any
 //! reply, does not wait while the client holds its replies back, stops counting when its
-//! client leaves, and the signal needs writes waiting on two connections. Raw sockets
+//! client leaves, and the signal needs writes waiting on two connections from two client
+//! addresses (issue 30 item 7: two connections of one client raise nothing). Once raised it
+//! clears at the first answer, or `clear_after` after clients gave up (issue 32 item 2: no
+//! flapping while clients time out during one stall). Raw sockets
 //! against the simulated cluster (a stalled primary) and the fake mongos (a healthy one that
 //! serves each connection in order, with an awaitable hello held as mongos holds it);
 //! `stall_after` is 1 s.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +25,17 @@ use support::mongos::{FakeMongos, Hooked};
 use support::raw::{self, RawClient};
 
 const STALL_AFTER: Duration = Duration::from_secs(1);
+const CLEAR_AFTER: Duration = Duration::from_secs(2);
+
+/// A raw client connecting from `local` (127.0.0.x: every loopback address is this host's,
+/// and staleguard counts each as a client address of its own).
+async fn connect_from(local: [u8; 4], to: std::net::SocketAddr) -> RawClient {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((local, 0)))
+        .expect("bind a loopback address");
+    RawClient::from_stream(socket.connect(to).await.expect("connect"))
+}
 
 fn insert(id: i32, db: &str, coll: &str) -> Bytes {
     let docs: Vec<RawDocumentBuf> = vec![rawdoc! {"item": "widget", "qty": 1}];
@@ -91,8 +105,9 @@ impl Rig {
         .await
         .expect("sim starts");
         let text = format!(
-            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[stall_watch]\nstall_after = \"1s\"\n",
+            "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nhealth_interval = \"off\"\n[stall_watch]\nstall_after = \"1s\"\nclear_after = \"{}\"\n",
             sim.addr(),
+            humantime::format_duration(CLEAR_AFTER),
         );
         let config = Config::parse(&text, Path::new("<stall evidence test>"))
             .unwrap_or_else(|e| panic!("{e:#?}\n{text}"));
@@ -130,20 +145,53 @@ async fn one_connection_on_a_stalled_primary_raises_nothing() {
     rig.stop().await;
 }
 
-/// (c) A real stall with writers on two connections raises the signal within `stall_after`
-/// and a tick; (d) it clears as soon as they leave.
+/// Issue 30 item 7: one client, two connections, two writes that wait on a stalled
+/// primary: one client's word, whatever it opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_on_two_connections_raise_it_in_time_and_it_clears_when_they_leave() {
+async fn two_connections_of_one_client_address_raise_nothing() {
     let rig = Rig::start().await;
+    rig.sim.cluster().stall_primary("shardA").expect("stall");
+    let to = rig.proxy.local_addr();
+    let mut a = connect_from([127, 0, 0, 1], to).await;
+    let mut b = connect_from([127, 0, 0, 1], to).await;
+    a.send(&insert(1, "demo", "orders")).await;
+    b.send(&insert(1, "demo", "orders")).await;
+    never_raised(
+        &rig.proxy,
+        3 * STALL_AFTER,
+        2,
+        "one client, two connections",
+    )
+    .await;
+    let s = passive(&rig.proxy).expect("passive signal");
+    assert_eq!(s.evidence.connections_waiting, Some(2), "{s:#?}");
+    assert_eq!(s.evidence.client_addresses_waiting, Some(1), "{s:#?}");
+    assert!(
+        s.summary.contains("from 1 client address "),
+        "{}",
+        s.summary
+    );
+    drop((a, b));
+    rig.stop().await;
+}
+
+/// (c) A real stall with writers on two connections from two addresses raises the signal
+/// within `stall_after` and a tick; (d) clients giving up do not clear it before
+/// `clear_after` (writers that come back within it keep the same raise: no flapping), and
+/// it clears once `clear_after` passes with no writer waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_from_two_addresses_raise_it_in_time_and_clients_giving_up_do_not_make_it_flap() {
+    let rig = Rig::start().await;
+    let to = rig.proxy.local_addr();
     // The cluster answers writes first.
-    let mut warm = RawClient::connect(rig.proxy.local_addr()).await;
+    let mut warm = RawClient::connect(to).await;
     let reply = warm.roundtrip(&insert(1, "demo", "orders")).await;
     assert_eq!(raw::body(&reply).get_i32("n").ok(), Some(1));
     drop(warm);
 
     rig.sim.cluster().stall_primary("shardA").expect("stall");
-    let mut a = RawClient::connect(rig.proxy.local_addr()).await;
-    let mut b = RawClient::connect(rig.proxy.local_addr()).await;
+    let mut a = connect_from([127, 0, 0, 1], to).await;
+    let mut b = connect_from([127, 0, 0, 2], to).await;
     let sent = Instant::now();
     a.send(&insert(1, "demo", "orders")).await;
     b.send(&insert(1, "demo", "orders")).await;
@@ -157,23 +205,80 @@ async fn writers_on_two_connections_raise_it_in_time_and_it_clears_when_they_lea
     assert!(took >= STALL_AFTER, "not before stall_after: {took:?}");
     let s = passive(&rig.proxy).expect("passive signal");
     assert_eq!(s.evidence.connections_waiting, Some(2), "{s:#?}");
+    assert_eq!(s.evidence.client_addresses_waiting, Some(2), "{s:#?}");
     assert_eq!(s.evidence.writes_in_flight, Some(2), "{s:#?}");
     assert!(s.summary.contains("2 connections"), "{}", s.summary);
+    let since = s.since.expect("since");
 
-    // (d) The writers leave: their writes stop counting, and the signal clears at the next
-    // tick, though nothing completed.
+    // (d) The writers give up (their sockets close): no write completed, so the signal
+    // stays raised, with the same start, while new writers come back and wait again.
+    for round in 0..2 {
+        drop(a);
+        drop(b);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = passive(&rig.proxy).expect("passive signal");
+        assert!(s.raised, "round {round}: kept raised {s:#?}");
+        assert_eq!(s.since, Some(since), "round {round}: the same raise");
+        assert!(s.summary.contains("kept raised"), "{}", s.summary);
+        a = connect_from([127, 0, 0, 1], to).await;
+        b = connect_from([127, 0, 0, 2], to).await;
+        a.send(&insert(1, "demo", "orders")).await;
+        b.send(&insert(1, "demo", "orders")).await;
+        tokio::time::sleep(STALL_AFTER + 2 * TICK).await;
+        let s = passive(&rig.proxy).expect("passive signal");
+        assert!(s.raised && s.since == Some(since), "round {round}: {s:#?}");
+    }
+    let raises = rig
+        .proxy
+        .shared()
+        .metrics
+        .recent
+        .events
+        .recent()
+        .iter()
+        .filter(|e| e.kind == staleguard::events::Kind::WriteStallRaised)
+        .count();
+    assert_eq!(raises, 1, "one stall, one raise");
+    // They leave for good: it clears once clear_after has passed without the evidence.
     let left = Instant::now();
     drop(a);
     drop(b);
-    until("cleared", 2 * STALL_AFTER, || !raised(&rig.proxy)).await;
+    until("cleared", CLEAR_AFTER + 2 * STALL_AFTER, || {
+        !raised(&rig.proxy)
+    })
+    .await;
     assert!(
-        left.elapsed() <= TICK + Duration::from_millis(300),
-        "cleared after {:?}",
+        left.elapsed() >= CLEAR_AFTER - STALL_AFTER,
+        "kept at least clear_after from the rule's last hold: {:?}",
         left.elapsed()
     );
     let s = passive(&rig.proxy).expect("passive signal");
     assert_eq!(s.evidence.writes_in_flight, Some(0), "{s:#?}");
-    assert_eq!(s.evidence.writes_abandoned, Some(2), "{s:#?}");
+    assert_eq!(s.evidence.writes_abandoned, Some(6), "{s:#?}");
+    rig.stop().await;
+}
+
+/// A reply to a write clears a raised signal at once: the primary resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answered_write_clears_it_at_once() {
+    let rig = Rig::start().await;
+    let to = rig.proxy.local_addr();
+    rig.sim.cluster().stall_primary("shardA").expect("stall");
+    let mut a = connect_from([127, 0, 0, 1], to).await;
+    let mut b = connect_from([127, 0, 0, 3], to).await;
+    a.send(&insert(1, "demo", "orders")).await;
+    b.send(&insert(1, "demo", "orders")).await;
+    until("raised", 3 * STALL_AFTER, || raised(&rig.proxy)).await;
+    let resumed = Instant::now();
+    rig.sim.cluster().resume_primary("shardA").expect("resume");
+    let _ = a.recv().await;
+    until("cleared", 2 * STALL_AFTER, || !raised(&rig.proxy)).await;
+    assert!(
+        resumed.elapsed() <= 2 * TICK + Duration::from_millis(300),
+        "cleared {:?} after the answer",
+        resumed.elapsed()
+    );
+    drop((a, b));
     rig.stop().await;
 }
 

@@ -3,8 +3,8 @@
 //! reaches mongos over TLS through a small TLS terminator in front of the fake mongos.
 //! Config errors about TLS files name file, line and key.
 
-mod ops_support;
-mod support;
+use crate::ops_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -83,6 +83,8 @@ pub struct Figures {
     pub answered: usize,
     pub per_second: f64,
     pub failure_p50_ms: f64,
+    /// The slowest read, answered or not (against the readers' `maxTimeMS`).
+    pub slowest_ms: f64,
     pub errors: Vec<(String, usize)>,
 }
 
@@ -138,6 +140,7 @@ impl Report {
             answered,
             per_second: answered as f64 / secs,
             failure_p50_ms: failed.get(failed.len() / 2).copied().unwrap_or(0.0),
+            slowest_ms: picked.iter().map(|o| o.ms).fold(0.0, f64::max),
             errors: errors.into_iter().collect(),
         }
     }

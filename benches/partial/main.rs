@@ -5,6 +5,7 @@
 //! - strict reads through staleguard answered at least as often as direct (share within 10
 //!   points, at least 0.95x direct's answered reads per second), failing in a median under
 //!   half of direct's;
+//! - its slowest strict read outlives its `maxTimeMS` by at most 60 ms;
 //! - `pay.transactions` makes at most 4 breaker transitions in 30 s;
 //! - fallback reads 100 % answered;
 //! - recovery within 5 s of the heal, with no write through staleguard and no write probe.
@@ -45,7 +46,7 @@ fn main() {
             opts.partial, opts.readers, opts.rate, opts.max_time
         );
         let report = rt.block_on(incident::run(&opts));
-        missed += judge(&report);
+        missed += judge(&report, opts.max_time);
     }
     if missed > 0 {
         println!("MISSED: {missed} target(s)");
@@ -53,23 +54,24 @@ fn main() {
 }
 
 /// Prints the figures and the verdicts; returns how many targets were missed.
-fn judge(r: &Report) -> usize {
+fn judge(r: &Report, max_time: Duration) -> usize {
     let (from, to) = (r.incident_at, r.heal_at);
     println!(
-        "{:<22} {:<10} {:>6} {:>9} {:>8} {:>12}  errors",
-        "namespace", "via", "reads", "answered", "ans/s", "fail p50 ms"
+        "{:<22} {:<10} {:>6} {:>9} {:>8} {:>12} {:>11}  errors",
+        "namespace", "via", "reads", "answered", "ans/s", "fail p50 ms", "slowest ms"
     );
     for ns in [PAYMENTS, INVENTORY] {
         for via in [Via::Direct, Via::Staleguard] {
             let f = r.figures(ns, via, from, to);
             println!(
-                "{:<22} {:<10} {:>6} {:>8.1}% {:>8.2} {:>12.0}  {:?}",
+                "{:<22} {:<10} {:>6} {:>8.1}% {:>8.2} {:>12.0} {:>11.0}  {:?}",
                 ns,
                 format!("{via:?}").to_lowercase(),
                 f.reads,
                 f.share() * 100.0,
                 f.per_second,
                 f.failure_p50_ms,
+                f.slowest_ms,
                 f.errors
             );
         }
@@ -84,6 +86,7 @@ fn judge(r: &Report) -> usize {
         .find(|(ns, _)| *ns == PAYMENTS)
         .map_or(0, |(_, n)| *n);
     let allowed = (4.0 * secs / 30.0).ceil() as u64;
+    let r_max_ms = max_time.as_millis();
     println!("breakers opened after: {:?}", r.opened_after);
     println!(
         "breaker transitions during the incident: {:?}",
@@ -115,6 +118,13 @@ fn judge(r: &Report) -> usize {
                 guarded.failure_p50_ms, direct.failure_p50_ms
             ),
             guarded.failure_p50_ms < direct.failure_p50_ms / 2.0,
+        ),
+        (
+            format!(
+                "strict slowest read within its maxTimeMS + 60 ms ({:.0} ms, maxTimeMS {} ms)",
+                guarded.slowest_ms, r_max_ms
+            ),
+            guarded.slowest_ms <= r_max_ms as f64 + 60.0,
         ),
         (
             format!("pay.transactions transitions <= {allowed} in {secs:.0} s ({pay_transitions})"),

@@ -6,7 +6,7 @@
 #
 # Needs the nightly toolchain and cargo-fuzz (`cargo install cargo-fuzz`). Corpora grow in
 # crates/fuzz/corpus/<target> (seeded from real driver messages on first use, written by
-# `cargo test --test fuzz_smoke` with FUZZ_CORPUS_DIR); crashes land in
+# `cargo test --test it fuzz_smoke::` with FUZZ_CORPUS_DIR); crashes land in
 # crates/fuzz/artifacts/<target>. Extra libFuzzer flags: FUZZ_FLAGS (not -jobs: each job then
 # writes its statistics to its own fuzz-N.log and the summary shows "?"; to use several cores,
 # run several run.sh at once on different targets).
@@ -25,7 +25,7 @@ san=${FUZZ_SANITIZER:-address}
 cargo +nightly fuzz build --fuzz-dir "$dir" -a -s "$san"
 for t in $targets; do
     if [ ! -d "$dir/corpus/$t" ]; then
-        FUZZ_CORPUS_DIR="$PWD/$dir/corpus" cargo test -q --test fuzz_smoke every_seed_holds >/dev/null
+        FUZZ_CORPUS_DIR="$PWD/$dir/corpus" cargo test -q --test it fuzz_smoke::every_seed_holds >/dev/null
     fi
 done
 

@@ -1,8 +1,11 @@
-//! The admin endpoint's connections: accepted under `[admin] max_connections`, each served
-//! by hyper (HTTP/1.1) with `header_read_timeout` (a request's head, and the wait for the
-//! next one on a keep-alive connection) and `request_timeout` (from a head read to its
-//! response handed whole to the socket), and all of them gone within [`CLOSE_WAIT`] of the proxy's stop,
-//! whatever the peers do (a half-sent request holds nothing).
+//! The admin endpoint's connections: accepted under `[admin] max_connections` and
+//! `max_connections_per_peer`, each served by hyper (HTTP/1.1) with `header_read_timeout` (a
+//! request's head, and the wait for the next one on a keep-alive connection) and
+//! `request_timeout` (from a head read to its response handed whole to the socket), and all
+//! of them gone within [`CLOSE_WAIT`] of the proxy's stop, whatever the peers do (a
+//! half-sent request holds nothing). A connection past either cap goes to the health lane
+//! (`lane.rs`): `/healthz` and `/readyz` are answered there whatever holds the cap, anything
+//! else gets a bare 503.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,10 +25,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::lane::Lane;
 use crate::config::AdminLimits;
 use crate::handles::AdminHandles;
 use crate::metrics::Metrics;
-use crate::state::{ClientSlot, ClientSlots};
+use crate::state::{ClientSlot, ClientSlots, Refused};
 
 /// How long admin connections get, once the proxy has stopped, to finish the response they
 /// are writing; then they are dropped.
@@ -33,11 +37,6 @@ pub const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
 /// The most hyper buffers per admin connection (a request head must fit).
 const READ_BUFFER: usize = 16 * 1024;
-
-/// The answer to a connection past `max_connections`, written without waiting (a fresh
-/// socket's buffer takes it) before the close.
-const BUSY: &[u8] =
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
 /// Accepts until `done`, then closes every connection within [`CLOSE_WAIT`].
 pub(super) async fn accept(
@@ -49,6 +48,7 @@ pub(super) async fn accept(
     let slots = ClientSlots::default();
     let tracker = TaskTracker::new();
     let closing = CancellationToken::new();
+    let mut lane = Lane::default();
     loop {
         let (socket, peer) = tokio::select! {
             _ = done.cancelled() => break,
@@ -63,11 +63,19 @@ pub(super) async fn accept(
             },
         };
         let limits = shared.config.load().admin_limits;
-        let Some(slot) = slots.acquire(limits.max_connections) else {
-            shared.metrics.limits.hit("admin_max_connections");
-            tracing::debug!(peer = %peer, max_connections = limits.max_connections, "admin connection refused: max_connections reached");
-            let _ = socket.try_write(BUSY);
-            continue;
+        let per_peer = Some(limits.max_connections_per_peer);
+        let slot = match slots.acquire_from(peer.ip(), limits.max_connections, per_peer) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                let limit = match refused {
+                    Refused::MaxConnections => "admin_max_connections",
+                    Refused::PerPeer => "admin_max_connections_per_peer",
+                };
+                shared.metrics.limits.hit(limit);
+                tracing::debug!(peer = %peer, limit, "admin connection past its cap: health lane");
+                lane.admit(socket, peer, &app, &shared.metrics, &tracker, &closing);
+                continue;
+            }
         };
         let _ = socket.set_nodelay(true);
         let conn = Conn {

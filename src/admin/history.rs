@@ -17,9 +17,12 @@ use crate::events::{self, EntrySeries, Event, BUCKETS, MEASURES};
 use crate::handles::AdminHandles;
 use crate::policy::{Mode, PolicyTable};
 
-/// Samples the counters into the series every `history_interval` until `stop`.
+/// Samples the counters into the series every `history_interval` until `stop`, and into
+/// the coarse series every [`events::COARSE`] of them.
 pub async fn sample(shared: Arc<AdminHandles>, stop: CancellationToken) {
     let mut last_end = events::unix_ms(SystemTime::now());
+    // Fine samples since the last coarse one, and whether a stall was raised in them.
+    let (mut fine, mut coarse_stall) = (0u64, false);
     loop {
         let width = shared.config.load().admin_limits.history_interval;
         tokio::select! {
@@ -34,6 +37,15 @@ pub async fn sample(shared: Arc<AdminHandles>, stop: CancellationToken) {
         let width_ms = u64::try_from(width.as_millis()).unwrap_or(u64::MAX);
         recent.series().sample(end, width_ms, stall, &totals);
         last_end = end;
+        fine += 1;
+        coarse_stall |= stall;
+        if fine == events::COARSE {
+            let coarse_width = width_ms.saturating_mul(events::COARSE);
+            recent
+                .coarse()
+                .sample(end, coarse_width, coarse_stall, &totals);
+            (fine, coarse_stall) = (0, false);
+        }
     }
 }
 
@@ -83,7 +95,7 @@ pub fn events(shared: &AdminHandles) -> Vec<EventView> {
         .recent()
         .into_iter()
         .map(|event| EventView {
-            at: super::status::rfc3339(
+            at: super::text::rfc3339(
                 SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(event.at_unix_ms),
             ),
             seconds_ago: now.saturating_sub(event.at_unix_ms) / 1000,
@@ -92,10 +104,20 @@ pub fn events(shared: &AdminHandles) -> Vec<EventView> {
         .collect()
 }
 
-/// The plots' series: the buckets' ends and write-stall bands, and one row per entry
-/// that met something in the window (the quiet ones are named only).
+/// The plots' series: the fine ones (their fields at the top level, as before the coarse
+/// ones existed) and the coarse ones.
 #[derive(Debug, Serialize, Default)]
 pub struct HistoryView {
+    #[serde(flatten)]
+    pub fine: SeriesView,
+    /// The same, in buckets `events::COARSE` times wider (3 hours at the default width).
+    pub coarse: SeriesView,
+}
+
+/// One set of series: the buckets' ends and write-stall bands, and one row per entry that
+/// met something in the window (the quiet ones are named only).
+#[derive(Debug, Serialize, Default)]
+pub struct SeriesView {
     /// The width of a bucket (`[admin] history_interval`); 0 before the first sample.
     pub bucket_seconds: f64,
     /// Buckets kept at most.
@@ -150,25 +172,42 @@ impl EntryView {
 }
 
 pub fn history(shared: &AdminHandles) -> HistoryView {
-    let s = shared.metrics.recent.series();
-    let (active, quiet): (Vec<&EntrySeries>, Vec<&EntrySeries>) =
-        s.entries().iter().partition(|e| e.active());
+    let width = shared.config.load().admin_limits.history_interval;
+    let recent = &shared.metrics.recent;
     HistoryView {
-        bucket_seconds: if s.width_ms() == 0 {
-            shared
-                .config
-                .load()
-                .admin_limits
-                .history_interval
-                .as_secs_f64()
-        } else {
-            s.width_ms() as f64 / 1000.0
-        },
-        max_buckets: BUCKETS,
-        bucket_ends_unix_ms: s.ends().iter().copied().collect(),
-        write_stall: s.stall().iter().copied().collect(),
-        entries: active.into_iter().map(EntryView::of).collect(),
-        quiet_entries: quiet.into_iter().map(|e| e.entry.clone()).collect(),
+        fine: SeriesView::of(&recent.series(), width.as_secs_f64()),
+        coarse: SeriesView::of(
+            &recent.coarse(),
+            width.as_secs_f64() * events::COARSE as f64,
+        ),
+    }
+}
+
+impl SeriesView {
+    /// `s` as the page reads it; `width` (seconds) before its first sample.
+    fn of(s: &events::Series, width: f64) -> SeriesView {
+        let (active, quiet): (Vec<&EntrySeries>, Vec<&EntrySeries>) =
+            s.entries().iter().partition(|e| e.active());
+        SeriesView {
+            bucket_seconds: if s.width_ms() == 0 {
+                width
+            } else {
+                s.width_ms() as f64 / 1000.0
+            },
+            max_buckets: BUCKETS,
+            bucket_ends_unix_ms: s.ends().iter().copied().collect(),
+            write_stall: s.stall().iter().copied().collect(),
+            entries: active.into_iter().map(EntryView::of).collect(),
+            quiet_entries: quiet.into_iter().map(|e| e.entry.clone()).collect(),
+        }
+    }
+
+    /// The bucket ends as `(start, end)` unix ms, oldest first.
+    pub fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let w = (self.bucket_seconds * 1000.0) as u64;
+        self.bucket_ends_unix_ms
+            .iter()
+            .map(move |&end| (end.saturating_sub(w), end))
     }
 }
 

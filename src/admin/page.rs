@@ -1,58 +1,115 @@
-//! The HTML status page (`/`): what a person needs during an incident, open breakers first
-//! and highlighted, refreshed every 2 s by a tiny inline script (no external assets).
-//! Every value that can come from outside (namespaces come from clients) is escaped.
+//! The HTML status page (`/`): the first screen answers what is wrong, since when, what
+//! staleguard does and what clients get (`screen`), with the plots of the incident below it
+//! (`plots`); then the details: the banners and events (`incident`), the namespaces and the
+//! dry run (`tables`), the write-stall watch, the fleet, upstreams and config (`sections`).
+//! Refreshed every 2 s by a tiny inline script (no external assets); it fits a 1280 px and a
+//! 390 px wide screen without scrolling sideways (tables turn into cards when narrow). Every
+//! value that can come from outside (namespaces come from clients) is escaped.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::incident::words;
-use super::status::{short_duration, NsStatus, Status, UpstreamStatus, WriteStallStatus};
+use super::plots::Window;
+use super::status::Status;
+use super::text::{esc, rfc3339, short_duration};
 
-/// `&`, `<`, `>`, `"` and `'` escaped for text and attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+/// What the reader asked for in the URL.
+#[derive(Debug, Default)]
+pub struct Asked {
+    /// `?window=`: the plots' window (none: the incident when there is one).
+    pub window: Option<Window>,
+    /// Added to the page's own links: `&token=...` when the page was opened with one.
+    pub keep: String,
+}
+
+impl Asked {
+    /// From the query string of the page's URL.
+    pub fn from_query(query: Option<&str>) -> Asked {
+        let mut asked = Asked::default();
+        for (k, v) in query
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+        {
+            match k {
+                "window" => asked.window = Window::parse(v),
+                // Kept as it came (still percent-encoded), to be sent back as it came.
+                "token" => asked.keep = format!("&token={v}"),
+                _ => {}
+            }
         }
+        asked
     }
-    out
 }
 
 const STYLE: &str = r#"
+*{box-sizing:border-box}
 body{font:15px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1f;background:#f6f6f4}
-header{background:#20242b;color:#fff;padding:12px 20px}
-header h1{display:inline;font-size:20px;margin:0 12px 0 0}
-header span{color:#c9ccd1}
-main{padding:8px 20px 20px}
-h2{font-size:16px;margin:22px 0 6px}
+header{background:#20242b;color:#fff;padding:8px 16px}
+header h1{display:inline;font-size:18px;margin:0 10px 0 0}
+header span{color:#c9ccd1;font-size:13px}
+main{padding:6px 16px 20px;max-width:100%}
+h2{font-size:16px;margin:18px 0 6px}
+code{font-size:13px;overflow-wrap:anywhere}
+td,th,li,p,div{overflow-wrap:break-word}
 table{border-collapse:collapse;width:100%;background:#fff}
-th,td{text-align:left;padding:6px 9px;border-bottom:1px solid #e2e2df;vertical-align:top}
+th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #e2e2df;vertical-align:top}
 th{background:#ecece8;font-weight:600}
 tr.open td{background:#fde2e1}
-tr.open td.state b{color:#b3001b;text-transform:uppercase}
+#namespaces td:first-child,#right-now td:first-child{min-width:11em}
+tr.open td.state b,tr.raised td.state b{color:#b3001b;text-transform:uppercase}
 tr.raised td{background:#fde2e1}
-tr.raised td.state b{color:#b3001b;text-transform:uppercase}
-.banner{padding:10px 14px;margin:12px 0;border-radius:4px;font-weight:600}
+.summary{display:grid;grid-template-columns:minmax(0,1.1fr) minmax(0,1fr);gap:14px;margin:10px 0;padding:12px 14px;border-radius:6px;background:#fff;border-left:8px solid #17582a}
+.summary.incident{border-left-color:#b3001b}
+.summary.degraded{border-left-color:#d4a000}
+.headline{font-size:21px;font-weight:700;margin:0 0 4px}
+.summary.incident .headline{color:#b3001b}
+.since{margin:0 0 6px;font-weight:600}
+.summary ul{margin:4px 0 6px;padding-left:20px}
+.doing-title,.now-title{margin:8px 0 2px;font-weight:600}
+.now table td:not(:first-child),.now table th:not(:first-child){text-align:right}
+.banner{padding:8px 12px;margin:8px 0;border-radius:4px;font-weight:600}
 .banner.bad{background:#b3001b;color:#fff}
 .banner.warn{background:#ffe8a3}
 .banner.good{background:#dff3e3;color:#17582a}
+.banner .why{font-weight:normal}
 .down{color:#b3001b;font-weight:700}
+.banner .down{color:inherit}
 .up{color:#17582a;font-weight:600}
 .muted{color:#6b6b6b;font-weight:normal}
-code{font-size:13px}
+.banner .muted{color:inherit}
 tr.bad td:nth-child(2){color:#b3001b;font-weight:600}
-.banner .why{font-weight:normal}
-figure.plot{margin:8px 0 14px;background:#fff;padding:6px 8px;display:inline-block}
-figure.plot svg{display:block;max-width:100%;height:auto}
-.legend span{margin-right:14px;font-size:13px}
+nav.windows a{margin-right:8px}
+nav.windows a.on{font-weight:700;color:#1d1d1f;text-decoration:none}
+.legend{margin:4px 0}
+.legend span{margin-right:12px;font-size:13px;white-space:nowrap}
 .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,520px),1fr));gap:10px}
+figure.plot{margin:0;background:#fff;padding:6px 8px 2px}
+figure.plot figcaption{font-size:13px}
+.chart{position:relative;padding-left:34px}
+.chart svg{display:block;width:100%;height:120px}
+.chart .ymax,.chart .y0{position:absolute;left:0;width:30px;text-align:right;font-size:11px;color:#555}
+.chart .ymax{top:0}
+.chart .y0{top:108px}
+.xaxis{position:relative;height:18px;font-size:11px;color:#555}
+.xaxis span{position:absolute;top:2px;transform:translateX(-50%);white-space:nowrap}
+.xaxis span.r{transform:translateX(-100%)}
+.xaxis span.l{transform:none}
 footer{color:#6b6b6b;font-size:13px;margin-top:18px}
+@media (max-width:900px){.summary{grid-template-columns:minmax(0,1fr)}}
+@media (max-width:700px){
+ main{padding:4px 8px 16px}
+ header span{display:block}
+ .headline{font-size:18px}
+ table.cards,table.cards tbody,table.cards tr,table.cards td{display:block;width:auto}
+ table.cards tr.head{display:none}
+ table.cards tr{border:1px solid #e2e2df;margin:6px 0;background:#fff}
+ table.cards td{border:none;padding:2px 8px}
+ table.cards td[data-label]::before{content:attr(data-label) ": ";font-weight:600;color:#555}
+ .now table td:not(:first-child){text-align:left}
+ .xaxis span:nth-child(even){display:none}
+}
 "#;
 
 const SCRIPT: &str = r#"
@@ -76,8 +133,8 @@ const SCRIPT: &str = r#"
 "#;
 
 /// The whole page.
-pub fn render(s: &Status) -> String {
-    let mut out = String::with_capacity(8 * 1024);
+pub fn render(s: &Status, asked: &Asked) -> String {
+    let mut out = String::with_capacity(32 * 1024);
     out.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     out.push_str("<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">");
     out.push_str("<title>staleguard status</title>");
@@ -87,23 +144,22 @@ pub fn render(s: &Status) -> String {
     out.push_str("<div id=\"main\">");
     header(&mut out, s);
     out.push_str("<main>");
+    super::screen::render(&mut out, &s.summary);
+    super::plots::section(&mut out, &s.history, asked.window, &asked.keep);
+    out.push_str("<h2 id=\"details\">Details</h2>");
     super::incident::banners(&mut out, s);
-    out.push_str("<h2>Namespaces</h2>");
-    namespaces(&mut out, &s.namespaces);
-    super::dry_run::render(&mut out, &s.namespaces);
-    super::plots::section(&mut out, &s.history);
+    super::tables::namespaces(&mut out, &s.namespaces);
+    super::tables::dry_run(&mut out, &s.namespaces);
     super::incident::events(&mut out, &s.events, s.events_recorded_total);
-    out.push_str("<h2>Write-stall watch</h2>");
-    write_stall(&mut out, &s.write_stall);
-    out.push_str("<h2>Upstreams</h2>");
-    upstreams(&mut out, s);
-    out.push_str("<h2>Configuration</h2>");
-    config(&mut out, s);
+    super::sections::write_stall(&mut out, &s.write_stall);
+    super::sections::fleet(&mut out, s.fleet.as_ref());
+    super::sections::upstreams(&mut out, s);
+    super::sections::config(&mut out, s);
     let _ = write!(
         out,
         "<footer>Page built {} (UTC) &middot; refreshes every 2 s &middot; \
          <a href=\"status\">status JSON</a> &middot; <a href=\"metrics\">metrics</a></footer>",
-        esc(&super::status::rfc3339(std::time::SystemTime::now()))
+        esc(&rfc3339(std::time::SystemTime::now()))
     );
     out.push_str("</main></div>");
     let _ = writeln!(out, "<script>{SCRIPT}</script></body></html>");
@@ -125,233 +181,18 @@ fn header(out: &mut String, s: &Status) {
     );
 }
 
-fn namespaces(out: &mut String, rows: &[NsStatus]) {
-    if rows.is_empty() {
-        out.push_str("<p class=\"muted\">No [[namespaces]] configured: every read passes through untouched.</p>");
-        return;
-    }
-    out.push_str(
-        "<table id=\"namespaces\"><tr><th>namespace</th><th>pattern</th><th>mode</th>\
-         <th>breaker</th><th>what happens to reads</th><th>errors in window</th>\
-         <th>trigger errors<br><span class=\"muted\">reads failed fast, rewritten</span></th><th>ladder</th><th>last transition</th><th>reason</th></tr>",
-    );
-    for r in rows {
-        let when = match (&r.last_transition, r.last_transition_seconds_ago) {
-            (Some(t), Some(ago)) => format!(
-                "{} ago<br><span class=\"muted\">{}</span>",
-                words(Duration::from_secs(ago)),
-                esc(t)
-            ),
-            _ => "<span class=\"muted\">never</span>".to_string(),
-        };
-        let mut probe = match r.next_probe_seconds {
-            None => String::new(),
-            Some(0) => "<br><span class=\"muted\">its next read probes</span>".to_string(),
-            Some(p) => format!(
-                "<br><span class=\"muted\">next probe in {}</span>",
-                words(Duration::from_secs(p))
-            ),
-        };
-        if let Some(n) = r.answered_in_a_row {
-            probe.push_str(&format!(
-                "<br><span class=\"muted\">{n} answered in a row</span>"
-            ));
-        }
-        let state = match r.breaker {
-            Some("open") => format!(
-                "<b>open</b> for {}{probe}",
-                words(Duration::from_secs(
-                    r.last_transition_seconds_ago.unwrap_or(0)
-                ))
-            ),
-            Some(b) => format!("<b>{b}</b>{probe}"),
-            None => "<span class=\"muted\">per namespace</span>".to_string(),
-        };
-        let window = match (r.errors_in_window, r.threshold) {
-            (Some(n), Some(t)) => format!("{n} / {t}"),
-            (Some(n), None) => n.to_string(),
-            (None, _) => "-".to_string(),
-        };
-        let mut total = r
-            .trigger_errors_total
-            .map_or_else(|| "-".to_string(), |n| n.to_string());
-        for (n, what) in [
-            (r.failed_fast_total, "failed fast"),
-            (r.rewritten_total, "rewritten to available"),
-        ] {
-            if let Some(n) = n.filter(|&n| n > 0) {
-                let _ = write!(total, "<br><span class=\"muted\">{n} {what}</span>");
-            }
-        }
-        let dry = if r.dry_run { " (dry run)" } else { "" };
-        let ladder = ladder_cell(r);
-        let _ = write!(
-            out,
-            "<tr class=\"{class}\"><td><code>{ns}</code></td><td><code>{pat}</code></td>\
-             <td>{mode}{dry}</td><td class=\"state\">{state}</td><td>{action}</td>\
-             <td>{window}</td><td>{total}</td><td>{ladder}</td><td>{when}</td><td>{reason}</td></tr>",
-            class = r.breaker.unwrap_or("pattern"),
-            ns = esc(&r.namespace),
-            pat = esc(r.pattern.as_deref().unwrap_or("-")),
-            mode = r.mode,
-            action = esc(&r.action),
-            reason = esc(r.reason.as_deref().unwrap_or("")),
-        );
-    }
-    out.push_str("</table>");
-}
-
-/// The rungs, what the reads sent to them got, and the orphans seen in `available` replies.
-fn ladder_cell(r: &NsStatus) -> String {
-    if r.ladder.is_empty() {
-        return "<span class=\"muted\">none</span>".to_string();
-    }
-    let mut cell = esc(&r.ladder.join(" \u{2192} "));
-    if let Some(l) = &r.ladder_reads {
-        if r.ladder.contains(&"primary") {
-            let _ = write!(
-                cell,
-                "<br>primary: {} answered, {} failed, {} refused by the guard",
-                l.primary_answered, l.primary_failed, l.primary_denied
-            );
-        }
-        if r.ladder.contains(&"available") {
-            let _ = write!(
-                cell,
-                "<br>available: {} answered, {} failed",
-                l.available_answered, l.available_failed
-            );
-        }
-        if l.no_time > 0 {
-            let _ = write!(cell, "<br>no time left: {}", l.no_time);
-        }
-    }
-    if let Some(n) = r
-        .orphans_estimated_total
-        .filter(|_| r.ladder.contains(&"available"))
-    {
-        let _ = write!(cell, "<br>orphans seen: {n}");
-    }
-    cell
-}
-
-fn write_stall(out: &mut String, w: &WriteStallStatus) {
-    if w.state == "off" {
-        out.push_str("<p class=\"muted\">Off: no [stall_watch] signal is configured.</p>");
-        return;
-    }
-    let _ = write!(
-        out,
-        "<p class=\"muted\">Watching: {} &middot; on a stall: {}</p>",
-        esc(&w.watching.join(", ")),
-        if w.action == "open_fallback_breakers" {
-            "hold the breakers of fallback namespaces open"
-        } else {
-            "observe only"
-        }
-    );
-    if w.signals.is_empty() {
-        out.push_str("<p class=\"muted\">No reading yet.</p>");
-        return;
-    }
-    out.push_str(
-        "<table id=\"write-stall-signals\"><tr><th>signal</th><th>where</th><th>state</th>\
-         <th>since</th><th>evidence</th></tr>",
-    );
-    for sig in &w.signals {
-        let since = match (&sig.since, sig.since_seconds_ago) {
-            (Some(t), Some(ago)) => format!(
-                "{} ago<br><span class=\"muted\">{}</span>",
-                words(Duration::from_secs(ago)),
-                esc(t)
-            ),
-            _ => "<span class=\"muted\">-</span>".to_string(),
-        };
-        let _ = write!(
-            out,
-            "<tr class=\"{state}\"><td>{signal}</td><td>{place}</td><td class=\"state\"><b>{state}</b></td>\
-             <td>{since}</td><td>{summary}</td></tr>",
-            state = sig.state,
-            signal = sig.signal,
-            place = esc(&sig.place),
-            summary = esc(&sig.summary),
-        );
-    }
-    out.push_str("</table>");
-}
-
-fn upstreams(out: &mut String, s: &Status) {
-    let _ = write!(
-        out,
-        "<p class=\"muted\">Health checks: {}{}</p>",
-        if s.health_checks == "off" {
-            "off".to_string()
-        } else {
-            format!("a hello every {}", esc(&s.health_checks))
-        },
-        if s.upstream_tls {
-            " &middot; TLS to mongos"
-        } else {
-            ""
-        }
-    );
-    out.push_str(
-        "<table id=\"upstreams\"><tr><th>address</th><th>health</th><th>last hello</th>\
-         <th>last check</th><th>primary-rung reads in flight</th><th>last error</th></tr>",
-    );
-    for u in &s.upstreams {
-        upstream_row(out, u);
-    }
-    out.push_str("</table>");
-}
-
-fn upstream_row(out: &mut String, u: &UpstreamStatus) {
-    let latency = u
-        .last_hello_ms
-        .map_or_else(|| "-".to_string(), |ms| format!("{ms:.1} ms"));
-    let _ = write!(
-        out,
-        "<tr><td><code>{}</code></td><td class=\"{h}\">{h}<br><span class=\"muted\">since {}</span></td>\
-         <td>{latency}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        esc(&u.address),
-        esc(&u.since),
-        esc(u.last_check.as_deref().unwrap_or("-")),
-        u.ladder_in_flight,
-        esc(u.last_error.as_deref().unwrap_or("")),
-        h = u.health,
-    );
-}
-
-fn config(out: &mut String, s: &Status) {
-    let r = &s.config.last_reload;
-    let class = if r.result == "ok" { "up" } else { "down" };
-    let _ = write!(
-        out,
-        "<p>File <code>{}</code> &middot; last load: <span class=\"{class}\">{}</span> \
-         ({}, {})</p>",
-        esc(&s.config.file),
-        r.result,
-        esc(&r.trigger),
-        esc(&r.at),
-    );
-    if !r.messages.is_empty() {
-        out.push_str("<ul id=\"reload-messages\">");
-        for m in &r.messages {
-            let _ = write!(out, "<li><code>{}</code></li>", esc(m));
-        }
-        out.push_str("</ul>");
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::esc;
+    use super::*;
 
     #[test]
-    fn escapes_markup() {
-        assert_eq!(
-            esc("<script>a&b\"c'</script>"),
-            "&lt;script&gt;a&amp;b&quot;c&#39;&lt;/script&gt;"
-        );
+    fn the_query_picks_the_window_and_keeps_the_token() {
+        let a = Asked::from_query(Some("token=a%20b&window=3h"));
+        assert_eq!(a.window, Some(Window::Hours3));
+        assert_eq!(a.keep, "&token=a%20b");
+        let a = Asked::from_query(Some("window=<script>"));
+        assert_eq!(a.window, None);
+        assert_eq!(a.keep, "");
+        assert_eq!(Asked::from_query(None).window, None);
     }
 }

@@ -47,6 +47,9 @@ pub(super) struct Breaker {
     /// The fleet instance whose opening opened this breaker (see `fleet`); none when it
     /// opened on this instance's own evidence, and always none while closed.
     pub(super) opener: Option<std::sync::Arc<str>>,
+    /// When this instance's own last failed sample came, since it opened (none before one,
+    /// and once one is answered): what the fleet's close weighs (`fleet.rs`).
+    pub(super) last_failed: Option<Instant>,
     /// When an eligible read last met it, in ms since `Breakers::epoch` (0: never); kept
     /// by `Breakers::touch` under the map's read lock.
     pub(super) last_read: AtomicU64,
@@ -165,6 +168,7 @@ impl Breaker {
             last_prober: None,
             last_answered: None,
             opener: None,
+            last_failed: None,
             last_read: AtomicU64::new(0),
         }
     }
@@ -198,6 +202,8 @@ impl Breaker {
         self.step = 0;
         self.probe_after = later(now, first_wait);
         self.streak = Streak::default();
+        (self.last_prober, self.last_answered) = (None, None);
+        self.last_failed = None;
         self.move_to(State::Open, why, now)
     }
 
@@ -298,15 +304,18 @@ impl Breaker {
         // at the pace of its readers.
         self.probe_after = now;
         self.last_answered = Some(now);
-        self.streak.add(policy, conn, now)
-            && self.state == State::Open
-            && self.streak.enough(policy, now)
+        let counted = self.streak.add(policy, conn, now);
+        if counted {
+            self.last_failed = None;
+        }
+        counted && self.state == State::Open && self.streak.enough(policy, now)
     }
 
     /// A sample failed: the streak starts over, and the next probe waits longer.
     pub(super) fn sample_failed(&mut self, policy: &NsPolicy, now: Instant) {
         self.probe_since = None;
         self.streak = Streak::default();
+        self.last_failed = Some(now);
         self.step = self.step.saturating_add(1);
         let wait = backoff(policy, self.step);
         self.probe_after = later(now, wait);

@@ -4,8 +4,15 @@
 //! own closed. The evidence rules stay per instance: an opening from the fleet is only
 //! ever the word of an instance that met the rules itself, and it comes only from Redis,
 //! never from a client.
+//!
+//! The fleet carries evidence, not verdicts: this instance's own samples weigh more than
+//! another's word. A breaker the fleet opened that this instance's own answered samples
+//! close reports that close like any (the fleet task then does not apply that opening
+//! again); and the opener's close does not close a breaker whose own last sample here
+//! failed recently: it stays open, as this instance's own, until its own samples close it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -14,6 +21,36 @@ use crate::policy::NsPolicy;
 
 /// What the hook runs.
 type HookFn = dyn Fn(&str, &Transition) + Send + Sync;
+
+/// How every close made by [`Breakers::close_from_fleet`] begins its reason.
+const FLEET_CLOSE: &str = "closed by fleet instance ";
+
+/// Whether `t` is a close the fleet made ([`Breakers::close_from_fleet`]), rather than one
+/// this instance's own samples made.
+pub fn closed_by_fleet(t: &Transition) -> bool {
+    t.to == State::Closed && t.reason.starts_with(FLEET_CLOSE)
+}
+
+/// What [`Breakers::close_from_fleet`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FleetClose {
+    /// Closed.
+    Closed(Transition),
+    /// Kept open: this instance's own last sample failed within the namespace's `window`.
+    /// The breaker is this instance's own from now on and closes on its own samples.
+    Kept,
+    /// Not open on that opener's word (closed already, opened here, held, another opener).
+    NotTheirs,
+}
+
+/// This breaker's own recent samples, as the fleet weighs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnSamples {
+    /// Samples answered in a row here, since the last failed one.
+    pub answered_in_a_row: u32,
+    /// When the last one failed, when the last one did (none once one is answered).
+    pub last_failed: Option<Instant>,
+}
 
 /// Told of each transition (namespace, transition), after it is logged and counted.
 pub(super) struct Hook(Box<HookFn>);
@@ -70,25 +107,52 @@ impl Breakers {
             .collect()
     }
 
+    /// This breaker's own samples since it opened; none when it is not open.
+    pub fn own_samples(&self, ns: &str) -> Option<OwnSamples> {
+        let b = self.map.get(ns)?;
+        (b.state == State::Open).then_some(OwnSamples {
+            answered_in_a_row: b.streak.count,
+            last_failed: b.last_failed,
+        })
+    }
+
     /// Closes `ns` when fleet instance `opener`'s opening opened it and it is still open
-    /// on that word alone (not held by the write-stall watch); `why`: the opener's close
-    /// reason, or why its opening is gone.
+    /// on that word alone (not held by the write-stall watch), unless its own last sample
+    /// here failed within `recent` (the namespace's `window`): then it keeps it open as its
+    /// own. `why`: the opener's close reason, or why its opening is gone.
     pub fn close_from_fleet(
         &self,
         ns: &str,
         opener: &str,
         why: &str,
+        recent: Duration,
         now: Instant,
-    ) -> Option<Transition> {
+    ) -> FleetClose {
         let t = {
-            let mut b = self.map.get_mut(ns)?;
+            let Some(mut b) = self.map.get_mut(ns) else {
+                return FleetClose::NotTheirs;
+            };
             if b.state != State::Open || b.held || b.opener.as_deref() != Some(opener) {
-                return None;
+                return FleetClose::NotTheirs;
             }
-            let why = format!("closed by fleet instance {opener}: {why}");
-            Some(self.moved(b.close(why, now)))
+            let failed_here = b
+                .last_failed
+                .is_some_and(|at| now.saturating_duration_since(at) <= recent);
+            if failed_here {
+                b.opener = None;
+                b.last_reason = format!(
+                    "kept open: its own last sample failed within {recent:?} when fleet instance {opener} closed ({why})"
+                );
+                tracing::info!(ns = %ns, opener = %opener, "fleet: close not applied: this instance's own last sample failed");
+                return FleetClose::Kept;
+            }
+            let why = format!("{FLEET_CLOSE}{opener}: {why}");
+            self.moved(b.close(why, now))
         };
-        self.report(ns, t)
+        match self.report(ns, Some(t)) {
+            Some(t) => FleetClose::Closed(t),
+            None => FleetClose::NotTheirs,
+        }
     }
 }
 
@@ -121,12 +185,17 @@ mod tests {
         assert!(b
             .open_from_fleet(NS, &p, Reason::TimeLimit, "sg-2", "x", t0)
             .is_none());
-        assert!(
-            b.close_from_fleet(NS, "sg-2", "x", t0).is_none(),
+        let w = Duration::from_secs(10);
+        assert_eq!(
+            b.close_from_fleet(NS, "sg-2", "x", w, t0),
+            FleetClose::NotTheirs,
             "not its opener"
         );
-        let t = b.close_from_fleet(NS, "sg-1", "x", t0).expect("closes");
+        let FleetClose::Closed(t) = b.close_from_fleet(NS, "sg-1", "x", w, t0) else {
+            panic!("closes");
+        };
         assert_eq!(t.opener.as_deref(), Some("sg-1"));
+        assert!(closed_by_fleet(&t));
         assert_eq!(b.state(NS), State::Closed);
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 2);
@@ -148,6 +217,7 @@ mod tests {
             .sampled(NS, &p, Sample::Answered, 1, t0 + Duration::from_secs(2))
             .expect("closes on a streak");
         assert_eq!(t.opener.as_deref(), Some("sg-1"));
+        assert!(!closed_by_fleet(&t), "its own samples closed it");
         // Opened on its own errors: no opener, and the fleet's close does nothing.
         p.threshold = 1;
         let e = Counted {
@@ -158,6 +228,69 @@ mod tests {
         };
         let t = b.record_failure("pay.other", &e, t0).expect("opens");
         assert!(t.opener.is_none());
-        assert!(b.close_from_fleet("pay.other", "sg-1", "x", t0).is_none());
+        let w = Duration::from_secs(10);
+        assert_eq!(
+            b.close_from_fleet("pay.other", "sg-1", "x", w, t0),
+            FleetClose::NotTheirs
+        );
+    }
+
+    /// Issue 29, item 4: the opener's close does not close a breaker whose own last sample
+    /// failed recently; an old failure, or an answer since, lets it close.
+    #[test]
+    fn the_openers_close_does_not_close_what_failed_here() {
+        let b = Breakers::default();
+        let p = NsPolicy::with_defaults(NS, Mode::Strict);
+        let w = p.window;
+        let t0 = Instant::now();
+        b.open_from_fleet(NS, &p, Reason::StaleRouting, "sg-1", "e", t0);
+        assert_eq!(
+            b.own_samples(NS),
+            Some(OwnSamples {
+                answered_in_a_row: 0,
+                last_failed: None
+            })
+        );
+        let failed = t0 + Duration::from_secs(1);
+        b.sampled(NS, &p, Sample::Failed, 7, failed);
+        assert_eq!(b.own_samples(NS).and_then(|o| o.last_failed), Some(failed));
+        let close = t0 + Duration::from_secs(3);
+        assert_eq!(
+            b.close_from_fleet(NS, "sg-1", "healed", w, close),
+            FleetClose::Kept
+        );
+        assert_eq!(b.state(NS), State::Open);
+        // Its own now: the opener's later word changes nothing, its own samples close it.
+        assert_eq!(
+            b.close_from_fleet(NS, "sg-1", "again", w, close + w * 2),
+            FleetClose::NotTheirs
+        );
+        assert!(b.opened_by_fleet().is_empty());
+        // Another opening: failed long ago, or answered since: the close applies.
+        b.open_from_fleet("pay.b", &p, Reason::StaleRouting, "sg-1", "e", t0);
+        b.sampled("pay.b", &p, Sample::Failed, 7, t0);
+        let late = t0 + w + Duration::from_millis(1);
+        assert!(matches!(
+            b.close_from_fleet("pay.b", "sg-1", "x", w, late),
+            FleetClose::Closed(_)
+        ));
+        b.open_from_fleet("pay.c", &p, Reason::StaleRouting, "sg-1", "e", t0);
+        b.sampled("pay.c", &p, Sample::Failed, 7, t0);
+        b.sampled(
+            "pay.c",
+            &p,
+            Sample::Answered,
+            8,
+            t0 + Duration::from_millis(10),
+        );
+        assert_eq!(
+            b.own_samples("pay.c")
+                .map(|o| (o.answered_in_a_row, o.last_failed)),
+            Some((1, None))
+        );
+        assert!(matches!(
+            b.close_from_fleet("pay.c", "sg-1", "x", w, t0 + Duration::from_millis(20)),
+            FleetClose::Closed(_)
+        ));
     }
 }

@@ -51,7 +51,8 @@ mod values;
 pub use crate::policy::{Causal, Mode, NsPolicy, PolicyTable, DEFAULT_TRIGGER_CODES};
 pub use fleet::{masked as masked_url, FleetConfig};
 pub use ops::{
-    DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN, DEFAULT_ADMIN_MAX_CONNECTIONS,
+    ADMIN_HEALTH_LANE, DEFAULT_ADMIN_HEADER_READ_TIMEOUT, DEFAULT_ADMIN_LISTEN,
+    DEFAULT_ADMIN_MAX_CONNECTIONS, DEFAULT_ADMIN_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_ADMIN_REQUEST_TIMEOUT, DEFAULT_HEALTH_INTERVAL, DEFAULT_HEALTH_TIMEOUT,
     DEFAULT_HISTORY_INTERVAL,
 };
@@ -158,9 +159,14 @@ pub struct AdminLimits {
     /// written; past it the connection is closed (an idle keep-alive connection too, once
     /// its last request is that old). Default 10s; not zero.
     pub request_timeout: Duration,
-    /// `max_connections`: admin connections open at once; the next one gets a bare
-    /// `503 Service Unavailable` and is closed. Default 64; 1..=65536.
+    /// `max_connections`: admin connections open at once; the next one goes to the health
+    /// lane (`/healthz` and `/readyz` answered, anything else a bare `503 Service
+    /// Unavailable`) and is closed. Default 64; 1..=65536.
     pub max_connections: usize,
+    /// `max_connections_per_peer`: admin connections open at once from one IP address; the
+    /// next one from that address is treated as past `max_connections`. Default 16;
+    /// 1..=65536.
+    pub max_connections_per_peer: usize,
     /// `history_interval`: the width of one bucket of the status page's plots (they keep
     /// `events::BUCKETS` of them: 30 minutes at the default). Default 10s; 1s..=60s.
     /// Reloads (a new width starts the plots afresh).
@@ -173,6 +179,7 @@ impl Default for AdminLimits {
             header_read_timeout: DEFAULT_ADMIN_HEADER_READ_TIMEOUT,
             request_timeout: DEFAULT_ADMIN_REQUEST_TIMEOUT,
             max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            max_connections_per_peer: DEFAULT_ADMIN_MAX_CONNECTIONS_PER_PEER,
             history_interval: DEFAULT_HISTORY_INTERVAL,
         }
     }

@@ -27,6 +27,12 @@ pub const DEFAULT_ADMIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `[admin] max_connections`: the kubelet's probes, a Prometheus or two and a few
 /// browsers need a handful.
 pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+/// Default `[admin] max_connections_per_peer`: a quarter of the cap, so that one address
+/// (a browser, a scraper, a misbehaving client) leaves the others room.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS_PER_PEER: usize = 16;
+/// Admin connections past either cap that may wait at once in the health lane for their
+/// request head (`admin::lane`): `/healthz` and `/readyz` are answered there.
+pub const ADMIN_HEALTH_LANE: usize = 16;
 /// Default `[admin] history_interval`: 180 buckets of 10 s, the last 30 minutes.
 pub const DEFAULT_HISTORY_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -41,6 +47,7 @@ pub(super) struct RawAdmin {
     header_read_timeout: Option<Spanned<String>>,
     request_timeout: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
+    max_connections_per_peer: Option<Spanned<i64>>,
     history_interval: Option<Spanned<String>>,
 }
 
@@ -101,9 +108,14 @@ pub(super) fn admin(
                 ctx.err(v, &format!("admin.{name}"), msg);
             }
         }
-        if let Some(v) = &a.max_connections {
-            let msg = "has no effect: [admin] enabled = false".to_string();
-            ctx.err(v, "admin.max_connections", msg);
+        for (name, v) in [
+            ("max_connections", &a.max_connections),
+            ("max_connections_per_peer", &a.max_connections_per_peer),
+        ] {
+            if let Some(v) = v {
+                let msg = "has no effect: [admin] enabled = false".to_string();
+                ctx.err(v, &format!("admin.{name}"), msg);
+            }
         }
         return Admin {
             listen: None,
@@ -178,7 +190,8 @@ fn token(ctx: &mut Ctx, a: &RawAdmin, config: &Path) -> Option<String> {
     Some(value)
 }
 
-/// `[admin] header_read_timeout`, `request_timeout`, `max_connections`.
+/// `[admin] header_read_timeout`, `request_timeout`, `max_connections`,
+/// `max_connections_per_peer`.
 fn admin_limits(ctx: &mut Ctx, a: &RawAdmin) -> Option<super::AdminLimits> {
     let d = super::AdminLimits::default();
     let nonzero = Duration::from_nanos(1);
@@ -194,20 +207,27 @@ fn admin_limits(ctx: &mut Ctx, a: &RawAdmin) -> Option<super::AdminLimits> {
         .map_or(Some(d.request_timeout), |v| {
             duration(ctx, v, "admin.request_timeout", nonzero)
         });
-    let max = match &a.max_connections {
-        None => Some(d.max_connections),
+    let mut count = |v: &Option<Spanned<i64>>, key: &str, default: usize| match v {
+        None => Some(default),
         Some(v) => match usize::try_from(*v.get_ref()) {
             Ok(n) if (1..=65_536).contains(&n) => Some(n),
             _ => {
-                ctx.err(
-                    v,
-                    "admin.max_connections",
-                    format!("{} is out of range 1..=65536", v.get_ref()),
-                );
+                let msg = format!("{} is out of range 1..=65536", v.get_ref());
+                ctx.err(v, key, msg);
                 None
             }
         },
     };
+    let max = count(
+        &a.max_connections,
+        "admin.max_connections",
+        d.max_connections,
+    );
+    let per_peer = count(
+        &a.max_connections_per_peer,
+        "admin.max_connections_per_peer",
+        d.max_connections_per_peer,
+    );
     let history = a
         .history_interval
         .as_ref()
@@ -223,6 +243,7 @@ fn admin_limits(ctx: &mut Ctx, a: &RawAdmin) -> Option<super::AdminLimits> {
         header_read_timeout: header?,
         request_timeout: request?,
         max_connections: max?,
+        max_connections_per_peer: per_peer?,
         history_interval: history?,
     })
 }

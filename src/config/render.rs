@@ -107,11 +107,19 @@ fn policy_cells(p: &NsPolicy) -> Vec<String> {
 pub fn render_table(config: &Config) -> String {
     let mut lines = String::new();
     settings(&mut lines, config);
-    // A value too long for the terminal continues under itself.
+    // Every value starts in one column, past the longest name; a value too long for the
+    // terminal continues under itself.
+    let rows: Vec<(&str, &str)> = lines
+        .lines()
+        .map(|l| {
+            let (name, value) = l.split_once(' ').unwrap_or((l, ""));
+            (name, value.trim_start())
+        })
+        .collect();
+    let width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0) + 2;
     let mut out = String::new();
-    for l in lines.lines() {
-        let (name, value) = l.split_once(' ').unwrap_or((l, ""));
-        columns::line(&mut out, name, value.trim_start(), 18);
+    for (name, value) in rows {
+        columns::line(&mut out, name, value, width);
     }
     out.push('\n');
     namespaces(&mut out, &config.policy);
@@ -180,6 +188,42 @@ fn settings(out: &mut String, config: &Config) {
         out,
         "ladder_guard      {} in flight, {}/s per upstream; per connection {} in flight, {}/s",
         g.max_in_flight, g.max_per_second, g.per_connection, g.per_connection_per_second
+    );
+    fleet(out, config);
+}
+
+/// `[fleet]`: the Redis (password masked), this instance's name, the timings, and the
+/// fleet budgets of `[ladder_guard]`.
+fn fleet(out: &mut String, config: &Config) {
+    let Some(f) = &config.fleet else {
+        let _ = writeln!(out, "fleet             - (no [fleet]: each instance alone)");
+        return;
+    };
+    let default = if f.name == config.listen {
+        " (the default, listen's address: the same on every instance of one config; set a name per instance)"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "fleet.redis       {}", f.shown);
+    let _ = writeln!(out, "fleet.name        {}{default}", f.name);
+    let _ = writeln!(
+        out,
+        "fleet.timings     prefix {}, lease {}, timeout {}, connect_timeout {}, budget_timeout {}",
+        f.prefix,
+        fmt_duration(f.lease),
+        fmt_duration(f.timeout),
+        fmt_duration(f.connect_timeout),
+        fmt_duration(f.budget_timeout)
+    );
+    let per_second = f
+        .max_per_second
+        .map_or("-".to_string(), |n| format!("{n}/s"));
+    let in_flight = f
+        .max_in_flight
+        .map_or("-".to_string(), |n| format!("{n} in flight"));
+    let _ = writeln!(
+        out,
+        "fleet.budgets     fleet_max_per_second {per_second}, fleet_max_in_flight {in_flight} (primary-rung reads across the fleet; each instance's ladder_guard still bounds it)"
     );
 }
 
@@ -322,24 +366,46 @@ fn why(pat: &Pattern) -> String {
 }
 
 fn effect(p: &NsPolicy) -> String {
-    let when = format!(
-        "after {} trigger errors within {}, for {}",
+    let opens = format!(
+        "after {} counted trigger errors within {} (from at least {} client connection{}), its breaker opens",
         p.threshold,
         fmt_duration(p.window),
+        p.min_connections,
+        if p.min_connections == 1 { "" } else { "s" }
+    );
+    let closes = format!(
+        "it closes on {} answered samples in a row spanning at least {}",
+        p.close_after,
+        fmt_duration(p.min_cooldown)
+    );
+    let probes = format!(
+        "one probe at a time goes as a closed read would (the first {} after opening, then waits doubling up to {})",
+        fmt_duration(p.min_cooldown),
         fmt_duration(p.cooldown)
     );
-    let text = match p.mode {
-        Mode::Passthrough => return "reads are forwarded untouched".to_string(),
-        Mode::Fallback => format!(
-            "eligible reads failing with a trigger error are retried with readConcern \
-             available; {when} reads are rewritten before they are sent"
+    let text = match (p.mode, p.primary_rung, p.on_open) {
+        (Mode::Passthrough, _, _) => return "reads are forwarded untouched".to_string(),
+        (Mode::Fallback, false, _) => format!(
+            "a read that meets a trigger error is sent again with readConcern available (its first attempt gets {} of its budget, at most {}); {opens}: reads are rewritten to available before they are sent, and {probes}; {closes}",
+            p.attempt_share,
+            p.attempt_limit.map_or("no limit".to_string(), fmt_duration)
         ),
-        Mode::Strict => format!(
-            "{when} eligible reads fail fast; reads asking for readConcern available are refused"
+        (Mode::Fallback, true, _) => format!(
+            "a read that meets a trigger error is sent to the shard's primary, then with readConcern available if that fails too; {opens}: reads go to the primary first, available when it fails or [ladder_guard] is full, and {probes}; {closes}"
+        ),
+        (Mode::Strict, true, _) => format!(
+            "a read that meets a trigger error is sent once to the shard's primary (within [ladder_guard]); {opens}: reads go to the primary at once, and fail fast only when [ladder_guard] is full; {probes}; {closes}; reads asking for readConcern available are refused"
+        ),
+        (Mode::Strict, false, crate::policy::OnOpen::Bound) => format!(
+            "{opens}: reads are still sent, each attempt with maxTimeMS at most {} (on_open = \"bound\"): a healthy secondary answers, a read that fails within the bound is sent once more under it, and only then gets the fail-fast error (within about twice the bound); every read is a sample, and {closes}; reads asking for readConcern available are refused",
+            fmt_duration(p.open_time_limit)
+        ),
+        (Mode::Strict, false, crate::policy::OnOpen::Refuse) => format!(
+            "{opens}: reads fail fast with an error and nothing is sent (on_open = \"refuse\"), but {probes}; {closes}; reads asking for readConcern available are refused"
         ),
     };
     if p.dry_run {
-        format!("{text} (dry_run: only logged and counted)")
+        format!("{text} (dry_run: none of this changes a read; it is logged at debug and counted in dry_run_total)")
     } else {
         text
     }
@@ -366,7 +432,7 @@ pub fn explain(config: &Config, ns: &str) -> String {
         t.line(i),
         p.mode.as_str()
     );
-    let _ = writeln!(out, "  why: {}", why(t.pattern(i)));
+    columns::line(&mut out, "  why:", &why(t.pattern(i)), 10);
     let mut others: Vec<usize> = (0..t.entries().len())
         .filter(|&j| j != i && t.pattern(j).matches(db, coll))
         .collect();
@@ -381,7 +447,7 @@ pub fn explain(config: &Config, ns: &str) -> String {
             o.mode.as_str()
         );
     }
-    let _ = writeln!(out, "  effect: {}", effect(p));
+    columns::line(&mut out, "  effect:", &effect(p), 10);
     if p.mode != Mode::Passthrough {
         let cells = policy_cells(p);
         for (name, value) in POLICY_COLUMNS.iter().zip(&cells[2..]) {

@@ -49,9 +49,80 @@ impl Ctx {
 
     pub(super) fn toml_error(&mut self, e: &toml::de::Error, key: String) {
         let line = e.span().map_or(0, |s| self.line(s.start));
-        let message = e.message().trim().replace('\n', "; ");
+        let message = plain(&e.message().trim().replace('\n', "; "));
         self.err_line(line, &key, message);
     }
+}
+
+/// A deserializer's message in the file's own words: serde's `invalid type: string "3",
+/// expected i64` becomes `expected a whole number, found the string "3" (write 3,
+/// without quotes)`; Rust's type names never reach the operator.
+pub(super) fn plain(message: &str) -> String {
+    for (prefix, what) in [("invalid type: ", "found"), ("invalid value: ", "found")] {
+        let Some(rest) = message.strip_prefix(prefix) else {
+            continue;
+        };
+        let Some((found, expected)) = rest.rsplit_once(", expected ") else {
+            continue;
+        };
+        let want = expected_in_words(expected);
+        let (thing, bare) = found_in_words(found);
+        let hint = match (bare, want.as_str()) {
+            (Some(v), w) if w.starts_with("a whole number") && v.parse::<i64>().is_ok() => {
+                format!(" (write {v}, without quotes)")
+            }
+            (Some(v), "a number") if v.parse::<f64>().is_ok() => {
+                format!(" (write {v}, without quotes)")
+            }
+            (Some(v), "true or false") if v == "true" || v == "false" => {
+                format!(" (write {v}, without quotes)")
+            }
+            _ => String::new(),
+        };
+        return format!("expected {want}, {what} {thing}{hint}");
+    }
+    message.to_string()
+}
+
+/// serde's name of what was expected, in words.
+fn expected_in_words(e: &str) -> String {
+    match e {
+        "u8" => "a whole number from 0 to 255".into(),
+        "u16" => "a whole number from 0 to 65535".into(),
+        "u32" => "a whole number from 0 to 4294967295".into(),
+        "u64" | "usize" | "u128" => "a whole number, 0 or more".into(),
+        "i8" | "i16" | "i32" | "i64" | "isize" | "i128" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "a boolean" => "true or false".into(),
+        "a string" => "a string in quotes".into(),
+        "a sequence" => "a list, [...]".into(),
+        "a map" => "a table".into(),
+        other => other.to_string(),
+    }
+}
+
+/// serde's description of what was found, in words, and a string's own text (for a hint).
+fn found_in_words(f: &str) -> (String, Option<String>) {
+    let ticked = |s: &str| s.trim_matches('`').to_string();
+    if let Some(s) = f.strip_prefix("string ") {
+        let inner = s.trim_matches('"').to_string();
+        return (format!("the string {s}"), Some(inner));
+    }
+    for (serde, words) in [
+        ("integer ", "the number "),
+        ("floating point ", "the number "),
+        ("boolean ", ""),
+    ] {
+        if let Some(v) = f.strip_prefix(serde) {
+            return (format!("{words}{}", ticked(v)), None);
+        }
+    }
+    let words = match f {
+        "sequence" => "a list",
+        "map" => "a table",
+        other => other,
+    };
+    (words.to_string(), None)
 }
 
 fn line_starts(text: &str) -> Vec<usize> {
@@ -125,5 +196,38 @@ mod tests {
         assert_eq!(at("2]").as_deref(), Some("t.b[1]"));
         assert_eq!(at("c =").as_deref(), Some("n[0].c"));
         assert_eq!(at("'y'").as_deref(), Some("n[1].d"));
+    }
+
+    #[test]
+    fn serde_type_names_become_words() {
+        for (serde, plain_text) in [
+            (
+                "invalid type: string \"3\", expected i64",
+                "expected a whole number, found the string \"3\" (write 3, without quotes)",
+            ),
+            (
+                "invalid type: floating point `2.5`, expected u32",
+                "expected a whole number from 0 to 4294967295, found the number 2.5",
+            ),
+            (
+                "invalid type: string \"yes\", expected a boolean",
+                "expected true or false, found the string \"yes\"",
+            ),
+            (
+                "invalid type: integer `5`, expected a string",
+                "expected a string in quotes, found the number 5",
+            ),
+            (
+                "invalid type: string \"a\", expected a sequence",
+                "expected a list, [...], found the string \"a\"",
+            ),
+            (
+                "invalid value: integer `-1`, expected u64",
+                "expected a whole number, 0 or more, found the number -1",
+            ),
+            ("missing field `mode`", "missing field `mode`"),
+        ] {
+            assert_eq!(plain(serde), plain_text);
+        }
     }
 }

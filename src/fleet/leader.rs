@@ -1,10 +1,12 @@
 //! One prober per fleet: the write probe of each probe id (`[stall_watch.probe] ids`, through
 //! every upstream) and the `serverStatus` poll of each shard (`[stall_watch.shards]`) run on
 //! one instance, the holder of a lease in Redis (`P:lead:probe:<id>`, `P:lead:shard:<hosts>`:
-//! `SET NX PX lease`, renewed every third of `lease` by its holder). The leader writes its
-//! signals to Redis (`P:signal:<kind>:<target>`, kept two leases); the others read them
-//! every third of `lease` and show them as their own (`/status`, the metrics, and the
-//! action: `open_fallback_breakers` acts on them too).
+//! `SET NX PX lease` of this process's own token, so two instances that share a name never
+//! both lead, renewed every third of `lease` by its holder). The leader writes its signals
+//! to Redis (`P:signal:<kind>:<target>`, kept two leases); the others read them every third
+//! of `lease` (values of at most `index::MAX_SIGNAL` bytes: a larger one is not sent) and
+//! show them as their own (`/status`, the metrics, and the action: `open_fallback_breakers`
+//! acts on them too).
 //!
 //! A leader that dies stops renewing: its lease expires `lease` after its last renewal, and
 //! the next instance to try (every third of `lease`) takes it, so a dead leader is replaced
@@ -22,6 +24,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::link::{self, within, LinkError};
+use super::Fleet;
 use crate::config::{Config, FleetConfig};
 use crate::metrics::Metrics;
 use crate::stall::{shard_target, Evidence, Observation, SignalKind, StallWatch};
@@ -60,7 +63,7 @@ pub(super) struct Leading {
     pub(super) stall: Arc<StallWatch>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) fleet: FleetConfig,
-    pub(super) name: String,
+    pub(super) me: Arc<Fleet>,
 }
 
 /// The probe ids and shards to lead (`probe:<id>`, `shard:<hosts>`), with the signal
@@ -94,12 +97,12 @@ pub(super) async fn run(l: Leading, stop: CancellationToken) {
         let config = l.config.load_full();
         let wanted = wanted(&config);
         if !wanted.is_empty() {
-            if conn.is_none() {
-                conn = link::connect(&client, &l.fleet).await.ok();
-            }
             let r = match conn.as_mut() {
                 Some(c) => l.round(c, &script, &wanted).await,
-                None => Err(LinkError::Ended),
+                None => match link::connect(&client, &l.fleet).await {
+                    Ok(c) => l.round(conn.insert(c), &script, &wanted).await,
+                    Err(e) => Err(e),
+                },
             };
             if let Err(e) = r {
                 // Alone: lead everything until Redis answers again.
@@ -144,7 +147,7 @@ impl Leading {
         let mut led = HashSet::new();
         for (what, _, _) in wanted {
             let mut call = script.key(self.key(what));
-            call.arg(&self.name).arg(lease_ms);
+            call.arg(&self.me.token).arg(lease_ms);
             let won: i64 = within(t, call.invoke_async(c)).await?;
             if won == 1 {
                 led.insert(what.clone());
@@ -202,8 +205,7 @@ impl Leading {
             .iter()
             .map(|(k, t)| self.signal_key(*k, t))
             .collect();
-        let values: Vec<Option<Vec<u8>>> =
-            within(t, redis::cmd("MGET").arg(&keys).query_async(c)).await?;
+        let values = super::index::get_small(c, t, &keys).await?;
         let now = Instant::now();
         for ((kind, target), value) in followed.into_iter().zip(values) {
             let Some(s) = value.and_then(|v| serde_json::from_slice::<Shared>(&v).ok()) else {

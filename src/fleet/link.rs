@@ -1,27 +1,24 @@
-//! The fleet task's link to Redis: connect (a command connection and a subscription),
-//! publish this instance's openings and closes, apply the others', renew the opening keys,
-//! check the link every `timeout`; on any failure act alone, log it once, and try again.
-//!
-//! Keys and channel, under `[fleet] prefix` (`P`): `P:openings` (pub/sub), and one key per
-//! opening, `P:open:<opener>:<ns>`, holding the same JSON with a TTL of `lease`, renewed
-//! every third of it while the breaker stays open.
+//! The fleet task's link to Redis: connect, hold this instance's name, put its openings and
+//! closes in the index (`index.rs`) and renew them, poll the index every [`POLL`] and apply
+//! the others' (`follow.rs`); on any failure act alone, log it once, and try again every
+//! `timeout`.
 
 use std::future::Future;
 use std::time::Duration;
 
-use futures::StreamExt;
-use redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
+use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo};
 use tokio::sync::mpsc;
 use tokio::time::{interval, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
-use super::{Ctx, Kind, Message, Mine, Own};
-use crate::breaker::Reason;
+use super::follow::Followed;
+use super::index::{Index, Polled};
+use super::{Ctx, Heard, Kind, Message, Mine, POLL};
 use crate::config::FleetConfig;
 
-/// The most opening keys read when (re)joining: each names a namespace with a breaker.
-const MAX_SCANNED: usize = 10_000;
+/// Names tried, with a random suffix, when this instance's own is held by another.
+const NAME_TRIES: usize = 8;
 
 /// Why the link failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +27,8 @@ pub(super) enum LinkError {
     Redis(#[from] redis::RedisError),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
-    #[error("the subscription ended")]
-    Ended,
+    #[error("no free name: `{0}` and {NAME_TRIES} suffixed names are held by other instances")]
+    NoName(String),
 }
 
 /// The client for `[fleet] redis`, with the password of `password_env` when set.
@@ -70,37 +67,31 @@ pub(super) async fn connect(
     .await
 }
 
+/// A live link.
 struct Link {
     conn: MultiplexedConnection,
-    /// The subscription's own connection, pinged too: a subscription cut without a close
-    /// would otherwise miss messages while the command connection answers.
-    sink: PubSubSink,
-    messages: PubSubStream,
+    /// The index's version as last read.
+    version: String,
+    joined: Instant,
+    renewed: Instant,
+    /// When the index is next read whole whatever its version.
+    reconcile_at: Instant,
 }
 
-struct Names {
-    channel: String,
-    keys: String,
-}
-
-impl Names {
-    fn new(prefix: &str) -> Names {
-        Names {
-            channel: format!("{prefix}:openings"),
-            keys: format!("{prefix}:open:"),
-        }
-    }
-
-    fn key(&self, m: &Message) -> String {
-        format!("{}{}:{}", self.keys, m.opener, m.ns)
-    }
+/// What the task keeps between links.
+struct Task {
+    ctx: Ctx,
+    cfg: FleetConfig,
+    index: Index,
+    mine: Mine,
+    followed: Followed,
 }
 
 /// The task: runs until `stop`.
 pub(super) async fn run(
     ctx: Ctx,
     cfg: FleetConfig,
-    mut rx: mpsc::Receiver<Own>,
+    mut rx: mpsc::Receiver<Heard>,
     stop: CancellationToken,
 ) {
     let client = match client(&cfg) {
@@ -110,281 +101,233 @@ pub(super) async fn run(
             return;
         }
     };
-    let names = Names::new(&cfg.prefix);
-    let mut mine = Mine::default();
+    let mut t = Task {
+        index: Index::new(&cfg.prefix),
+        ctx,
+        cfg,
+        mine: Mine::default(),
+        followed: Followed::default(),
+    };
     let mut link: Option<Link> = None;
-    let mut tick = interval(cfg.timeout);
+    let mut tick = interval(POLL);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let renew_every = cfg.lease / 3;
-    let mut renewed = Instant::now();
-    let mut reconcile_at: Option<Instant> = None;
+    let mut next_join = Instant::now();
     // Logged once per outage (and once if Redis is not there at start).
     let mut alone_logged = false;
-    ctx.set_connected(false);
+    t.ctx.set_connected(false);
     loop {
         let failed = tokio::select! {
+            biased;
             _ = stop.cancelled() => break,
-            Some(own) = rx.recv() => {
-                let Some(m) = mine.note(own, &ctx.fleet.name) else { continue };
-                match link.as_mut() {
-                    Some(l) => l.publish(&cfg, &names, &m, &mut mine, &ctx).await.err(),
-                    None => None,
-                }
-            }
-            msg = next(&mut link) => match msg {
-                Some(payload) => {
-                    receive(&ctx, &payload);
-                    None
-                }
-                None => Some(LinkError::Ended),
-            },
+            Some(heard) = rx.recv() => t.heard(heard, link.as_mut()).await.err(),
             _ = tick.tick() => match link.as_mut() {
+                Some(l) => {
+                    // What the breakers said before this poll counts first: a close this
+                    // instance's own samples made is not undone by the poll.
+                    let mut r = Ok(());
+                    while r.is_ok() {
+                        let Ok(heard) = rx.try_recv() else { break };
+                        r = t.heard(heard, Some(&mut *l)).await;
+                    }
+                    match r {
+                        Ok(()) => t.round(l).await.err(),
+                        Err(e) => Some(e),
+                    }
+                }
+                None if Instant::now() < next_join => None,
                 None => {
-                    match join(&client, &cfg, &names, &mut mine, &ctx).await {
+                    next_join = Instant::now() + t.cfg.timeout;
+                    match t.join(&client).await {
                         Ok(l) => {
                             link = Some(l);
-                            renewed = Instant::now();
-                            reconcile_at = Some(renewed + cfg.lease);
                             alone_logged = false;
-                            ctx.set_connected(true);
-                            tracing::info!(redis = %cfg.shown, name = %ctx.fleet.name, openings = mine.open.len(), "fleet: connected to Redis");
+                            t.ctx.set_connected(true);
+                            tracing::info!(redis = %t.cfg.shown, name = %t.ctx.fleet.name(), openings = t.mine.open.len(), "fleet: connected to Redis");
                         }
                         Err(e) if !alone_logged => {
                             alone_logged = true;
-                            tracing::warn!(redis = %cfg.shown, error = %e, "fleet: Redis unreachable; acting alone until it answers");
+                            tracing::warn!(redis = %t.cfg.shown, error = %e, "fleet: Redis unreachable; acting alone until it answers");
                         }
                         Err(e) => tracing::debug!(error = %e, "fleet: Redis still unreachable"),
                     }
                     None
                 }
-                Some(l) => {
-                    let renew = renewed.elapsed() >= renew_every;
-                    let mut r = Ok(());
-                    if renew {
-                        renewed = Instant::now();
-                        for m in mine.prune(&ctx.breakers, &ctx.fleet.name) {
-                            if r.is_ok() {
-                                r = l.publish(&cfg, &names, &m, &mut mine, &ctx).await;
-                            }
-                        }
-                    }
-                    if r.is_ok() {
-                        r = l.check(&cfg, &names, &mine, renew).await;
-                    }
-                    if r.is_ok() && reconcile_at.is_some_and(|at| at <= Instant::now()) {
-                        reconcile_at = Some(Instant::now() + cfg.lease);
-                        r = l.reconcile(&cfg, &names, &ctx).await;
-                    }
-                    r.err()
-                }
             },
         };
         if let Some(e) = failed {
             link = None;
-            ctx.set_connected(false);
+            next_join = Instant::now() + t.cfg.timeout;
+            t.ctx.set_connected(false);
             alone_logged = true;
-            tracing::warn!(redis = %cfg.shown, error = %e, "fleet: lost Redis; acting alone until it answers");
+            tracing::warn!(redis = %t.cfg.shown, error = %e, "fleet: lost Redis; acting alone until it answers");
         }
     }
-}
-
-/// The next pub/sub payload; pending forever without a link.
-async fn next(link: &mut Option<Link>) -> Option<Vec<u8>> {
-    match link {
-        Some(l) => l
-            .messages
-            .next()
-            .await
-            .map(|m| m.get_payload_bytes().to_vec()),
-        None => std::future::pending().await,
+    if let Some(mut l) = link {
+        // A restart under the same name need not wait for the claim to expire.
+        let name = t.ctx.fleet.name();
+        let token = &t.ctx.fleet.token;
+        let _ = t.index.release(&mut l.conn, &t.cfg, &name, token).await;
     }
 }
 
-fn receive(ctx: &Ctx, payload: &[u8]) {
-    match Message::decode(payload) {
-        Ok(m) => {
-            if ctx.apply(&m) {
-                tracing::info!(ns = %m.ns, opener = %m.opener, kind = m.kind.as_str(), "fleet: applied another instance's breaker change");
+impl Task {
+    /// A transition the hook queued.
+    async fn heard(&mut self, heard: Heard, link: Option<&mut Link>) -> Result<(), LinkError> {
+        match heard {
+            Heard::Own {
+                ns,
+                to,
+                cause,
+                reason,
+            } => {
+                let name = self.ctx.fleet.name();
+                let Some(m) = self.mine.note(ns, to, cause, &reason, &name) else {
+                    return Ok(());
+                };
+                match link {
+                    Some(l) => self.publish(l, &m).await,
+                    None => Ok(()),
+                }
+            }
+            Heard::Contradicted { ns, opener } => {
+                self.followed.contradicted(&self.ctx, ns, &opener);
+                Ok(())
             }
         }
-        Err(why) => tracing::debug!(why, "fleet: message set aside"),
     }
-}
 
-/// Connects, subscribes, republishes this instance's openings and unsent closes, then
-/// applies the openings the others have in Redis now.
-async fn join(
-    client: &Client,
-    cfg: &FleetConfig,
-    names: &Names,
-    mine: &mut Mine,
-    ctx: &Ctx,
-) -> Result<Link, LinkError> {
-    let conn = connect(client, cfg).await?;
-    let mut pubsub = within(cfg.connect_timeout + cfg.timeout, client.get_async_pubsub()).await?;
-    within(cfg.timeout, pubsub.subscribe(&names.channel)).await?;
-    let (sink, messages) = pubsub.split();
-    let mut link = Link {
-        conn,
-        sink,
-        messages,
-    };
-    let mut pipe = redis::pipe();
-    for m in mine.open.values() {
-        let value = m.encode();
-        pipe.cmd("SET")
-            .arg(names.key(m))
-            .arg(&value)
-            .arg("PX")
-            .arg(lease_ms(cfg))
-            .ignore();
-        pipe.cmd("PUBLISH").arg(&names.channel).arg(&value).ignore();
-    }
-    for ns in &mine.unsent_closes {
-        let m = Message::new(Kind::Close, ns, &ctx.fleet.name, Reason::StaleRouting, "");
-        pipe.cmd("DEL").arg(names.key(&m)).ignore();
-        pipe.cmd("PUBLISH")
-            .arg(&names.channel)
-            .arg(m.encode())
-            .ignore();
-    }
-    if !mine.open.is_empty() || !mine.unsent_closes.is_empty() {
-        within(cfg.timeout, pipe.query_async::<()>(&mut link.conn)).await?;
-    }
-    mine.unsent_closes.clear();
-    for m in link.scan(cfg, names).await? {
-        if m.kind == Kind::Open && ctx.apply(&m) {
-            tracing::info!(ns = %m.ns, opener = %m.opener, "fleet: applied an opening found in Redis");
+    /// Puts one of this instance's openings or closes in the index.
+    async fn publish(&mut self, l: &mut Link, m: &Message) -> Result<(), LinkError> {
+        if !self.index.put(&mut l.conn, &self.cfg, m).await? {
+            self.ctx.metrics.fleet.skipped("unusable_index", 1);
+            tracing::warn!(prefix = %self.cfg.prefix, "fleet: the openings index holds keys of another type; nothing published");
+            return Ok(());
         }
+        if m.kind == Kind::Close
+            && self
+                .mine
+                .unsent_closes
+                .get(&m.ns)
+                .is_some_and(|c| c.id == m.id)
+        {
+            self.mine.unsent_closes.remove(&m.ns);
+        }
+        self.ctx.metrics.fleet.event("published", m.kind.as_str());
+        tracing::info!(ns = %m.ns, kind = m.kind.as_str(), id = %m.id, "fleet: published this instance's breaker change");
+        Ok(())
     }
-    Ok(link)
-}
 
-fn lease_ms(cfg: &FleetConfig) -> u64 {
-    cfg.lease.as_millis().max(1) as u64
-}
-
-impl Link {
-    /// Publishes one of this instance's openings or closes (and sets or deletes its key).
-    async fn publish(
-        &mut self,
-        cfg: &FleetConfig,
-        names: &Names,
-        m: &Message,
-        mine: &mut Mine,
-        ctx: &Ctx,
-    ) -> Result<(), LinkError> {
-        let value = m.encode();
-        let mut pipe = redis::pipe();
-        match m.kind {
-            Kind::Open => pipe
-                .cmd("SET")
-                .arg(names.key(m))
-                .arg(&value)
-                .arg("PX")
-                .arg(lease_ms(cfg))
-                .ignore(),
-            Kind::Close => pipe.cmd("DEL").arg(names.key(m)).ignore(),
+    /// Connects, holds a name, republishes this instance's openings and unsent closes, then
+    /// applies the openings the others have in Redis now.
+    async fn join(&mut self, client: &Client) -> Result<Link, LinkError> {
+        let conn = connect(client, &self.cfg).await?;
+        let now = Instant::now();
+        let mut l = Link {
+            conn,
+            version: String::new(),
+            joined: now,
+            renewed: now,
+            reconcile_at: now + self.cfg.lease,
         };
-        pipe.cmd("PUBLISH").arg(&names.channel).arg(&value).ignore();
-        within(cfg.timeout, pipe.query_async::<()>(&mut self.conn)).await?;
-        if m.kind == Kind::Close {
-            mine.unsent_closes.remove(&m.ns);
+        self.hold_name(&mut l).await?;
+        self.renew(&mut l).await?;
+        let polled = self.index.poll(&mut l.conn, &self.cfg, "").await?;
+        self.take(&mut l, polled, false);
+        Ok(l)
+    }
+
+    /// One poll tick: renewals every third of `lease`, then the index when it changed (or
+    /// whole, every `lease`).
+    async fn round(&mut self, l: &mut Link) -> Result<(), LinkError> {
+        let now = Instant::now();
+        if now.saturating_duration_since(l.renewed) >= self.cfg.lease / 3 {
+            l.renewed = now;
+            self.hold_name(l).await?;
+            for m in self.mine.prune(&self.ctx.breakers) {
+                tracing::debug!(ns = %m.ns, "fleet: own opening no longer open here");
+            }
+            self.renew(l).await?;
         }
-        ctx.metrics.fleet.event("published", m.kind.as_str());
-        tracing::info!(ns = %m.ns, kind = m.kind.as_str(), "fleet: published this instance's breaker change");
+        let whole = now >= l.reconcile_at;
+        if whole {
+            l.reconcile_at = now + self.cfg.lease;
+        }
+        let known = if whole {
+            String::new()
+        } else {
+            l.version.clone()
+        };
+        let polled = self.index.poll(&mut l.conn, &self.cfg, &known).await?;
+        let settled = now.saturating_duration_since(l.joined) >= self.cfg.lease;
+        self.take(l, polled, settled);
         Ok(())
     }
 
-    /// PING, and when `renew`, the TTL of this instance's opening keys.
-    async fn check(
-        &mut self,
-        cfg: &FleetConfig,
-        names: &Names,
-        mine: &Mine,
-        renew: bool,
-    ) -> Result<(), LinkError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("PING").ignore();
-        if renew {
-            for m in mine.open.values() {
-                pipe.cmd("SET")
-                    .arg(names.key(m))
-                    .arg(m.encode())
-                    .arg("PX")
-                    .arg(lease_ms(cfg))
-                    .ignore();
-            }
-        }
-        within(cfg.timeout, pipe.query_async::<()>(&mut self.conn)).await?;
-        within(cfg.timeout, self.sink.ping::<()>()).await
-    }
-
-    /// Every `lease`, from one `lease` after (re)joining (when every live opener has
-    /// republished): breakers opened from the fleet whose opening is no longer in Redis were
-    /// closed while this instance was away, or their opener died (its key expired): it
-    /// closes them. Openings in Redis it does not have (a message it missed) it opens.
-    async fn reconcile(
-        &mut self,
-        cfg: &FleetConfig,
-        names: &Names,
-        ctx: &Ctx,
-    ) -> Result<(), LinkError> {
-        let found = self.scan(cfg, names).await?;
-        for m in found.iter().filter(|m| m.kind == Kind::Open) {
-            if ctx.apply(m) {
-                tracing::info!(ns = %m.ns, opener = %m.opener, "fleet: applied an opening found in Redis");
-            }
-        }
-        for (ns, opener) in ctx.breakers.opened_by_fleet() {
-            let still = found.iter().any(|m| m.ns == ns && *m.opener == *opener);
-            let why = "its opening is no longer in Redis (closed while this instance was away, or its opener stopped)";
-            let gone = Message::new(Kind::Close, &ns, &opener, Reason::StaleRouting, why);
-            if !still && ctx.apply(&gone) {
-                tracing::info!(ns = %ns, opener = %opener, "fleet: closed an opening no longer in Redis");
+    /// Puts this instance's openings again (their expiry renewed) and its unsent closes.
+    async fn renew(&mut self, l: &mut Link) -> Result<(), LinkError> {
+        let all: Vec<Message> = self
+            .mine
+            .open
+            .values()
+            .chain(self.mine.unsent_closes.values())
+            .cloned()
+            .collect();
+        for m in &all {
+            if m.kind == Kind::Close {
+                self.publish(l, m).await?;
+            } else if !self.index.put(&mut l.conn, &self.cfg, m).await? {
+                self.ctx.metrics.fleet.skipped("unusable_index", 1);
             }
         }
         Ok(())
     }
 
-    /// The openings in Redis now (at most [`MAX_SCANNED`] keys).
-    async fn scan(&mut self, cfg: &FleetConfig, names: &Names) -> Result<Vec<Message>, LinkError> {
-        let pattern = format!("{}*", names.keys);
-        let mut keys: Vec<String> = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, batch): (u64, Vec<String>) = within(
-                cfg.timeout,
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(500)
-                    .query_async(&mut self.conn),
-            )
-            .await?;
-            keys.extend(batch);
-            cursor = next;
-            if cursor == 0 || keys.len() >= MAX_SCANNED {
-                break;
+    /// What a poll found: counted, and applied when the index was read.
+    fn take(&mut self, l: &mut Link, polled: Polled, settled: bool) {
+        for (why, n) in polled.skipped.counts() {
+            if n > 0 {
+                self.ctx.metrics.fleet.skipped(why, n);
             }
         }
-        keys.truncate(MAX_SCANNED);
-        let mut out = Vec::new();
-        for chunk in keys.chunks(200) {
-            let values: Vec<Option<Vec<u8>>> = within(
-                cfg.timeout,
-                redis::cmd("MGET").arg(chunk).query_async(&mut self.conn),
-            )
-            .await?;
-            out.extend(
-                values
-                    .iter()
-                    .flatten()
-                    .filter_map(|v| Message::decode(v).ok()),
-            );
+        if polled.skipped != Default::default() {
+            tracing::debug!(skipped = ?polled.skipped, "fleet: index entries set aside");
         }
-        Ok(out)
+        l.version = polled.version;
+        if let Some(read) = polled.read {
+            let name = self.ctx.fleet.name();
+            let absent_closes = settled && polled.complete;
+            self.followed
+                .apply(&self.ctx, &read, &self.mine, &name, absent_closes);
+        }
+    }
+
+    /// Holds this instance's name, or a new one when another live instance holds it.
+    async fn hold_name(&mut self, l: &mut Link) -> Result<(), LinkError> {
+        let fleet = self.ctx.fleet.clone();
+        let current = fleet.name();
+        if self
+            .index
+            .claim(&mut l.conn, &self.cfg, &current, &fleet.token)
+            .await?
+        {
+            return Ok(());
+        }
+        for _ in 0..NAME_TRIES {
+            let id = super::message::new_id();
+            let candidate = format!("{}-{}", fleet.configured, &id[..6]);
+            if !self
+                .index
+                .claim(&mut l.conn, &self.cfg, &candidate, &fleet.token)
+                .await?
+            {
+                continue;
+            }
+            fleet.set_name(&candidate);
+            self.mine.rename(&candidate);
+            self.ctx.metrics.fleet.name_conflict();
+            tracing::warn!(name = %current, joined_as = %candidate, "fleet: another live instance holds this instance's name (two instances share one [fleet] name: the default is `listen`, the same on every sidecar of one ConfigMap); joined under a suffixed name. Give each instance its own [fleet] name");
+            return Ok(());
+        }
+        Err(LinkError::NoName(current))
     }
 }

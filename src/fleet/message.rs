@@ -1,7 +1,9 @@
 //! What instances tell each other through Redis: an opening or a close of one namespace's
-//! breaker, by the instance whose own evidence opened it. JSON, one object per message, the
-//! same text as the pub/sub payload and as the value of the opening's key. What comes from
-//! Redis is checked (sizes, names, kinds) before it touches a breaker.
+//! breaker, by the instance whose own evidence opened it. JSON, one object per message: the
+//! value of the opening's field in the openings index (`index.rs`). Each opening has an
+//! identity (`id`, new at each opening of the opener's breaker; its close carries the same
+//! one), so an instance can tell one opening from the next. What comes from Redis is checked
+//! (sizes, names, kinds) before it touches a breaker.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,8 +15,14 @@ pub const MAX_PAYLOAD: usize = 4096;
 pub const MAX_EVIDENCE: usize = 512;
 /// The longest namespace accepted (MongoDB's own limit on `db.coll`).
 pub const MAX_NS: usize = 255;
-/// The longest instance name accepted (as `[fleet] name`).
-pub const MAX_OPENER: usize = 128;
+/// The longest instance name accepted (as `[fleet] name`, with a suffix when that name is
+/// taken).
+pub const MAX_OPENER: usize = 160;
+/// The longest opening id accepted.
+pub const MAX_ID: usize = 64;
+/// What separates the opener from the namespace in an index field (neither may hold a
+/// control character).
+const FIELD_SEP: char = '\u{1f}';
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -39,6 +47,9 @@ pub struct Message {
     pub kind: Kind,
     pub ns: String,
     pub opener: String,
+    /// The opening's identity: made by its opener when its breaker opened; a close names
+    /// the opening it ends.
+    pub id: String,
     /// `stale_routing` or `time_limit`: the fail-fast reply's code on other instances.
     pub cause: String,
     /// The opener's transition reason ("3 trigger errors within 10s (last: 13388 ...)").
@@ -46,11 +57,18 @@ pub struct Message {
 }
 
 impl Message {
-    pub fn new(kind: Kind, ns: &str, opener: &str, cause: Reason, evidence: &str) -> Message {
+    pub fn new(
+        kind: Kind,
+        ns: &str,
+        (opener, id): (&str, &str),
+        cause: Reason,
+        evidence: &str,
+    ) -> Message {
         Message {
             kind,
             ns: ns.to_string(),
             opener: opener.to_string(),
+            id: id.to_string(),
             cause: cause_name(cause).to_string(),
             evidence: clip(evidence, MAX_EVIDENCE).to_string(),
         }
@@ -73,6 +91,9 @@ impl Message {
         if m.opener.is_empty() || m.opener.len() > MAX_OPENER || !printable(&m.opener) {
             return Err("bad opener");
         }
+        if m.id.is_empty() || m.id.len() > MAX_ID || !printable(&m.id) {
+            return Err("bad id");
+        }
         if cause_of(&m.cause).is_none() {
             return Err("unknown cause");
         }
@@ -86,10 +107,33 @@ impl Message {
         cause_of(&self.cause).unwrap_or(Reason::StaleRouting)
     }
 
+    /// Its field in the openings index: one per opener and namespace.
+    pub fn field(&self) -> String {
+        field(&self.opener, &self.ns)
+    }
+
     /// `db` and `coll` of the namespace.
     pub fn db_coll(&self) -> (&str, &str) {
         self.ns.split_once('.').unwrap_or((&self.ns, ""))
     }
+}
+
+/// The index field of `opener`'s opening of `ns`.
+pub fn field(opener: &str, ns: &str) -> String {
+    format!("{opener}{FIELD_SEP}{ns}")
+}
+
+/// A fresh opening id: the opener's clock and a random part, so that two openings of one
+/// namespace (by one instance, or by two that share a name) never share one.
+pub fn new_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
 }
 
 fn cause_name(r: Reason) -> &'static str {
@@ -125,13 +169,21 @@ mod tests {
 
     #[test]
     fn round_trip_and_checks() {
-        let m = Message::new(Kind::Open, "pay.tx", "sg-1", Reason::TimeLimit, "3 errors");
+        let m = Message::new(
+            Kind::Open,
+            "pay.tx",
+            ("sg-1", "0123abcd"),
+            Reason::TimeLimit,
+            "3 errors",
+        );
         assert_eq!(Message::decode(m.encode().as_bytes()), Ok(m.clone()));
+        assert_eq!(m.field(), "sg-1\u{1f}pay.tx");
+        assert_ne!(new_id(), new_id());
         assert_eq!(m.cause(), Reason::TimeLimit);
         assert_eq!(m.db_coll(), ("pay", "tx"));
         let bad = |json: &str| Message::decode(json.as_bytes()).unwrap_err();
         assert_eq!(bad("{}"), "not a fleet message");
-        let base = r#"{"kind":"open","ns":"NS","opener":"OP","cause":"CA","evidence":""}"#;
+        let base = r#"{"kind":"open","ns":"NS","opener":"OP","id":"1","cause":"CA","evidence":""}"#;
         let with = |ns: &str, op: &str, ca: &str| {
             base.replace("NS", ns).replace("OP", op).replace("CA", ca)
         };
@@ -139,12 +191,16 @@ mod tests {
         assert_eq!(bad(&with("a.b\\n", "a", "time_limit")), "bad namespace");
         assert_eq!(bad(&with("a.b", "", "time_limit")), "bad opener");
         assert_eq!(bad(&with("a.b", "a", "other")), "unknown cause");
+        assert_eq!(
+            bad(&with("a.b", "a", "time_limit").replace("\"1\"", "\"\"")),
+            "bad id"
+        );
         let long = "x".repeat(MAX_PAYLOAD + 1);
         assert_eq!(Message::decode(long.as_bytes()).unwrap_err(), "too large");
         let m = Message::new(
             Kind::Close,
             "a.b",
-            "o",
+            ("o", "1"),
             Reason::StaleRouting,
             &"é".repeat(400),
         );

@@ -2,71 +2,100 @@
 //! section none of this runs.
 //!
 //! What is shared:
-//! - **openings**: when a breaker opens on this instance's own evidence, the fleet task
-//!   publishes it (a pub/sub message, and a key with a TTL renewed while it stays open, so
-//!   an instance that starts or reconnects later finds it); every other instance opens that
-//!   namespace's breaker at once, its reason naming the opener and its evidence. Each then
-//!   closes on its own samples, or when the opener publishes its close. The evidence rules
-//!   stay per instance (`policy::judge`, `breaker`); a fleet opening only ever comes from
-//!   Redis.
+//! - **openings** (`index.rs`, `follow.rs`): when a breaker opens on this instance's own
+//!   evidence, the fleet task puts it in the openings index, renewed while it stays open
+//!   (so an instance that starts or reconnects later finds it); every other instance polls
+//!   the index and opens that namespace's breaker, its reason naming the opener and its
+//!   evidence. Each then closes on its own samples, or when the opener's close is in the
+//!   index. The fleet carries evidence, not verdicts: an opening this instance's own
+//!   answered samples closed is not applied again, and the opener's close does not close a
+//!   breaker whose own last sample failed recently (`breaker::FleetClose`).
 //! - **budgets** (`budget.rs`): `[ladder_guard] fleet_max_per_second` and
 //!   `fleet_max_in_flight` across the fleet, on top of each instance's own guard.
 //! - **one prober** (`leader.rs`): the write probe of each probe id and the `serverStatus`
 //!   poll of each shard run on one instance under a lease; the others show its signals.
 //!
-//! Redis down, slow or cut off: every call has a timeout; the link is checked every
-//! `timeout`, so within about two of them (1 s by default) the instance acts alone (its
-//! own breakers, its local guard), logs it once and exports `staleguard_fleet_connected 0`;
-//! it rejoins (republishing its own openings) when Redis answers again. The only call on
-//! a request's path is the budget's, on the ladder's primary rung, bounded by
-//! `budget_timeout`.
+//! Names: each instance holds its name in Redis while it is connected (`index.rs`,
+//! `P:member:<name>`); one that finds its name held by another live instance (the default
+//! name is `listen`, the same on every sidecar of one ConfigMap) joins under the name with a
+//! random suffix and says so in a warning.
+//!
+//! Redis down, slow or cut off: every call has a timeout; the index is polled every
+//! [`POLL`], so within `timeout` and a poll (under 1 s by default) the instance acts alone
+//! (its own breakers, its local guard), logs it once and exports
+//! `staleguard_fleet_connected 0`; it rejoins (republishing its own openings) when Redis
+//! answers again. Nothing on a request's path waits for Redis.
 //!
 //! The breakers tell this task of their transitions through a hook (`Breakers::set_hook`)
 //! that only queues (`try_send`); everything that talks to Redis runs here (`link.rs`).
 
 mod budget;
+mod follow;
+mod index;
 mod leader;
 mod link;
 mod message;
 
 pub use message::{Kind, Message};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::{Breakers, Reason, State, Transition};
-use crate::config::{FleetConfig, Mode};
+use crate::breaker::{closed_by_fleet, Breakers, Reason, State, Transition};
+use crate::config::FleetConfig;
 use crate::metrics::Metrics;
 use crate::stall::StallWatch;
 use crate::state::LiveConfig;
 use crate::upstream::FleetShare;
 
-/// Transitions waiting for the fleet task; past this many, an opening is dropped (counted
-/// nowhere else: the breaker itself is unaffected, and the next renewal republishes).
+/// Transitions waiting for the fleet task; past this many, one is dropped (counted nowhere
+/// else: the breaker itself is unaffected, and the next renewal republishes).
 const QUEUE: usize = 1024;
+
+/// How often the openings index is polled (a version check; the index is read only when
+/// it changed): an opening reaches the other instances within about this long.
+pub const POLL: Duration = Duration::from_millis(100);
 
 /// The fleet as the rest of the proxy sees it: this instance's name, and whether Redis is
 /// reachable.
 #[derive(Debug)]
 pub struct Fleet {
-    pub name: String,
+    /// `[fleet] name`.
+    configured: String,
+    /// The name it holds in the fleet: `configured`, or that with a suffix when another
+    /// live instance holds it.
+    name: RwLock<String>,
+    /// This process's own token in the name claims (never shown).
+    token: String,
     connected: AtomicBool,
 }
 
 impl Fleet {
     pub fn new(config: &FleetConfig) -> Fleet {
         Fleet {
-            name: config.name.clone(),
+            configured: config.name.clone(),
+            name: RwLock::new(config.name.clone()),
+            token: message::new_id(),
             connected: AtomicBool::new(false),
         }
     }
 
-    /// Redis answered the last check.
+    /// The name this instance holds in the fleet (its `[fleet] name`, or that with a suffix
+    /// when another instance holds it).
+    pub fn name(&self) -> String {
+        self.name.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_name(&self, name: &str) {
+        *self.name.write().unwrap_or_else(|p| p.into_inner()) = name.to_string();
+    }
+
+    /// Redis answered the last poll.
     pub fn connected(&self) -> bool {
         self.connected.load(Ordering::Acquire)
     }
@@ -84,31 +113,44 @@ pub struct Ctx {
     pub stall: Arc<StallWatch>,
 }
 
-/// One of this instance's own transitions, as the hook queued it.
+/// A transition the hook queued for the fleet task.
 #[derive(Debug)]
-struct Own {
-    ns: String,
-    to: State,
-    cause: Reason,
-    reason: String,
+enum Heard {
+    /// One of this instance's own (opened on its own evidence, or closed).
+    Own {
+        ns: String,
+        to: State,
+        cause: Reason,
+        reason: String,
+    },
+    /// A breaker the fleet opened here closed on this instance's own samples: that opening
+    /// is contradicted here.
+    Contradicted { ns: String, opener: String },
 }
 
-/// Registers the fleet's metrics, hooks the breakers and starts the task.
+/// Registers the fleet's metrics, hooks the breakers and starts the tasks.
 pub fn start(ctx: Ctx, fleet: FleetConfig, stop: CancellationToken) {
     ctx.metrics.register_fleet();
     let (tx, rx) = mpsc::channel(QUEUE);
     let hooked = ctx.breakers.set_hook(move |ns, t: &Transition| {
-        // Only this instance's own evidence is published: not an opening from the fleet,
-        // not a hold of the write-stall watch (each instance has its own signals).
-        if t.opener.is_some() || (t.to == State::Open && t.cause == Reason::WriteStall) {
-            return;
-        }
-        let _ = tx.try_send(Own {
-            ns: ns.to_string(),
-            to: t.to,
-            cause: t.cause,
-            reason: t.reason.clone(),
-        });
+        let heard = match (&t.opener, t.to) {
+            // Not published: a hold of the write-stall watch (each instance has its own
+            // signals).
+            (None, State::Open) if t.cause == Reason::WriteStall => return,
+            (None, to) => Heard::Own {
+                ns: ns.to_string(),
+                to,
+                cause: t.cause,
+                reason: t.reason.clone(),
+            },
+            (Some(opener), State::Closed) if !closed_by_fleet(t) => Heard::Contradicted {
+                ns: ns.to_string(),
+                opener: opener.to_string(),
+            },
+            // The fleet's own doing (an opening applied, a close applied).
+            (Some(_), _) => return,
+        };
+        let _ = tx.try_send(heard);
     });
     if !hooked {
         tracing::error!("fleet: the breakers' hook is taken; openings will not be published");
@@ -117,7 +159,7 @@ pub fn start(ctx: Ctx, fleet: FleetConfig, stop: CancellationToken) {
         ctx.config.clone(),
         ctx.share.clone(),
         fleet.clone(),
-        ctx.fleet.name.clone(),
+        ctx.fleet.clone(),
         stop.clone(),
     ));
     let leading = leader::Leading {
@@ -125,62 +167,51 @@ pub fn start(ctx: Ctx, fleet: FleetConfig, stop: CancellationToken) {
         stall: ctx.stall.clone(),
         metrics: ctx.metrics.clone(),
         fleet: fleet.clone(),
-        name: ctx.fleet.name.clone(),
+        me: ctx.fleet.clone(),
     };
     tokio::spawn(leader::run(leading, stop.clone()));
     tokio::spawn(link::run(ctx, fleet, rx, stop));
 }
 
-/// This instance's own openings and the closes not yet published.
+impl Ctx {
+    fn set_connected(&self, up: bool) {
+        let was = self.fleet.connected.swap(up, Ordering::AcqRel);
+        self.metrics.fleet.connected.set(i64::from(up));
+        if was != up {
+            let e = crate::events::Event::fleet(up, &self.fleet.name());
+            self.metrics.recent.events.record(e);
+        }
+    }
+}
+
+/// This instance's own openings (by namespace), and the closes not yet in the index.
 #[derive(Debug, Default)]
 struct Mine {
     open: HashMap<String, Message>,
-    unsent_closes: HashSet<String>,
-}
-
-impl Ctx {
-    fn set_connected(&self, up: bool) {
-        self.fleet.connected.store(up, Ordering::Release);
-        self.metrics.fleet.connected.set(i64::from(up));
-    }
-
-    /// Applies another instance's message to the breakers; says whether it changed one.
-    fn apply(&self, m: &Message) -> bool {
-        if m.opener == self.fleet.name {
-            return false;
-        }
-        let now = Instant::now();
-        let changed = match m.kind {
-            Kind::Open => {
-                let config = self.config.load();
-                let (db, coll) = m.db_coll();
-                let Some(policy) = config.policy.lookup(db, coll) else {
-                    return false;
-                };
-                if policy.mode == Mode::Passthrough {
-                    return false;
-                }
-                let b = &self.breakers;
-                b.open_from_fleet(&m.ns, policy, m.cause(), &m.opener, &m.evidence, now)
-                    .is_some()
-            }
-            Kind::Close => self
-                .breakers
-                .close_from_fleet(&m.ns, &m.opener, &m.evidence, now)
-                .is_some(),
-        };
-        if changed {
-            self.metrics.fleet.event("applied", m.kind.as_str());
-        }
-        changed
-    }
+    unsent_closes: HashMap<String, Message>,
 }
 
 impl Mine {
+    /// One of its ids (an opening it made, or the close of one).
+    fn has_id(&self, id: &str) -> bool {
+        self.open.values().any(|m| m.id == id) || self.unsent_closes.values().any(|m| m.id == id)
+    }
+
+    /// Its messages under `name` (after it took another name): same ids, same evidence.
+    fn rename(&mut self, name: &str) {
+        for m in self
+            .open
+            .values_mut()
+            .chain(self.unsent_closes.values_mut())
+        {
+            m.opener = name.to_string();
+        }
+    }
+
     /// Openings whose breaker is no longer open here without a transition being reported
     /// (a reload dropped it, the map evicted it, a queued transition was dropped): closes
-    /// to publish, so their keys stop being renewed.
-    fn prune(&mut self, breakers: &Breakers, name: &str) -> Vec<Message> {
+    /// to publish, so their fields stop being renewed.
+    fn prune(&mut self, breakers: &Breakers) -> Vec<Message> {
         let gone: Vec<String> = self
             .open
             .keys()
@@ -190,32 +221,40 @@ impl Mine {
         gone.into_iter()
             .filter_map(|ns| {
                 let opened = self.open.remove(&ns)?;
-                self.unsent_closes.insert(ns.clone());
                 let why = "its breaker is no longer open here";
-                Some(Message::new(Kind::Close, &ns, name, opened.cause(), why))
+                Some(self.closed(opened, why))
             })
             .collect()
     }
 
+    /// The close of `opened`, kept until it is in the index.
+    fn closed(&mut self, opened: Message, why: &str) -> Message {
+        let ids = (opened.opener.as_str(), opened.id.as_str());
+        let m = Message::new(Kind::Close, &opened.ns, ids, opened.cause(), why);
+        self.unsent_closes.insert(m.ns.clone(), m.clone());
+        m
+    }
+
     /// Notes one of this instance's transitions; returns the message to publish.
-    fn note(&mut self, own: Own, name: &str) -> Option<Message> {
-        match own.to {
+    fn note(
+        &mut self,
+        ns: String,
+        to: State,
+        cause: Reason,
+        reason: &str,
+        name: &str,
+    ) -> Option<Message> {
+        match to {
             State::Open => {
-                let m = Message::new(Kind::Open, &own.ns, name, own.cause, &own.reason);
-                self.unsent_closes.remove(&own.ns);
-                self.open.insert(own.ns, m.clone());
+                let id = message::new_id();
+                let m = Message::new(Kind::Open, &ns, (name, &id), cause, reason);
+                self.unsent_closes.remove(&ns);
+                self.open.insert(ns, m.clone());
                 Some(m)
             }
             State::Closed => {
-                let opened = self.open.remove(&own.ns)?;
-                self.unsent_closes.insert(own.ns.clone());
-                Some(Message::new(
-                    Kind::Close,
-                    &own.ns,
-                    name,
-                    opened.cause(),
-                    &own.reason,
-                ))
+                let opened = self.open.remove(&ns)?;
+                Some(self.closed(opened, reason))
             }
         }
     }
@@ -225,32 +264,53 @@ impl Mine {
 mod tests {
     use super::*;
 
-    fn own(ns: &str, to: State) -> Own {
-        Own {
-            ns: ns.to_string(),
-            to,
-            cause: Reason::TimeLimit,
-            reason: "3 trigger errors".to_string(),
-        }
-    }
-
     #[test]
     fn own_openings_are_published_once_and_closed_when_gone() {
         let mut mine = Mine::default();
-        let m = mine.note(own("pay.tx", State::Open), "sg-1").expect("open");
+        let m = mine
+            .note(
+                "pay.tx".into(),
+                State::Open,
+                Reason::TimeLimit,
+                "3 errors",
+                "sg-1",
+            )
+            .expect("open");
         assert_eq!((m.kind, m.opener.as_str()), (Kind::Open, "sg-1"));
         assert_eq!(m.cause(), Reason::TimeLimit);
+        assert!(mine.has_id(&m.id));
         // A close of something never published is not published.
-        assert!(mine.note(own("pay.other", State::Closed), "sg-1").is_none());
-        // The breaker is not open here (never created in this map): pruned as a close.
+        let never = mine.note(
+            "pay.other".into(),
+            State::Closed,
+            Reason::TimeLimit,
+            "x",
+            "sg-1",
+        );
+        assert!(never.is_none());
+        // The breaker is not open here (never created in this map): pruned as a close of
+        // the same opening.
         let breakers = Breakers::default();
-        let closes = mine.prune(&breakers, "sg-1");
+        let closes = mine.prune(&breakers);
         assert_eq!(closes.len(), 1);
         assert_eq!(
-            (closes[0].kind, closes[0].ns.as_str()),
-            (Kind::Close, "pay.tx")
+            (closes[0].kind, closes[0].ns.as_str(), closes[0].id.as_str()),
+            (Kind::Close, "pay.tx", m.id.as_str())
         );
         assert!(mine.open.is_empty());
-        assert!(mine.unsent_closes.contains("pay.tx"));
+        assert!(mine.unsent_closes.contains_key("pay.tx"));
+        mine.rename("sg-1-ab12");
+        assert_eq!(mine.unsent_closes["pay.tx"].opener, "sg-1-ab12");
+        // Opened again: a new identity.
+        let again = mine
+            .note(
+                "pay.tx".into(),
+                State::Open,
+                Reason::TimeLimit,
+                "3 errors",
+                "sg-1",
+            )
+            .expect("open");
+        assert_ne!(again.id, m.id);
     }
 }

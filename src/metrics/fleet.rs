@@ -11,11 +11,28 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FleetEventLabels {
-    /// `published` (this instance's own) or `applied` (another's, changing a breaker here).
+    /// `published` (this instance's own), `applied` (another's, changing a breaker here),
+    /// `declined` (another's close not applied: this instance's own last sample failed) or
+    /// `contradicted` (another's opening closed by this instance's own samples, and not
+    /// applied again).
     pub direction: &'static str,
     /// `open` or `close`.
     pub kind: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkippedLabel {
+    pub why: &'static str,
+}
+
+/// The `why` labels of `fleet_skipped_total`: what the fleet read from Redis and set aside.
+pub const SKIPPED: [&str; 5] = [
+    "too_large",
+    "not_read",
+    "not_utf8",
+    "malformed",
+    "unusable_index",
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BudgetLabel {
@@ -32,6 +49,8 @@ pub struct FleetMetrics {
     pub connected: Gauge,
     pub events: Family<FleetEventLabels, Counter>,
     pub budget: Family<BudgetLabel, Counter>,
+    pub skipped: Family<SkippedLabel, Counter>,
+    pub name_conflicts: Counter,
 }
 
 impl std::fmt::Debug for FleetMetrics {
@@ -57,7 +76,20 @@ impl FleetMetrics {
             "Primary-rung reads judged by the fleet budget: allowed, denied (the fleet's budget spent), unanswered (Redis did not answer in time: the local guard alone decided)",
             self.budget.clone(),
         );
-        for direction in ["published", "applied"] {
+        r.register(
+            "fleet_skipped",
+            "Entries of the fleet's openings index set aside: too_large (a field or value over its cap, never sent by Redis), not_read (past the entries or bytes read at once), not_utf8 (a field name that is not UTF-8), malformed (not a fleet message, or under another field), unusable_index (the index keys hold another type)",
+            self.skipped.clone(),
+        );
+        r.register(
+            "fleet_name_conflicts",
+            "Times this instance found its [fleet] name held by another live instance and joined under a suffixed name",
+            self.name_conflicts.clone(),
+        );
+        for why in SKIPPED {
+            let _ = self.skipped.get_or_create(&SkippedLabel { why });
+        }
+        for direction in ["published", "applied", "declined", "contradicted"] {
             for kind in ["open", "close"] {
                 let _ = self
                     .events
@@ -73,6 +105,15 @@ impl FleetMetrics {
         self.events
             .get_or_create(&FleetEventLabels { direction, kind })
             .inc();
+    }
+
+    /// `n` index entries set aside, by why (one of [`SKIPPED`]).
+    pub fn skipped(&self, why: &'static str, n: u64) {
+        self.skipped.get_or_create(&SkippedLabel { why }).inc_by(n);
+    }
+
+    pub fn name_conflict(&self) {
+        self.name_conflicts.inc();
     }
 
     pub fn budget(&self, result: &'static str) {

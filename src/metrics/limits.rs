@@ -33,6 +33,8 @@ pub const LIMITS: [&str; 13] = [
     "max_pending_reads",
     "max_breakers",
     "admin_max_connections",
+    "admin_max_connections_per_peer",
+    "admin_health_lane",
     "admin_header_read_timeout",
     "admin_request_timeout",
 ];

@@ -91,10 +91,10 @@ pub(super) fn log_failure(f: &Followed, failure: &Failure<'_>, now: Instant) {
     match &failure.evidence {
         Evidence::Code { code, code_name } => {
             let elapsed_ms = now.saturating_duration_since(f.started()).as_millis() as u64;
-            tracing::info!(ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
+            crate::logs::sampled!(info, ns = %ns, command = %command, code, code_name = code_name.unwrap_or(""), elapsed_ms, "trigger error");
         }
         Evidence::Slow { elapsed, .. } => {
-            tracing::info!(ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
+            crate::logs::sampled!(info, ns = %ns, command = %command, elapsed_ms = elapsed.as_millis() as u64, "slow read");
         }
         Evidence::Silent { waited } => {
             tracing::warn!(ns = %ns, command = %command, waited_ms = waited.as_millis() as u64, "mongos silent past the read's limit");

@@ -224,6 +224,7 @@ impl Session {
         tracing::debug!(upstream = %router.addr, "paired");
         self.h.meter.connected(&router.addr);
         self.h.reads.paired(router.ladder.clone());
+        self.h.reads.writes.client(self.peer.ip());
         self.h.upstream = router.addr.clone();
         let max = self.h.config.max_message_size;
         let this = match upstream {

@@ -327,3 +327,34 @@ impl Reads {
         self.writes.shrink_idle();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What is followed for the proof: by id and place, let go of once its turn passed,
+    /// nothing once the connection proved itself.
+    #[test]
+    fn proof_steps_are_matched_by_id_and_place() {
+        let mut r = Reads::default();
+        r.follow_proof(7, 1, Step::Auth);
+        r.follow_proof(8, 2, Step::Read);
+        assert!(!r.none());
+        // Another request's reply at place 1: not the step; its turn passed, let go of.
+        assert_eq!(r.proof_replied(9, 1), None);
+        assert_eq!(r.proof_replied(8, 2), Some(Step::Read));
+        assert!(r.none(), "nothing followed any more");
+        r.proof.prove();
+        r.follow_proof(10, 3, Step::Auth);
+        assert!(
+            r.none(),
+            "a proven connection follows nothing for the proof"
+        );
+        // A bounded list.
+        let mut r = Reads::default();
+        for i in 0..10 {
+            r.follow_proof(i, i as u64 + 1, Step::Read);
+        }
+        assert_eq!(r.proofs.len(), MAX_PROOFS_FOLLOWED);
+    }
+}

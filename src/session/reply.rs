@@ -213,7 +213,7 @@ impl Handler {
         found.map(|(status, dups)| {
             if let Some(n) = dups {
                 if n.duplicates > 0 {
-                    tracing::info!(ns = %f.ns(), duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
+                    crate::logs::sampled!(info, ns = %f.ns(), duplicates = n.duplicates, examined = n.examined, skipped = n.skipped, "available reply holds documents twice (orphans)");
                 }
                 self.meter.orphans(f.ns(), u64::from(n.duplicates));
             }
@@ -310,7 +310,7 @@ impl Handler {
             Next::Reply => false,
             Next::NoTime(rung) => {
                 self.meter.ladder_not_sent(ns, rung.as_str(), "no_time");
-                tracing::info!(ns = %ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
+                crate::logs::sampled!(info, ns = %ns, rung = rung.as_str(), "no time left for the next rung, returning the error");
                 false
             }
             Next::FailFast(reply) => {
@@ -391,7 +391,7 @@ impl Handler {
         let (ns, command, ms) = (f.ns().clone(), f.command().to_string(), spec.max_time_ms);
         match to {
             Rung::Primary => {
-                tracing::info!(ns = %ns, command = %command, max_time_ms = ?ms, "resending to the primary (ladder)")
+                crate::logs::sampled!(info, ns = %ns, command = %command, max_time_ms = ?ms, "resending to the primary (ladder)")
             }
             Rung::Again => {
                 tracing::debug!(ns = %ns, command = %command, max_time_ms = ?ms, "breaker open: bounded read failed, sending it once more under the bound")
@@ -400,7 +400,7 @@ impl Handler {
                 tracing::debug!(ns = %ns, command = %command, max_time_ms = ?ms, "the cluster answered: read sent again unchanged")
             }
             Rung::Available => {
-                tracing::info!(ns = %ns, command = %command, kind = "retry", max_time_ms = ?ms, "resending with readConcern available");
+                crate::logs::sampled!(info, ns = %ns, command = %command, kind = "retry", max_time_ms = ?ms, "resending with readConcern available");
                 self.meter.retry_rewrite(&ns);
             }
         }

@@ -5,7 +5,8 @@
 //! signals (each per target, raised or clear, with its evidence)
 //!   passive    writes relayed per upstream (session → WriteTracker → atomics), judged
 //!              every TICK: writes waiting > stall_after (from their turn at mongos) on
-//!              two or more connections, none answered
+//!              two or more connections from min_client_addresses addresses, none
+//!              answered; once raised, held until a write is answered or clear_after
 //!   probe      [stall_watch.probe]: an upsert per upstream (and probe id) every interval
 //!   composite  [stall_watch.shards]: serverStatus of each shard primary, the article's rule
 //! tick         every TICK: judge the passive signal, then act (on_write_stall)
@@ -36,8 +37,8 @@ use crate::state::LiveConfig;
 
 pub use composite::{shard_target, Conditions, Rule, RuleState, ShardReading};
 pub use passive::{
-    is_write_command, stalled as passive_stalled, PassiveSample, SessionWrites, UpstreamWrites,
-    WriteTracker,
+    client_key, is_write_command, stalled as passive_stalled, Needs, PassiveSample, SessionWrites,
+    UpstreamWrites, WriteTracker,
 };
 
 pub use watch::{Evidence, Observation, Signal, SignalKind, StallWatch};

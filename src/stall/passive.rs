@@ -8,8 +8,16 @@
 //! awaitable hello or a long getMore has not started), it is done when any reply to it
 //! arrives (an error is progress too), a write whose reply the relay holds back because the
 //! client does not read is not waiting on the server, and a session that ends takes its writes
-//! with it. One connection is one client's word: the rule needs [`MIN_CONNECTIONS`].
+//! with it. One connection is one client's word: the rule needs [`MIN_CONNECTIONS`], from at
+//! least `min_client_addresses` client addresses (two by default: one client can open any
+//! number of connections).
+//!
+//! A raised signal has hysteresis: clients that give up (their writes leave with their
+//! sessions) end the evidence but are no progress, so it stays raised until a write is
+//! answered, or until `clear_after` has passed without its rule holding.
 
+use std::collections::HashSet;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -39,6 +47,27 @@ pub struct SessionWrites {
     in_flight: AtomicU32,
     /// The watch's clock (ms since its epoch, plus one) of the oldest write; 0 = none.
     oldest: AtomicU64,
+    /// The client's address as the rule counts it (see [`client_key`]); none when the
+    /// session did not say (counted as one address shared by all such sessions).
+    client: Option<IpAddr>,
+}
+
+/// Addresses the sampler tells apart at most: enough for any `min_client_addresses`.
+const MAX_ADDRESSES: usize = 1000;
+
+/// The address a client counts as: IPv4 as it is (an IPv4-mapped IPv6 address as its IPv4),
+/// IPv6 by its /64 prefix (one host may use many addresses of its prefix).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
 }
 
 /// Everything relayed through one upstream.
@@ -59,8 +88,33 @@ pub struct UpstreamWrites {
 #[derive(Debug, Default)]
 pub(super) struct PassiveEval {
     pub raised: bool,
+    /// The watch's clock when the rule last held (0: not since the signal last cleared).
+    pub held_at: u64,
     /// Counter values already exported as metrics.
     pub exported: [u64; 3],
+}
+
+impl PassiveEval {
+    /// Whether the signal is raised now, given whether its rule holds: it rises with the
+    /// rule, and once raised it clears only when a write was answered after the rule last
+    /// held (`last_reply` is the watch's clock of the last reply to a write) or when the
+    /// rule has not held for `clear_after` (clients leaving end the evidence, but are no
+    /// progress of the cluster).
+    pub fn judge(&mut self, rule: bool, now: u64, last_reply: u64, clear_after: Duration) -> bool {
+        let raised = if rule {
+            self.held_at = now;
+            true
+        } else {
+            let answered = last_reply > self.held_at;
+            let lapsed = now.saturating_sub(self.held_at) >= clear_after.as_millis() as u64;
+            self.raised && !answered && !lapsed
+        };
+        if !raised {
+            self.held_at = 0;
+        }
+        self.raised = raised;
+        raised
+    }
 }
 
 /// One upstream's writes right now, as the rule sees them.
@@ -70,21 +124,37 @@ pub struct PassiveSample {
     pub in_flight: u32,
     /// Client connections with a write waiting `stall_after` or longer.
     pub connections: u32,
+    /// Client addresses (see [`client_key`]) among those connections, at most
+    /// `MAX_ADDRESSES`.
+    pub addresses: u32,
     pub oldest_age: Option<Duration>,
     /// Time since the last reply to a write (an error included); none when none ever came.
     pub since_reply: Option<Duration>,
+    /// The watch's clock of the last reply to a write; 0: never.
+    pub last_reply_at: u64,
     pub completed: u64,
     pub failed: u64,
     pub abandoned: u64,
 }
 
+/// What the rule asks for, beside `stall_after`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// Writes waiting in all.
+    pub min_in_flight: u32,
+    /// Client addresses with a write waiting `stall_after`.
+    pub min_addresses: u32,
+}
+
 /// The rule: at least `min_in_flight` writes waiting, on at least [`MIN_CONNECTIONS`]
-/// connections that each have one waiting `stall_after` or longer, and no write answered
-/// (ok or not) within `stall_after`. No writes waiting is never a stall.
-pub fn stalled(s: &PassiveSample, stall_after: Duration, min_in_flight: u32) -> bool {
+/// connections from at least `min_addresses` client addresses that each have one waiting
+/// `stall_after` or longer, and no write answered (ok or not) within `stall_after`. No
+/// writes waiting is never a stall.
+pub fn stalled(s: &PassiveSample, stall_after: Duration, needs: Needs) -> bool {
     s.in_flight > 0
-        && s.in_flight >= min_in_flight
+        && s.in_flight >= needs.min_in_flight
         && s.connections >= MIN_CONNECTIONS
+        && s.addresses >= needs.min_addresses
         && s.oldest_age.is_some_and(|a| a >= stall_after)
         && s.since_reply.is_none_or(|c| c >= stall_after)
 }
@@ -102,8 +172,11 @@ impl UpstreamWrites {
         }
     }
 
-    fn register(&self) -> Arc<SessionWrites> {
-        let slot = Arc::new(SessionWrites::default());
+    fn register(&self, client: Option<IpAddr>) -> Arc<SessionWrites> {
+        let slot = Arc::new(SessionWrites {
+            client: client.map(client_key),
+            ..SessionWrites::default()
+        });
         let mut sessions = lock(&self.sessions);
         sessions.retain(|w| w.strong_count() > 0);
         sessions.push(Arc::downgrade(&slot));
@@ -115,6 +188,7 @@ impl UpstreamWrites {
     pub(super) fn sample(&self, now_ms: u64, stall_after: Duration) -> PassiveSample {
         let long_ago = now_ms.saturating_sub(stall_after.as_millis() as u64);
         let (mut in_flight, mut connections, mut oldest) = (0u32, 0u32, u64::MAX);
+        let mut addresses: HashSet<Option<IpAddr>> = HashSet::new();
         lock(&self.sessions).retain(|w| match w.upgrade() {
             Some(s) => {
                 in_flight = in_flight.saturating_add(s.in_flight.load(Ordering::Relaxed));
@@ -122,7 +196,12 @@ impl UpstreamWrites {
                     0 => {}
                     o => {
                         oldest = oldest.min(o);
-                        connections += u32::from(o <= long_ago);
+                        if o <= long_ago {
+                            connections += 1;
+                            if addresses.len() < MAX_ADDRESSES {
+                                addresses.insert(s.client);
+                            }
+                        }
                     }
                 }
                 true
@@ -134,8 +213,10 @@ impl UpstreamWrites {
         PassiveSample {
             in_flight,
             connections,
+            addresses: addresses.len() as u32,
             oldest_age: (oldest != u64::MAX).then(|| age(oldest)),
             since_reply: (last != 0).then(|| age(last)),
+            last_reply_at: last,
             completed: self.completed.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             abandoned: self.abandoned.load(Ordering::Relaxed),
@@ -163,6 +244,8 @@ pub struct WriteTracker {
     /// waits on a decompression of the client's): replies that may have arrived are held
     /// back by the client, so nothing here counts as waiting.
     paused: bool,
+    /// The client's address, for the rule's count of addresses.
+    client: Option<IpAddr>,
     slot: Option<(Arc<SessionWrites>, Arc<UpstreamWrites>)>,
 }
 
@@ -183,6 +266,11 @@ impl WriteTracker {
         }
     }
 
+    /// The session's client connected from `ip` (said once, before its first write).
+    pub fn client(&mut self, ip: IpAddr) {
+        self.client = Some(ip);
+    }
+
     pub fn is_paused(&self) -> bool {
         self.paused
     }
@@ -200,7 +288,7 @@ impl WriteTracker {
     ) {
         if self.slot.is_none() {
             let up = watch.upstream(upstream);
-            self.slot = Some((up.register(), up));
+            self.slot = Some((up.register(self.client), up));
         }
         let started = if finals_in.saturating_add(1) >= seq {
             watch.clock(now)
@@ -335,8 +423,8 @@ mod tests {
 
     const AFTER: Duration = Duration::from_secs(5);
 
-    /// `in_flight` writes waiting on `connections` connections (that long), the oldest for
-    /// `oldest` ms, the last reply `since_reply` ms ago.
+    /// `in_flight` writes waiting on `connections` connections (that long, from as many
+    /// addresses), the oldest for `oldest` ms, the last reply `since_reply` ms ago.
     fn sample(
         in_flight: u32,
         connections: u32,
@@ -346,6 +434,8 @@ mod tests {
         PassiveSample {
             in_flight,
             connections,
+            addresses: connections,
+            last_reply_at: 0,
             oldest_age: (in_flight > 0).then(|| Duration::from_millis(oldest)),
             since_reply: since_reply.map(Duration::from_millis),
             completed: 0,
@@ -377,8 +467,85 @@ mod tests {
             (sample(3, 2, 9_000, None), 3, true),
         ];
         for (i, (s, min, want)) in table.into_iter().enumerate() {
-            assert_eq!(stalled(&s, AFTER, min), want, "row {i}: {s:?} min {min}");
+            let needs = Needs {
+                min_in_flight: min,
+                min_addresses: 2,
+            };
+            assert_eq!(stalled(&s, AFTER, needs), want, "row {i}: {s:?} min {min}");
         }
+        // Two connections from one client address are one client's word.
+        let one_client = PassiveSample {
+            addresses: 1,
+            ..sample(2, 2, 9_000, None)
+        };
+        assert!(!stalled(&one_client, AFTER, NEEDS));
+        let alone = Needs {
+            min_addresses: 1,
+            ..NEEDS
+        };
+        assert!(
+            stalled(&one_client, AFTER, alone),
+            "min_client_addresses = 1"
+        );
+    }
+
+    const NEEDS: Needs = Needs {
+        min_in_flight: 1,
+        min_addresses: 2,
+    };
+
+    #[test]
+    fn addresses_count_once_and_ipv6_by_its_prefix() {
+        let watch = StallWatch::new();
+        let t0 = Instant::now();
+        let up = watch.upstream("m:1");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap_or_else(|e| panic!("{s}: {e}"));
+        let clients = [
+            "10.0.0.1",
+            "10.0.0.1",
+            "::ffff:10.0.0.1",
+            "2001:db8::1",
+            "2001:db8::2",
+        ];
+        let mut trackers: Vec<WriteTracker> = clients
+            .iter()
+            .map(|c| {
+                let mut w = WriteTracker::default();
+                w.client(ip(c));
+                w.sent(&watch, "m:1", (1, 1, 0), t0);
+                w
+            })
+            .collect();
+        let s = up.sample(watch.clock(at(t0, 9_000)), AFTER);
+        assert_eq!((s.connections, s.addresses), (5, 2), "{s:?}");
+        assert!(stalled(&s, AFTER, NEEDS));
+        trackers.truncate(3);
+        let s = up.sample(watch.clock(at(t0, 9_000)), AFTER);
+        assert_eq!((s.connections, s.addresses), (3, 1), "one IPv4 client");
+        assert!(!stalled(&s, AFTER, NEEDS));
+    }
+
+    #[test]
+    fn a_raised_signal_outlives_clients_giving_up_but_not_an_answer() {
+        let clear_after = Duration::from_secs(15);
+        let mut e = PassiveEval::default();
+        // Rises with the rule at 5 s.
+        assert!(!e.judge(false, 1_000, 0, clear_after));
+        assert!(e.judge(true, 5_000, 0, clear_after));
+        // The clients' sockets time out at 10 s: the rule stops holding, no write answered.
+        assert!(e.judge(false, 10_000, 0, clear_after));
+        // New writes wait again and the rule holds again at 15 s: still the same raise.
+        assert!(e.judge(false, 14_750, 0, clear_after));
+        assert!(e.judge(true, 15_000, 0, clear_after));
+        // A write answered after that: progress, cleared at once.
+        assert!(!e.judge(false, 16_000, 15_500, clear_after));
+        // Raised again, then no evidence for clear_after: cleared (zero traffic is no stall).
+        assert!(e.judge(true, 20_000, 15_500, clear_after));
+        assert!(e.judge(false, 34_999, 15_500, clear_after));
+        assert!(!e.judge(false, 35_000, 15_500, clear_after));
+        // Never raised: nothing to hold.
+        let mut quiet = PassiveEval::default();
+        assert!(!quiet.judge(false, 1_000_000, 0, clear_after));
     }
 
     fn at(t0: Instant, ms: u64) -> Instant {
@@ -488,13 +655,15 @@ mod tests {
         let up = watch.upstream("m:1");
         let mut a = WriteTracker::default();
         let mut b = WriteTracker::default();
+        a.client(IpAddr::from([10, 0, 0, 1]));
+        b.client(IpAddr::from([10, 0, 0, 2]));
         a.sent(&watch, "m:1", (1, 1, 0), t0);
         b.sent(&watch, "m:1", (1, 1, 0), at(t0, 4_000));
         let s = up.sample(watch.clock(at(t0, 6_000)), AFTER);
         assert_eq!((s.in_flight, s.connections), (2, 1));
-        assert!(!stalled(&s, AFTER, 1));
+        assert!(!stalled(&s, AFTER, NEEDS));
         let s = up.sample(watch.clock(at(t0, 9_000)), AFTER);
         assert_eq!((s.in_flight, s.connections), (2, 2));
-        assert!(stalled(&s, AFTER, 1));
+        assert!(stalled(&s, AFTER, NEEDS));
     }
 }

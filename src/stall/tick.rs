@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    lock, passive_stalled, Ctx, Evidence, Observation, PassiveSample, SignalKind, StallWatch,
-    UpstreamWrites, TICK,
+    lock, passive_stalled, Ctx, Evidence, Needs, Observation, PassiveSample, SignalKind,
+    StallWatch, UpstreamWrites, TICK,
 };
 use crate::config::{Config, Mode, StallAction};
 use crate::metrics::{UpstreamLabel, UpstreamResult};
@@ -50,15 +50,29 @@ fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
     watch.retain(&shared.metrics, SignalKind::Passive, |t| {
         config.upstreams.iter().any(|u| u == t)
     });
+    let c = &config.stall;
+    let needs = Needs {
+        min_in_flight: c.min_in_flight,
+        min_addresses: c.min_client_addresses,
+    };
     for addr in &config.upstreams {
         let up = watch.upstream(addr);
-        let s = up.sample(watch.clock(now), config.stall.stall_after);
+        let at = watch.clock(now);
+        let s = up.sample(at, c.stall_after);
         export_passive(shared, addr, &up, &s);
-        // Judged afresh every tick: a reply to any write clears it, and so do the clients
-        // leaving (their writes stop counting), since neither leaves the rule holding.
-        let raised = passive_stalled(&s, config.stall.stall_after, config.stall.min_in_flight);
-        lock(&up.eval).raised = raised;
+        // Judged every tick: a reply to any write clears it at once; clients leaving (their
+        // writes stop counting) end the rule but are no progress, so a raised signal stays
+        // until `clear_after` has passed without its rule holding.
+        let rule = passive_stalled(&s, c.stall_after, needs);
+        let raised = lock(&up.eval).judge(rule, at, s.last_reply_at, c.clear_after());
         let since = passive_since(watch, &s, now);
+        let mut summary = passive_summary(&s, c.stall_after);
+        if raised && !rule {
+            summary.push_str(&format!(
+                "; kept raised: no write answered since it rose (it clears at the first answer, or after {} without this evidence)",
+                humantime::format_duration(c.clear_after())
+            ));
+        }
         watch.update(
             &shared.metrics,
             SignalKind::Passive,
@@ -67,10 +81,11 @@ fn judge_passive(shared: &Ctx, config: &Config, now: Instant) {
             Observation {
                 raised,
                 since,
-                summary: passive_summary(&s, config.stall.stall_after),
+                summary,
                 evidence: Evidence {
                     writes_in_flight: Some(s.in_flight),
                     connections_waiting: Some(s.connections),
+                    client_addresses_waiting: Some(s.addresses),
                     oldest_write_seconds: s.oldest_age.map(|d| d.as_secs_f64()),
                     last_completion_seconds_ago: s.since_reply.map(|d| d.as_secs_f64()),
                     writes_completed: Some(s.completed),
@@ -98,11 +113,13 @@ fn passive_summary(s: &PassiveSample, stall_after: Duration) -> String {
     let waiting = match (s.in_flight, s.oldest_age) {
         (0, _) => "no write waiting".to_string(),
         (n, Some(a)) => format!(
-            "{n} write{} waiting, the oldest for {:.1} s; {} connection{} with one waiting {:.1} s or more",
+            "{n} write{} waiting, the oldest for {:.1} s; {} connection{} from {} client address{} with one waiting {:.1} s or more",
             plural(n),
             a.as_secs_f64(),
             s.connections,
             plural(s.connections),
+            s.addresses,
+            if s.addresses == 1 { "" } else { "es" },
             stall_after.as_secs_f64()
         ),
         (n, None) => format!("{n} write{} waiting", plural(n)),

@@ -40,6 +40,9 @@ pub struct Evidence {
     /// Client connections with a write waiting `stall_after` or longer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connections_waiting: Option<u32>,
+    /// Client addresses those connections come from (IPv6 by /64).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_addresses_waiting: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_write_seconds: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,6 +134,9 @@ pub struct StallWatch {
     pub(super) holding: AtomicBool,
     /// Some signal was raised at the last tick (to notice the moment every one clears).
     pub(super) was_raised: AtomicBool,
+    /// The whole stall: since when some signal has been raised without a moment with none
+    /// (the earliest start among the signals raised along the way).
+    episode: Mutex<Option<(Instant, SystemTime)>>,
     /// With `[fleet]`: the probe ids (`probe:<id>`) and shards (`shard:<hosts>`) this
     /// instance leads; the others' signals come from their leader through Redis. None (no
     /// fleet, or Redis unreachable): it leads every one.
@@ -151,6 +157,7 @@ impl StallWatch {
             signals: Mutex::new(BTreeMap::new()),
             holding: AtomicBool::new(false),
             was_raised: AtomicBool::new(false),
+            episode: Mutex::new(None),
             led: Mutex::new(None),
         }
     }
@@ -208,6 +215,14 @@ impl StallWatch {
     /// Any signal raised.
     pub fn suspected(&self) -> bool {
         lock(&self.signals).values().any(|s| s.raised)
+    }
+
+    /// Since when writes have not been completing, for the stall as a whole: the earliest
+    /// start among the signals raised since the last moment none was (a signal that rose
+    /// first and cleared while another still holds keeps its start here). None: no signal
+    /// raised.
+    pub fn stall_since(&self) -> Option<(Instant, SystemTime)> {
+        *lock(&self.episode)
     }
 
     /// The earliest raised signal.
@@ -288,6 +303,17 @@ impl StallWatch {
             .set(i64::from(r.raised));
         let any = signals.values().any(|s| s.raised);
         m.suspected.set(i64::from(any));
+        let earliest = signals
+            .values()
+            .filter(|s| s.raised)
+            .filter_map(|s| s.since.zip(s.since_wall))
+            .min_by_key(|(at, _)| *at);
+        let mut episode = lock(&self.episode);
+        *episode = match (*episode, earliest) {
+            (_, None) => None,
+            (Some(e), Some(n)) if e.0 <= n.0 => Some(e),
+            (_, n) => n,
+        };
     }
 
     /// Forgets the signals of one kind whose target `keep` rejects (config changed).
@@ -304,9 +330,10 @@ impl StallWatch {
             }
             stay
         });
-        metrics
-            .stall
-            .suspected
-            .set(i64::from(signals.values().any(|s| s.raised)));
+        let any = signals.values().any(|s| s.raised);
+        metrics.stall.suspected.set(i64::from(any));
+        if !any {
+            *lock(&self.episode) = None;
+        }
     }
 }

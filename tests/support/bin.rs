@@ -68,6 +68,11 @@ impl Binary {
         }
     }
 
+    /// The process id (for `/proc/<pid>/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything logged so far.
     pub fn log(&self) -> String {
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()

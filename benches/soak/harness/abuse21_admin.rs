@@ -107,8 +107,9 @@ pub async fn admin_flood(admin: SocketAddr, n: usize, done: Arc<Done21>, until: 
 }
 
 /// Rewrites the config file in place in two pieces (the first piece a valid config in which
-/// `pay.*` falls to the `*` fallback pattern), 1.2 s apart, alternating two whole versions in
-/// which `pay.*` is strict.
+/// `pay.*` falls to the `*` fallback pattern), 1.2 s apart, with a `touch` of the file (an
+/// open for writing and its close, issue 30) in the pause, alternating two whole versions in
+/// which `pay.*` is strict; each write is left `reload::WRITE_QUIET` and 1.5 s to apply.
 pub async fn config_writer(
     path: PathBuf,
     versions: [String; 2],
@@ -130,10 +131,14 @@ pub async fn config_writer(
         };
         let _ = f.write_all(&text.as_bytes()[..split]);
         let _ = f.flush();
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        // Another program touches the file: opened for writing, closed.
+        drop(std::fs::OpenOptions::new().append(true).open(&path));
+        tokio::time::sleep(Duration::from_millis(600)).await;
         let _ = f.write_all(&text.as_bytes()[split..]);
         drop(f);
         add(&done.config_writes);
-        sleep_until_or(Duration::from_secs(2), until).await;
+        let settle = staleguard::reload::WRITE_QUIET + Duration::from_millis(1500);
+        sleep_until_or(settle, until).await;
     }
 }

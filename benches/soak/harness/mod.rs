@@ -6,11 +6,16 @@
 //! verifying clients ─┐                      ┌─ StaleConfig bursts, slow replies (faulty ns)
 //! abusive clients  ──┼─▶ staleguard (child) ─▶ fake mongos (in process) ─┼─ resets, garbage (chaos ns)
 //! RSS sampler ───────┘   /proc/PID/status    └─ counts what a hardened proxy never lets through
+//!                             │ [fleet]
+//!                             ▼
+//!                        redis-server (child): 2M keys, odd names, 150 MB values, another
+//!                        "instance"'s opening (`abuse30.rs`)
 //! ```
 
 mod abuse;
 mod abuse21;
 mod abuse21_admin;
+mod abuse30;
 mod clients;
 mod fake;
 mod measure;
@@ -156,7 +161,7 @@ pub const ADMIN_MAX_CONNECTIONS: usize = 32;
 
 /// The config; `variant` 0 or 1 differ in `[defaults] cooldown` only (the config writer
 /// alternates them). Both keep `pay.*` strict, in the last section.
-fn config(listen: u16, upstream: SocketAddr, admin: u16, variant: u32) -> String {
+fn config(listen: u16, upstream: SocketAddr, admin: u16, redis: &str, variant: u32) -> String {
     let (fmt, wt, hrt) = (
         FIRST_MESSAGE_TIMEOUT.as_secs(),
         WRITE_TIMEOUT.as_secs(),
@@ -167,6 +172,7 @@ fn config(listen: u16, upstream: SocketAddr, admin: u16, variant: u32) -> String
          first_message_timeout = \"{fmt}s\"\nwrite_timeout = \"{wt}s\"\n\n\
          [admin]\nlisten = \"127.0.0.1:{admin}\"\nheader_read_timeout = \"{hrt}s\"\n\
          max_connections = {ADMIN_MAX_CONNECTIONS}\n\n\
+         [fleet]\nredis = \"{redis}\"\nname = \"soak\"\n\n\
          [defaults]\nthreshold = 3\nwindow = \"10s\"\ncooldown = \"{}s\"\n\n\
          [[namespaces]]\npattern = \"*\"\nmode = \"fallback\"\n\n\
          [[namespaces]]\npattern = \"demo.*\"\nmode = \"fallback\"\n\n\
@@ -209,6 +215,8 @@ struct Abusers {
     ping: Arc<Vec<u8>>,
     done: Arc<abuse::Done>,
     done21: Arc<abuse21::Done21>,
+    done30: Arc<abuse30::Done30>,
+    redis: Arc<abuse30::Redis>,
     until: Instant,
 }
 
@@ -273,6 +281,12 @@ impl Abusers {
             until,
         ));
         tasks.spawn(abuse21::bad_max_time(proxy, d21.clone(), until));
+        let d30 = &self.done30;
+        for _ in 0..ADMIN_MAX_CONNECTIONS {
+            tasks.spawn(abuse30::health_holder(admin, d30.clone(), until));
+        }
+        tasks.spawn(abuse30::kubelet(admin, d30.clone(), until));
+        tasks.spawn(abuse30::redis_abuse(self.redis.clone(), d30.clone(), until));
     }
 }
 
@@ -295,7 +309,10 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
     let port = procs::free_port()?;
     let admin_port = procs::free_port()?;
     let cfg = tmp.path().join("soak.toml");
-    let versions = [0, 1].map(|v| config(port, fake.addr, admin_port, v));
+    let done30 = Arc::new(abuse30::Done30::default());
+    let redis = Arc::new(abuse30::Redis::start(tmp.path())?);
+    redis.crowd(&done30);
+    let versions = [0, 1].map(|v| config(port, fake.addr, admin_port, &redis.url(), v));
     std::fs::write(&cfg, &versions[0]).map_err(|e| e.to_string())?;
     let mut cmd = std::process::Command::new(&opts.staleguard);
     cmd.arg("--log-level")
@@ -358,8 +375,11 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
             ping: ping.clone(),
             done: done.clone(),
             done21: done21.clone(),
+            done30: done30.clone(),
+            redis: redis.clone(),
             until: abuse_end,
         };
+        set_ms(&done30.redis_cpu_start_ms, redis.cpu());
         abusers.spawn(opts, &mut tasks);
         // The end phase: a few seconds after the abuse, on a quiet proxy.
         let plan = measure::Plan {
@@ -401,6 +421,7 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
             }
         }
         let figures = end_phase.await.unwrap_or_default();
+        set_ms(&done30.redis_cpu_end_ms, redis.cpu());
         let joining = Instant::now();
         while tasks.join_next().await.is_some() {}
         eprintln!(
@@ -423,12 +444,20 @@ pub fn run(opts: &Opts) -> Result<Report, String> {
         &fake.seen,
         &done,
         &done21,
+        &done30,
         mem,
         &end_figures,
         &metrics,
         alive,
         &log_text,
     ))
+}
+
+fn set_ms(a: &std::sync::atomic::AtomicU64, seconds: f64) {
+    a.store(
+        (seconds * 1000.0) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// How long before the end the abuse stops: the end phase needs about 30 s.

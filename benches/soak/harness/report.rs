@@ -61,6 +61,7 @@ pub fn build(
     seen: &Seen,
     done: &Done,
     d21: &Done21,
+    d30: &super::abuse30::Done30,
     mem: Mem,
     end: &EndFigures,
     metrics: &str,
@@ -226,6 +227,9 @@ pub fn build(
     ];
     text.push_str(&issue21_text(seen, d21, end, metrics));
     checks.extend(issue21_checks(seen, d21, end, metrics, log));
+    text.push_str(&super::abuse30::issue30_text(d30, metrics));
+    let abuse = opts.duration.saturating_sub(super::settle(opts.duration));
+    checks.extend(super::abuse30::issue30_checks(d30, metrics, log, abuse));
     text.push_str("checks:\n");
     for c in &checks {
         let verdict = match (c.pass, c.needs_hardening) {

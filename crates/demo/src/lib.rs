@@ -23,10 +23,12 @@ use tokio::time::Instant;
 
 use staleguard_sim as sim;
 
+mod incident;
 mod proxy;
 mod run;
 mod summary;
 
+pub use incident::{drive as drive_incident, IncidentOptions, Scenario};
 pub use proxy::{BreakerView, Launch, Proxy, SignalView, StallKind};
 pub use run::run;
 pub use summary::summary;
@@ -101,6 +103,9 @@ pub struct Tally {
     pub partial_error_ms: Vec<f64>,
     /// Requests and answers by the phase they were sent in (1 to 5).
     pub by_phase: [(u64, u64); 5],
+    /// Of those answers, the ones that came after their phase had ended (a read still
+    /// waiting when the next phase began, e.g. when the primary resumed).
+    pub answered_late: [u64; 5],
 }
 
 impl Tally {
@@ -224,6 +229,9 @@ upstreams = ["{sim}"]
 
 [stall_watch]
 stall_after = "{after}"
+# Every client of this demo runs on this machine (one client address); in production the
+# default of two addresses keeps one client's writes from raising the signal alone.
+min_client_addresses = 1
 on_write_stall = "open_fallback_breakers"
 
 [stall_watch.shards]
@@ -298,6 +306,10 @@ fn record(tallies: &Tallies, run: &Run, sent_at: Duration, ms: f64, outcome: Res
     let phase = (sent_ms / run.phase_ms.max(1)).min(4) as usize;
     t.by_phase[phase].0 += 1;
     t.by_phase[phase].1 += u64::from(outcome.is_ok());
+    let done_ms = sent_ms + ms as u64;
+    if outcome.is_ok() && phase < 4 && done_ms >= (phase as u64 + 1) * run.phase_ms {
+        t.answered_late[phase] += 1;
+    }
     let partial = restart > 0 && sent_ms >= restart && sent_ms < restart + run.phase_ms;
     if partial {
         t.partial_requests += 1;

@@ -65,8 +65,12 @@ pub trait Launch {
     type Proxy: Proxy;
     /// The proxy's default `min_wait` (the demo lowers it to its payment time limit).
     const DEFAULT_MIN_WAIT: Duration;
+    /// The proxy's default `[admin] listen`; when it is taken, `start` puts the page on a
+    /// free port instead.
+    const DEFAULT_ADMIN_LISTEN: &'static str;
     /// Starts a proxy from the text of a config file; without the admin endpoint unless
-    /// `admin` (two proxies cannot both have the default admin address).
+    /// `admin` (two proxies cannot both have the default admin address). With `admin`, the
+    /// endpoint is on the default address, or on a free port when that one is taken.
     fn start(
         &self,
         config: &str,

@@ -51,8 +51,18 @@ pub async fn run<L: Launch>(
             "staleguard proxy at {}: demo.store_inventory = fallback, pay.* = strict",
             proxy.local_addr()
         );
-        if let Some(admin) = proxy.admin_addr() {
-            println!("staleguard status page: http://{admin}/ (watch the breakers change during the run)");
+        match proxy.admin_addr() {
+            Some(admin) if admin.to_string() == L::DEFAULT_ADMIN_LISTEN => {
+                println!("staleguard status page: http://{admin}/ (watch the breakers change during the run)");
+            }
+            Some(admin) => println!(
+                "staleguard status page: http://{admin}/ (watch the breakers change during the run; {} was taken, by a staleguard already running here perhaps, so the demo's page is on this free port)",
+                L::DEFAULT_ADMIN_LISTEN
+            ),
+            None => println!(
+                "staleguard status page: none ({} was taken as the demo started; the demo runs without it)",
+                L::DEFAULT_ADMIN_LISTEN
+            ),
         }
         println!("Two services read from secondaries (secondaryPreferred), each once straight to mongos and once through staleguard:");
         println!("  inventory display: demo.store_inventory, product lookups and store views, gives up after {} ms", opts.app_timeout.as_millis());
@@ -206,21 +216,21 @@ async fn migrate_one_chunk(admin: &Client) -> Result<i64, mongodb::error::Error>
     Err(last.unwrap_or_else(|| mongodb::error::Error::custom("no shard to move to")))
 }
 
-async fn control(admin: &Client, cmd: Document) {
+pub(crate) async fn control(admin: &Client, cmd: Document) {
     if let Err(e) = admin.database("admin").run_command(cmd.clone()).await {
         eprintln!("demo: control command {cmd} failed: {e}");
     }
 }
 
 /// The order service's client: a pool large enough for the writes a stall holds.
-async fn writer_client(addr: &str) -> Result<Client, mongodb::error::Error> {
+pub(crate) async fn writer_client(addr: &str) -> Result<Client, mongodb::error::Error> {
     let mut o =
         ClientOptions::parse(format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000")).await?;
     o.max_pool_size = Some(MAX_IN_FLIGHT as u32);
     Client::with_options(o)
 }
 
-async fn client(addr: &str) -> Result<Client, mongodb::error::Error> {
+pub(crate) async fn client(addr: &str) -> Result<Client, mongodb::error::Error> {
     let mut o =
         ClientOptions::parse(format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000")).await?;
     o.selection_criteria = Some(SelectionCriteria::ReadPreference(

@@ -98,6 +98,7 @@ pub fn summary(report: &Report) -> String {
         );
     }
     partial_table(&mut out, report);
+    phase_notes(&mut out, report);
     let get = |w, p| report.tallies.get(&(w, p));
     if let (Some(d), Some(g)) = (
         get(Workload::Inventory, Path::Direct),
@@ -204,4 +205,84 @@ pub fn summary(report: &Report) -> String {
         );
     }
     out
+}
+
+/// A share in percent, or `-` for a phase that sent nothing.
+fn pct((n, ok): (u64, u64)) -> String {
+    if n == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.0}%", ok as f64 * 100.0 / n as f64)
+    }
+}
+
+/// What each phase's payment numbers mean, with this run's own numbers: why staleguard
+/// answers more in phase 3 and may answer fewer in phase 4.
+fn phase_notes(out: &mut String, report: &Report) {
+    let get = |p| report.tallies.get(&(Workload::Payments, p));
+    let (Some(d), Some(g)) = (get(Path::Direct), get(Path::Staleguard)) else {
+        return;
+    };
+    let both = |i: usize| {
+        format!(
+            "straight to mongos {}, through staleguard {}",
+            pct(d.by_phase[i]),
+            pct(g.by_phase[i])
+        )
+    };
+    let _ = writeln!(
+        out,
+        "\nWhat each phase shows (payments, strict: never relaxed):"
+    );
+    let _ = writeln!(out, "  1 healthy: {}. Every read answers.", both(0));
+    let _ = writeln!(
+        out,
+        "  2 shard A's primary stalls: {}. Reads still answer: the secondaries keep the routing tables they have; only writes wait (the orders), and staleguard's write-stall watch says so before any read fails.",
+        both(1)
+    );
+    let (d3, g3) = (d.by_phase[2], g.by_phase[2]);
+    let better = if g3.0 > 0 && d3.0 > 0 && g3.1 * d3.0 > d3.1 * g3.0 {
+        "so staleguard answers more"
+    } else {
+        "so staleguard answers about as many, and its failures come sooner"
+    };
+    let _ = writeln!(
+        out,
+        "  3 a1 restarts (a1 stale, a2 healthy): {}. Straight to mongos, a read that meets a1 waits its whole maxTimeMS and fails; through staleguard, once the breaker is open, it fails within open_time_limit and is sent once more, and mongos often picks the healthy a2: {better}.",
+        both(2)
+    );
+    let (d4, g4) = (d.by_phase[3], g.by_phase[3]);
+    let without_late = |t: &crate::Tally| {
+        pct((
+            t.by_phase[3].0,
+            t.by_phase[3].1.saturating_sub(t.answered_late[3]),
+        ))
+    };
+    let _ = writeln!(
+        out,
+        "  4 a2 restarts too (no secondary of shard A can serve a versioned read): {}. The payments that answer are those on shard B. Straight to mongos, {} of its {} answers in this phase came after the primary resumed: those reads were still waiting out their maxTimeMS when it did (without them: {}). Through staleguard the same reads had already failed fast, within about two open_time_limit bounds ({} answered late): the price of not hanging{}.",
+        both(3),
+        d.answered_late[3],
+        d4.1,
+        without_late(d),
+        g.answered_late[3],
+        if g4.0 > 0 && d4.0 > 0 && g4.1 * d4.0 < d4.1 * g4.0 {
+            ", and why this phase's row through staleguard can be lower"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  5 the primary resumes: {}. Secondaries refresh their routing tables; the breakers close on their samples.",
+        both(4)
+    );
+    if let Some(l) = get(Path::Ladder) {
+        let _ = writeln!(
+            out,
+            "  sg+ladder: {} in phase 3 and {} in phase 4: a read that meets a stale secondary, or an open breaker, goes to shard A's primary, which still has its routing table.",
+            pct(l.by_phase[2]),
+            pct(l.by_phase[3])
+        );
+    }
 }

@@ -221,3 +221,70 @@ fn reply_status(body: &[u8]) -> Result<ReplyStatus, WireError> {
 }
 
 // ---------------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use bson::rawdoc;
+
+    use super::*;
+    use crate::reply::op_msg;
+
+    fn accepted(body: bson::RawDocumentBuf) -> bool {
+        Reply::new(op_msg(1, 2, 0, &body)).auth_accepted(1 << 20)
+    }
+
+    /// What ends an authentication conversation, as mongos answers each step.
+    #[test]
+    fn auth_accepted_table() {
+        let rows = [
+            // SCRAM: saslStart, then saslContinue until done.
+            (
+                "saslStart",
+                rawdoc! {"conversationId": 1, "done": false, "payload": "", "ok": 1.0},
+                false,
+            ),
+            (
+                "saslContinue done",
+                rawdoc! {"conversationId": 1, "done": true, "payload": "", "ok": 1.0},
+                true,
+            ),
+            (
+                "refused",
+                rawdoc! {"ok": 0.0, "code": 18, "codeName": "AuthenticationFailed", "done": true},
+                false,
+            ),
+            // x509 `authenticate`.
+            (
+                "authenticate",
+                rawdoc! {"dbname": "$external", "user": "CN=app", "ok": 1.0},
+                true,
+            ),
+            // A handshake: x509 speculative (done, no conversation), SCRAM's first step, none.
+            (
+                "speculative x509",
+                rawdoc! {"isWritablePrimary": true, "speculativeAuthenticate": {"dbname": "$external", "user": "CN=app"}, "ok": 1.0},
+                true,
+            ),
+            (
+                "speculative scram",
+                rawdoc! {"isWritablePrimary": true, "speculativeAuthenticate": {"conversationId": 1, "done": false, "payload": ""}, "ok": 1.0},
+                false,
+            ),
+            (
+                "plain hello",
+                rawdoc! {"isWritablePrimary": true, "ok": 1.0},
+                false,
+            ),
+            (
+                "a read",
+                rawdoc! {"cursor": {"id": 0_i64, "firstBatch": []}, "ok": 1.0},
+                false,
+            ),
+        ];
+        for (name, body, want) in rows {
+            assert_eq!(accepted(body), want, "{name}");
+        }
+        // Not a reply at all.
+        assert!(!Reply::new(Bytes::from_static(b"short")).auth_accepted(1 << 20));
+    }
+}

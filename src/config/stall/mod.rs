@@ -26,6 +26,11 @@ mod shards;
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(5);
 /// Default `min_in_flight`.
 pub const DEFAULT_MIN_IN_FLIGHT: u32 = 1;
+/// Default `min_client_addresses`: one client, however many connections it opens, is never
+/// the cluster's word alone.
+pub const DEFAULT_MIN_CLIENT_ADDRESSES: u32 = 2;
+/// Default `clear_after`, as a multiple of `stall_after`.
+pub const DEFAULT_CLEAR_AFTER_STALLS: u32 = 3;
 /// Default probe `interval`, `slow` and longest `timeout`.
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_PROBE_SLOW: Duration = Duration::from_secs(2);
@@ -141,6 +146,12 @@ pub struct StallConfig {
     pub stall_after: Duration,
     /// Default 1.
     pub min_in_flight: u32,
+    /// Client addresses (IPv4, or IPv6 by /64) whose connections must each have a write
+    /// waiting `stall_after`. Default 2.
+    pub min_client_addresses: u32,
+    /// `clear_after`: a raised passive signal whose rule stopped holding without any write
+    /// answered (clients gave up) stays raised this long; none: 3 x `stall_after`.
+    pub clear_after: Option<Duration>,
     /// Default observe.
     pub on_write_stall: StallAction,
     pub probe: Option<ProbeConfig>,
@@ -156,6 +167,12 @@ impl StallConfig {
         }
     }
 
+    /// How long a raised passive signal outlives its rule when no write was answered.
+    pub fn clear_after(&self) -> Duration {
+        self.clear_after
+            .unwrap_or(self.stall_after * DEFAULT_CLEAR_AFTER_STALLS)
+    }
+
     /// Any signal source on.
     pub fn enabled(&self) -> bool {
         self.passive || self.probe.is_some() || self.shards.is_some()
@@ -169,6 +186,8 @@ impl Default for StallConfig {
             passive: true,
             stall_after: DEFAULT_STALL_AFTER,
             min_in_flight: DEFAULT_MIN_IN_FLIGHT,
+            min_client_addresses: DEFAULT_MIN_CLIENT_ADDRESSES,
+            clear_after: None,
             on_write_stall: StallAction::Observe,
             probe: None,
             shards: None,
@@ -185,6 +204,8 @@ pub(super) struct RawStall {
     passive: Option<Spanned<bool>>,
     stall_after: Option<Spanned<String>>,
     min_in_flight: Option<Spanned<i64>>,
+    min_client_addresses: Option<Spanned<i64>>,
+    clear_after: Option<Spanned<String>>,
     on_write_stall: Option<Spanned<String>>,
     probe: Option<Spanned<RawProbe>>,
     shards: Option<Spanned<RawShards>>,
@@ -232,7 +253,8 @@ pub(super) fn stall(
     Ok(c)
 }
 
-/// `passive`, `stall_after`, `min_in_flight` (the last two only mean something when passive).
+/// `passive`, `stall_after`, `min_in_flight`, `min_client_addresses`, `clear_after` (the
+/// last four only mean something when passive).
 fn passive(ctx: &mut Ctx, t: &RawStall, c: &mut StallConfig) {
     if let Some(p) = &t.passive {
         c.passive = *p.get_ref();
@@ -249,6 +271,18 @@ fn passive(ctx: &mut Ctx, t: &RawStall, c: &mut StallConfig) {
             }
         }
     }
+    if let Some(v) = &t.min_client_addresses {
+        match u32::try_from(*v.get_ref()) {
+            Ok(n) if (1..=1000).contains(&n) => c.min_client_addresses = n,
+            _ => {
+                let msg = format!("{} is out of range 1..=1000", v.get_ref());
+                ctx.err(v, "stall_watch.min_client_addresses", msg);
+            }
+        }
+    }
+    if let Some(v) = &t.clear_after {
+        c.clear_after = duration(ctx, v, "stall_watch.clear_after", Duration::ZERO);
+    }
     if c.passive {
         return;
     }
@@ -260,6 +294,14 @@ fn passive(ctx: &mut Ctx, t: &RawStall, c: &mut StallConfig) {
         (
             "min_in_flight",
             t.min_in_flight.as_ref().map(|s| s.span().start),
+        ),
+        (
+            "min_client_addresses",
+            t.min_client_addresses.as_ref().map(|s| s.span().start),
+        ),
+        (
+            "clear_after",
+            t.clear_after.as_ref().map(|s| s.span().start),
         ),
     ];
     for (name, at) in set {
@@ -301,9 +343,11 @@ pub fn describe(c: &StallConfig) -> String {
     let mut parts = Vec::new();
     if c.passive {
         parts.push(format!(
-            "passive (writes waiting over {} on 2+ connections, at least {} in all, none answered)",
+            "passive (writes waiting over {} on 2+ connections from {}+ client addresses, at least {} in all, none answered; a raised signal clears at the first answer, or {} after its evidence went)",
             d(c.stall_after),
-            c.min_in_flight
+            c.min_client_addresses,
+            c.min_in_flight,
+            d(c.clear_after()),
         ));
     }
     if let Some(p) = &c.probe {
