@@ -21,7 +21,7 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 13] = [
+pub const LIMITS: [&str; 15] = [
     "max_connections",
     "max_connections_per_peer",
     "first_message_timeout",
