@@ -16,9 +16,11 @@ use super::{client_err, gate, upstream_err, Session, SessionError};
 use crate::wire::codec::FrameError;
 use crate::wire::{Incoming, Request, StreamCodec};
 
-/// Initial read-buffer size per direction; grows to the message size when needed, and
-/// goes back after a message larger than `wire::codec::SHRINK_AFTER`.
-pub(super) const READ_BUFFER: usize = 8 * 1024;
+/// Initial read-buffer size per direction (`wire::codec::SMALL_ROOM`): grows to the message
+/// size when needed (and the room kept between messages to 8 KiB for a connection whose
+/// messages did not fit), and goes back after a message larger than
+/// `wire::codec::SHRINK_AFTER`, and when the session goes quiet.
+pub(super) const READ_BUFFER: usize = crate::wire::codec::SMALL_ROOM;
 
 /// Messages larger than this that nothing inspects go on in pieces: replies to the client
 /// (`reply.rs`), requests to mongos (`upload`).
@@ -288,6 +290,8 @@ impl Session {
                 *buf = BytesMut::new();
             }
         }
+        cr.decoder_mut().idle();
+        ur.decoder_mut().idle();
         self.h.peers.trim();
         self.life.trimmed();
     }

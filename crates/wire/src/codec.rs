@@ -9,8 +9,16 @@ use tokio_util::codec::Decoder;
 use super::{WireError, HEADER_LEN};
 
 /// The least room the decoder leaves for a partial frame (drivers' messages are mostly far
-/// smaller; bigger frames get exactly their size).
+/// smaller; bigger frames get exactly their size), and the room kept between messages once
+/// a connection has carried a message larger than [`SMALL_ROOM`].
 const MIN_ROOM: usize = 8 * 1024;
+
+/// The room a connection keeps between messages until one of its messages does not fit in
+/// it (and again after it went idle, [`MessageCodec::idle`]): finds, pings, hellos and their
+/// replies of a few hundred bytes take one read each, and a connection pair that carries
+/// only those holds 2 KiB of read buffers instead of 16 (what glibc keeps of them once they
+/// are let go is most of an idle pair's memory).
+pub const SMALL_ROOM: usize = 1024;
 
 /// A message larger than this leaves the read buffer on a large allocation; the next time
 /// the decoder waits for bytes, it moves what has arrived of the next message to a buffer of
@@ -27,6 +35,9 @@ pub struct MessageCodec {
     trust_declared: bool,
     /// The read buffer's allocation is one a message larger than [`SHRINK_AFTER`] needed.
     shrink_due: bool,
+    /// The room kept between messages: [`SMALL_ROOM`], or [`MIN_ROOM`] once a message did
+    /// not fit in it.
+    room: usize,
 }
 
 impl MessageCodec {
@@ -36,6 +47,7 @@ impl MessageCodec {
             max: max_message_size.max(HEADER_LEN),
             trust_declared: false,
             shrink_due: false,
+            room: SMALL_ROOM,
         }
     }
 
@@ -63,6 +75,12 @@ impl MessageCodec {
         } else if src.capacity() < room / 2 {
             src.reserve(room);
         }
+    }
+
+    /// The connection went idle: the room kept between messages goes back to
+    /// [`SMALL_ROOM`] (a connection that carried one large message does not keep 8 KiB).
+    pub fn idle(&mut self) {
+        self.room = SMALL_ROOM;
     }
 
     /// The buffer now holds a large allocation (a streamed message's pieces): the next wait
@@ -109,7 +127,7 @@ impl Decoder for MessageCodec {
             // when larger (bytes caps that at 64 KiB).
             // After a large message, never `reserve`: it would take the large allocation
             // back once the message is dropped, and keep it for the connection's life.
-            self.ready_for(src, MIN_ROOM.min(self.max));
+            self.ready_for(src, self.room.min(self.max));
             return Ok(None);
         }
         if src.len() < 4 {
@@ -126,6 +144,11 @@ impl Decoder for MessageCodec {
         }
         let len = declared as usize;
         if src.len() < len {
+            if len > self.room {
+                // This connection carries messages larger than the small room: from now
+                // on (until it goes idle) keep the usual room between them.
+                self.room = MIN_ROOM;
+            }
             // Grow with what the peer has actually sent, never with what it declares: a
             // header alone must not make us hold the declared size (an untrusted port can
             // open many connections that each declare the maximum and then trickle). The

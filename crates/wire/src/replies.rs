@@ -140,6 +140,12 @@ impl StreamCodec {
         !matches!(self.state, State::Framing)
     }
 
+    /// The connection went idle: the framing keeps only the small room between messages
+    /// (see `MessageCodec::idle`).
+    pub fn idle(&mut self) {
+        self.inner.idle();
+    }
+
     /// A streamed message is under way: nothing else may be queued for the same peer until
     /// its last piece.
     pub fn is_streaming(&self) -> bool {
