@@ -9,8 +9,10 @@
 //! forwarder's ratio is printed beside it: a machine too noisy to compare anything shows as
 //! a forwarder far from HAProxy.
 //!
-//! Defaults (each has its `E2E_*` variable): 64 connections, closed loop, 7 rounds of 1 s
-//! after 0.3 s of warm-up: about 30 s once the processes are up.
+//! Defaults (each has its `E2E_*` variable): 64 connections, closed loop, 11 rounds of 1 s
+//! after 0.3 s of warm-up: about 45 s once the processes are up. Eleven rounds rather than
+//! seven: on the loaded 2-core machine the median of seven moved by ±0.05 from run to run
+//! (BENCHMARKS.md, "The CI guard").
 
 use crate::report::Sample;
 use crate::{load, Opts};

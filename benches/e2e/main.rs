@@ -146,7 +146,7 @@ impl Opts {
             rounds: env_or(
                 "E2E_ROUNDS",
                 match (quick, guard) {
-                    (_, true) => 7,
+                    (_, true) => 11,
                     (true, _) => 1,
                     _ => 3,
                 },
