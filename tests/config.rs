@@ -730,9 +730,18 @@ pattern = "pay.rates"
 mode = "passthrough"
 "#);
     let out = render_table(&c);
-    assert!(out.contains("listen                    127.0.0.1:27018"), "{out}");
-    assert!(out.contains("admin.listen              127.0.0.1:9187"), "{out}");
-    assert!(out.contains("upstreams                 127.0.0.1:27017"), "{out}");
+    assert!(
+        out.contains("listen                    127.0.0.1:27018"),
+        "{out}"
+    );
+    assert!(
+        out.contains("admin.listen              127.0.0.1:9187"),
+        "{out}"
+    );
+    assert!(
+        out.contains("upstreams                 127.0.0.1:27017"),
+        "{out}"
+    );
     assert!(out.contains("max_message_size          48000000"), "{out}");
     assert!(out.contains("connect_timeout           5s"), "{out}");
     assert!(out.contains("shutdown_timeout          10s"), "{out}");
@@ -845,7 +854,10 @@ fn explain_names_the_winning_entry_and_why() {
     let all = out.find("namespaces[0] `*` (line 2)").expect(&out);
     assert!(inv < db && db < all, "{out}");
     // The default strict mode sends reads bounded while open; the error comes after.
-    assert!(out.contains("each attempt with maxTimeMS at most 200ms"), "{out}");
+    assert!(
+        out.contains("each attempt with maxTimeMS at most 200ms"),
+        "{out}"
+    );
     assert!(out.contains("the fail-fast error"), "{out}");
     assert!(out.contains("threshold        3"), "{out}");
 

@@ -625,7 +625,10 @@ fn the_container_config_listens_on_all_interfaces_behind_an_admin_token() {
     };
     let (code, printed) = check(Some("s3cret-admin-token"));
     assert_eq!(code, Some(0), "{printed}");
-    assert!(printed.contains("admin.token               set"), "{printed}");
+    assert!(
+        printed.contains("admin.token               set"),
+        "{printed}"
+    );
     assert!(!printed.contains("warning"), "{printed}");
     let (code, printed) = check(None);
     assert_eq!(code, Some(2), "{printed}");
