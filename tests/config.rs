@@ -224,7 +224,7 @@ fn empty_file_is_all_defaults() {
     assert_eq!(c.max_message_size, 48_000_000);
     assert_eq!(c.connect_timeout, Duration::from_secs(5));
     assert_eq!(c.shutdown_timeout, Duration::from_secs(10));
-    assert_eq!(c.layout, Layout::Shared);
+    assert_eq!(c.layout, Layout::PerCore);
     assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:9187"));
     assert_eq!(c.admin_token, None);
     assert_eq!(c.health_interval, Some(Duration::from_secs(5)));
