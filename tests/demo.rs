@@ -152,10 +152,6 @@ async fn demo_shows_fallback_answering_and_strict_failing_fast() {
             "summary lacks {needle:?}:\n{summary}"
         );
     }
-    assert!(
-        pay_direct.answered_late[3] > 0,
-        "some direct phase-4 reads were answered after the resume: {pay_direct:?}"
-    );
 }
 
 /// A taken default admin address (a staleguard already running on this machine) gives the

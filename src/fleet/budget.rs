@@ -31,7 +31,7 @@ use redis::Script;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::link::{self, within};
+use super::conn::{self, within};
 use super::Fleet;
 use crate::config::FleetConfig;
 use crate::state::LiveConfig;
@@ -111,7 +111,7 @@ pub(super) async fn run(
     me: Arc<Fleet>,
     stop: CancellationToken,
 ) {
-    let Ok(client) = link::client(&cfg) else {
+    let Ok(client) = conn::client(&cfg) else {
         return;
     };
     let s = Scripts {
@@ -144,7 +144,7 @@ pub(super) async fn run(
         share.turn_on(STALE, cfg.budget_timeout);
         let c = match conn.as_mut() {
             Some(c) => c,
-            None => match link::connect(&client, &cfg).await {
+            None => match conn::connect(&client, &cfg).await {
                 Ok(c) => conn.insert(c),
                 // The link task logs the outage; the local guard decides meanwhile.
                 Err(_) => {
@@ -177,7 +177,7 @@ async fn refill(
     share: &FleetShare,
     (rate, slots): (Option<u32>, Option<u32>),
     (asked, _, borrowed): (u32, u32, u32),
-) -> Result<Option<Duration>, link::LinkError> {
+) -> Result<Option<Duration>, conn::LinkError> {
     let limit = cfg.budget_timeout;
     let starts = match rate {
         Some(max) => {

@@ -93,6 +93,21 @@ impl Followed {
         if self.contradicted.get(&m.ns) == Some(&m.id) {
             return;
         }
+        // Applied here before, and its breaker closed since without the fleet's close (which
+        // forgets the entry): this instance's own samples closed it, even when their word has
+        // not reached this task yet. Not applied again.
+        let same = |(by, id): &(String, String)| *by == m.opener && *id == m.id;
+        if self.applied.get(&m.ns).is_some_and(same) {
+            let open_here = ctx
+                .breakers
+                .opened_by_fleet()
+                .iter()
+                .any(|(ns, by)| *ns == m.ns && **by == *m.opener);
+            if !open_here {
+                self.contradicted(ctx, m.ns.clone(), &m.opener);
+            }
+            return;
+        }
         let config = ctx.config.load();
         let (db, coll) = m.db_coll();
         let Some(policy) = config.policy.lookup(db, coll) else {

@@ -23,7 +23,7 @@
 use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 
-use super::link::{within, LinkError};
+use super::conn::{within, LinkError};
 use super::message::{new_id, Message, MAX_PAYLOAD};
 use crate::config::FleetConfig;
 

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::link::{self, within, LinkError};
+use super::conn::{self, within, LinkError};
 use super::Fleet;
 use crate::config::{Config, FleetConfig};
 use crate::metrics::Metrics;
@@ -87,7 +87,7 @@ fn wanted(config: &Config) -> Vec<(String, SignalKind, Vec<String>)> {
 
 /// The task: runs until `stop`.
 pub(super) async fn run(l: Leading, stop: CancellationToken) {
-    let Ok(client) = link::client(&l.fleet) else {
+    let Ok(client) = conn::client(&l.fleet) else {
         return;
     };
     let script = Script::new(LEASE);
@@ -99,7 +99,7 @@ pub(super) async fn run(l: Leading, stop: CancellationToken) {
         if !wanted.is_empty() {
             let r = match conn.as_mut() {
                 Some(c) => l.round(c, &script, &wanted).await,
-                None => match link::connect(&client, &l.fleet).await {
+                None => match conn::connect(&client, &l.fleet).await {
                     Ok(c) => l.round(conn.insert(c), &script, &wanted).await,
                     Err(e) => Err(e),
                 },

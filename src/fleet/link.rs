@@ -3,69 +3,17 @@
 //! the others' (`follow.rs`); on any failure act alone, log it once, and try again every
 //! `timeout`.
 
-use std::future::Future;
-use std::time::Duration;
-
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo};
+use redis::Client;
 use tokio::sync::mpsc;
 use tokio::time::{interval, Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use super::conn::{client, connect, LinkError, NAME_TRIES};
 use super::follow::Followed;
 use super::index::{Index, Polled};
 use super::{Ctx, Heard, Kind, Message, Mine, POLL};
 use crate::config::FleetConfig;
-
-/// Names tried, with a random suffix, when this instance's own is held by another.
-const NAME_TRIES: usize = 8;
-
-/// Why the link failed.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum LinkError {
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    #[error("no free name: `{0}` and {NAME_TRIES} suffixed names are held by other instances")]
-    NoName(String),
-}
-
-/// The client for `[fleet] redis`, with the password of `password_env` when set.
-pub(super) fn client(cfg: &FleetConfig) -> redis::RedisResult<Client> {
-    let mut info = cfg.url.expose().into_connection_info()?;
-    if let Some(p) = &cfg.password {
-        let settings = info.redis_settings().clone().set_password(p.expose());
-        info = info.set_redis_settings(settings);
-    }
-    Client::open(info)
-}
-
-/// `fut`, or [`LinkError::Timeout`] after `limit`.
-pub(super) async fn within<T>(
-    limit: Duration,
-    fut: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, LinkError> {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(r) => Ok(r?),
-        Err(_) => Err(LinkError::Timeout(limit)),
-    }
-}
-
-/// Opens the command connection (every call bounded by `timeout`).
-pub(super) async fn connect(
-    client: &Client,
-    cfg: &FleetConfig,
-) -> Result<MultiplexedConnection, LinkError> {
-    let config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(cfg.connect_timeout))
-        .set_response_timeout(Some(cfg.timeout));
-    within(
-        cfg.connect_timeout + cfg.timeout,
-        client.get_multiplexed_async_connection_with_config(&config),
-    )
-    .await
-}
 
 /// A live link.
 struct Link {

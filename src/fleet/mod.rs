@@ -30,6 +30,7 @@
 //! that only queues (`try_send`); everything that talks to Redis runs here (`link.rs`).
 
 mod budget;
+mod conn;
 mod follow;
 mod index;
 mod leader;
