@@ -44,11 +44,7 @@ async fn chaos_clients_change_nothing_for_honest_readers() {
 async fn judge(opts: harness::Options) {
     let report = harness::run(opts).await;
     report.print();
-    let failed: Vec<String> = report
-        .failures()
-        .iter()
-        .map(|c| report.failure_line(c))
-        .collect();
+    let failed = report.failure_lines();
     assert!(
         failed.is_empty(),
         "{} invariant checks failed (seed {}):\n{}",

@@ -31,11 +31,7 @@ fn main() {
         };
         let report = rt.block_on(harness::run(opts));
         report.print();
-        let failed: Vec<String> = report
-            .failures()
-            .iter()
-            .map(|c| report.failure_line(c))
-            .collect();
+        let failed = report.failure_lines();
         lines.push(format!(
             "seed {}: {} of {} checks failed{}",
             report.plan.opts.seed,

@@ -374,7 +374,11 @@ mod tests {
         let t0 = Instant::now();
         share.grant(starts(1, 0, 100), slots(8, 0), t0);
         assert_eq!(take(&share, t0).1, ShareSaid::Allowed);
-        assert_eq!(take(&share, t0).1, ShareSaid::Denied, "this second is spent");
+        assert_eq!(
+            take(&share, t0).1,
+            ShareSaid::Denied,
+            "this second is spent"
+        );
         let next_second = t0 + Duration::from_millis(150);
         let (p, said) = take(&share, next_second);
         assert_eq!(said, ShareSaid::Unanswered);

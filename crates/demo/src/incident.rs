@@ -275,16 +275,7 @@ fn explain(o: &IncidentOptions, done: &[(Workload, Tally)]) -> String {
         "workload", "healthy", "stalled", "restarted", "resumed"
     );
     for (w, t) in done {
-        let cells: Vec<String> = t.by_phase[..4]
-            .iter()
-            .map(|&(n, ok)| {
-                if n == 0 {
-                    "-".to_string()
-                } else {
-                    format!("{:.0}%", ok as f64 * 100.0 / n as f64)
-                }
-            })
-            .collect();
+        let cells = crate::phase_shares(&t.by_phase[..4]);
         let name = match w {
             Workload::Inventory => "inventory",
             Workload::Payments => "payments",

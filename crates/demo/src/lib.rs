@@ -146,6 +146,20 @@ fn median(v: &[f64]) -> f64 {
 }
 
 /// A median in ms, or `-` when there is none.
+/// Each phase's share answered ("97%"), or "-" for a phase with no request.
+fn phase_shares(by_phase: &[(u64, u64)]) -> Vec<String> {
+    by_phase
+        .iter()
+        .map(|&(n, ok)| {
+            if n == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.0}%", ok as f64 * 100.0 / n as f64)
+            }
+        })
+        .collect()
+}
+
 fn ms_or_dash(v: &[f64]) -> String {
     if v.is_empty() {
         "-".to_string()

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{ms_or_dash, Path, Report, Tally, Workload};
+use crate::{ms_or_dash, phase_shares, Path, Report, Tally, Workload};
 
 fn row_name(w: Workload, p: Path) -> (&'static str, &'static str) {
     (
@@ -28,17 +28,7 @@ fn partial_table(out: &mut String, report: &Report) {
         let Some(t) = report.tallies.get(&(Workload::Payments, p)) else {
             continue;
         };
-        let shares: Vec<String> = t
-            .by_phase
-            .iter()
-            .map(|&(n, ok)| {
-                if n == 0 {
-                    "-".to_string()
-                } else {
-                    format!("{:.0}%", ok as f64 * 100.0 / n as f64)
-                }
-            })
-            .collect();
+        let shares = phase_shares(&t.by_phase);
         let _ = writeln!(
             out,
             "{:<10} {}",

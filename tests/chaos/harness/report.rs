@@ -126,6 +126,14 @@ impl Report {
         }
     }
 
+    /// Every failed check, each with how late the bed ran in its window.
+    pub fn failure_lines(&self) -> Vec<String> {
+        self.failures()
+            .iter()
+            .map(|c| self.failure_line(c))
+            .collect()
+    }
+
     /// A failed check, with how late the bed ran in its window when it did.
     pub fn failure_line(&self, c: &Check) -> String {
         let window = self
