@@ -213,3 +213,187 @@ fn streak_text(b: &super::Breaker, now: Instant) -> String {
         b.streak.connections()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::{Counted, Heard, Reason, Witness};
+    use crate::policy::{Admission, Mode};
+
+    const NS: &str = "pay.t";
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Strict, bound mode; a confirming task runs; opened at `t0` by three connections.
+    fn opened(t0: Instant) -> (Breakers, NsPolicy) {
+        let b = Breakers::default();
+        b.confirm_closes();
+        let p = NsPolicy::with_defaults(NS, Mode::Strict);
+        for conn in 1..=3 {
+            let e = Counted {
+                policy: &p,
+                reason: Reason::StaleRouting,
+                what: "13388",
+                conn,
+            };
+            b.record_failure(NS, &e, t0);
+        }
+        assert_eq!(b.state(NS), State::Open);
+        (b, p)
+    }
+
+    fn hear(b: &Breakers, p: &NsPolicy, heard: Heard<'_>, conn: u64, at: Instant) -> Said {
+        let who = Witness { conn, proven: true };
+        b.hear(NS, p, heard, true, who, at)
+    }
+
+    /// Three answered samples from two connections over `min_cooldown`, from `at`: the
+    /// last one's word.
+    fn streak(b: &Breakers, p: &NsPolicy, at: Instant) -> Said {
+        hear(b, p, Heard::Answered, 1, at);
+        hear(b, p, Heard::Answered, 2, at + ms(500));
+        hear(b, p, Heard::Answered, 1, at + p.min_cooldown)
+    }
+
+    #[test]
+    fn a_streak_asks_and_closes_only_when_every_cheap_read_is_answered() {
+        let t0 = Instant::now();
+        let (b, p) = opened(t0);
+        let at = t0 + ms(1_000);
+        assert_eq!(streak(&b, &p, at), Said::AskToClose);
+        let asked = at + p.min_cooldown;
+        assert_eq!(b.state(NS), State::Open, "asking, not closed");
+        // While the question is in flight: more answers neither close nor ask again, and
+        // reads are still sent bounded (no unbounded probe).
+        assert_eq!(hear(&b, &p, Heard::Answered, 2, asked + ms(10)), Said::Nothing);
+        assert!(matches!(
+            b.admit(NS, &p, 5, false, asked + ms(20)),
+            Admission::Bounded { .. }
+        ));
+        let t = b
+            .close_answer(NS, &p, &CloseAnswer::Answered, asked + ms(30))
+            .expect("closes");
+        assert_eq!((t.from, t.to), (State::Open, State::Closed));
+        assert!(t.reason.contains("12 cheap reads answered"), "{}", t.reason);
+        // A late second answer changes nothing.
+        assert!(b
+            .close_answer(NS, &p, &CloseAnswer::Answered, asked + ms(40))
+            .is_none());
+    }
+
+    /// The partial incident: a streak of answers from the healthy member, the cluster's
+    /// cheap reads meet the stale one. It stays open, the streak starts over, and the next
+    /// question waits for a new streak (at least `min_cooldown`).
+    #[test]
+    fn a_declined_question_keeps_it_open_and_resets_the_streak() {
+        let t0 = Instant::now();
+        let (b, p) = opened(t0);
+        let at = t0 + ms(1_000);
+        assert_eq!(streak(&b, &p, at), Said::AskToClose);
+        let asked = at + p.min_cooldown;
+        let declined = CloseAnswer::Declined { code: 13388 };
+        assert!(b.close_answer(NS, &p, &declined, asked + ms(5)).is_none());
+        assert_eq!(b.state(NS), State::Open);
+        assert_eq!(b.snapshot()[0].streak, 0);
+        assert_eq!(
+            b.own_samples(NS).and_then(|s| s.last_failed),
+            Some(asked + ms(5)),
+            "the fleet sees a failure of its own"
+        );
+        // Answers at once after: a new streak, which needs min_cooldown again.
+        let next = asked + ms(10);
+        hear(&b, &p, Heard::Answered, 1, next);
+        assert_eq!(hear(&b, &p, Heard::Answered, 2, next + ms(100)), Said::Nothing);
+        assert_eq!(
+            hear(&b, &p, Heard::Answered, 1, next + p.min_cooldown),
+            Said::AskToClose
+        );
+        assert!(b
+            .close_answer(NS, &p, &CloseAnswer::Answered, next + p.min_cooldown)
+            .is_some());
+    }
+
+    /// A failed sample heard while the question is in flight spoils it: the answer finds
+    /// the streak broken and does not close.
+    #[test]
+    fn a_failure_while_asking_spoils_the_answer() {
+        let t0 = Instant::now();
+        let (b, p) = opened(t0);
+        let at = t0 + ms(1_000);
+        assert_eq!(streak(&b, &p, at), Said::AskToClose);
+        let asked = at + p.min_cooldown;
+        let failed = Heard::Failed {
+            reason: Reason::StaleRouting,
+            what: "13388",
+        };
+        assert_eq!(hear(&b, &p, failed, 3, asked + ms(2)), Said::Nothing);
+        assert!(b
+            .close_answer(NS, &p, &CloseAnswer::Answered, asked + ms(5))
+            .is_none());
+        assert_eq!(b.state(NS), State::Open);
+    }
+
+    /// A confirmer that cannot answer: the first unknown keeps it open (streak kept), the
+    /// next question goes no sooner than `min_cooldown` later, and a second unknown in a
+    /// row closes on the streak alone.
+    #[test]
+    fn unknown_answers_twice_in_a_row_fall_back_to_the_streak() {
+        let t0 = Instant::now();
+        let (b, p) = opened(t0);
+        let at = t0 + ms(1_000);
+        assert_eq!(streak(&b, &p, at), Said::AskToClose);
+        let asked = at + p.min_cooldown;
+        assert!(b
+            .close_answer(NS, &p, &CloseAnswer::Unknown, asked + ms(5))
+            .is_none());
+        assert_eq!(b.state(NS), State::Open);
+        // Answered samples within min_cooldown of the last question do not ask again.
+        assert_eq!(hear(&b, &p, Heard::Answered, 2, asked + ms(600)), Said::Nothing);
+        assert_eq!(
+            hear(&b, &p, Heard::Answered, 1, asked + p.min_cooldown),
+            Said::AskToClose
+        );
+        let t = b
+            .close_answer(NS, &p, &CloseAnswer::Unknown, asked + p.min_cooldown + ms(5))
+            .expect("closes on the streak");
+        assert!(t.reason.contains("unknown 2 times"), "{}", t.reason);
+    }
+
+    /// An answer between two unknowns starts the count over; a question never answered is
+    /// given up (as unknown) after twice `confirm_time` and 5 s, so it cannot block closing.
+    #[test]
+    fn a_lost_question_is_given_up() {
+        let t0 = Instant::now();
+        let (b, p) = opened(t0);
+        let at = t0 + ms(1_000);
+        assert_eq!(streak(&b, &p, at), Said::AskToClose);
+        let asked = at + p.min_cooldown;
+        let lost = asked + p.confirm_time * 2 + LOST_AFTER;
+        assert_eq!(hear(&b, &p, Heard::Answered, 2, lost - ms(1)), Said::Nothing);
+        assert_eq!(hear(&b, &p, Heard::Answered, 1, lost), Said::AskToClose);
+        // That lost one counted as the first unknown.
+        let t = b.close_answer(NS, &p, &CloseAnswer::Unknown, lost + ms(1));
+        assert!(t.is_some());
+    }
+
+    /// Without a confirming task (breakers on their own), the streak closes at once.
+    #[test]
+    fn without_a_confirmer_the_streak_closes_at_once() {
+        let b = Breakers::default();
+        let p = NsPolicy::with_defaults(NS, Mode::Strict);
+        let t0 = Instant::now();
+        for conn in 1..=3 {
+            let e = Counted {
+                policy: &p,
+                reason: Reason::StaleRouting,
+                what: "13388",
+                conn,
+            };
+            b.record_failure(NS, &e, t0);
+        }
+        let said = streak(&b, &p, t0 + ms(1_000));
+        assert!(matches!(said, Said::Moved(t) if t.to == State::Closed));
+    }
+}
