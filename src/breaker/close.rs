@@ -141,7 +141,10 @@ impl Breakers {
         let Some(since) = b.asking.since else {
             return false;
         };
-        let lost = policy.confirm_time.saturating_mul(2).saturating_add(LOST_AFTER);
+        let lost = policy
+            .confirm_time
+            .saturating_mul(2)
+            .saturating_add(LOST_AFTER);
         if now.saturating_duration_since(since) >= lost {
             b.asking.since = None;
             b.asking.unknown = b.asking.unknown.saturating_add(1);
@@ -267,7 +270,10 @@ mod tests {
         assert_eq!(b.state(NS), State::Open, "asking, not closed");
         // While the question is in flight: more answers neither close nor ask again, and
         // reads are still sent bounded (no unbounded probe).
-        assert_eq!(hear(&b, &p, Heard::Answered, 2, asked + ms(10)), Said::Nothing);
+        assert_eq!(
+            hear(&b, &p, Heard::Answered, 2, asked + ms(10)),
+            Said::Nothing
+        );
         assert!(matches!(
             b.admit(NS, &p, 5, false, asked + ms(20)),
             Admission::Bounded { .. }
@@ -305,7 +311,10 @@ mod tests {
         // Answers at once after: a new streak, which needs min_cooldown again.
         let next = asked + ms(10);
         hear(&b, &p, Heard::Answered, 1, next);
-        assert_eq!(hear(&b, &p, Heard::Answered, 2, next + ms(100)), Said::Nothing);
+        assert_eq!(
+            hear(&b, &p, Heard::Answered, 2, next + ms(100)),
+            Said::Nothing
+        );
         assert_eq!(
             hear(&b, &p, Heard::Answered, 1, next + p.min_cooldown),
             Said::AskToClose
@@ -350,13 +359,21 @@ mod tests {
             .is_none());
         assert_eq!(b.state(NS), State::Open);
         // Answered samples within min_cooldown of the last question do not ask again.
-        assert_eq!(hear(&b, &p, Heard::Answered, 2, asked + ms(600)), Said::Nothing);
+        assert_eq!(
+            hear(&b, &p, Heard::Answered, 2, asked + ms(600)),
+            Said::Nothing
+        );
         assert_eq!(
             hear(&b, &p, Heard::Answered, 1, asked + p.min_cooldown),
             Said::AskToClose
         );
         let t = b
-            .close_answer(NS, &p, &CloseAnswer::Unknown, asked + p.min_cooldown + ms(5))
+            .close_answer(
+                NS,
+                &p,
+                &CloseAnswer::Unknown,
+                asked + p.min_cooldown + ms(5),
+            )
             .expect("closes on the streak");
         assert!(t.reason.contains("unknown 2 times"), "{}", t.reason);
     }
@@ -371,7 +388,10 @@ mod tests {
         assert_eq!(streak(&b, &p, at), Said::AskToClose);
         let asked = at + p.min_cooldown;
         let lost = asked + p.confirm_time * 2 + LOST_AFTER;
-        assert_eq!(hear(&b, &p, Heard::Answered, 2, lost - ms(1)), Said::Nothing);
+        assert_eq!(
+            hear(&b, &p, Heard::Answered, 2, lost - ms(1)),
+            Said::Nothing
+        );
         assert_eq!(hear(&b, &p, Heard::Answered, 1, lost), Said::AskToClose);
         // That lost one counted as the first unknown.
         let t = b.close_answer(NS, &p, &CloseAnswer::Unknown, lost + ms(1));

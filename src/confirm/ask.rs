@@ -312,10 +312,7 @@ mod tests {
             code: Some(NO_MEMBER),
             code_name: None,
         };
-        assert_eq!(
-            judge(&p, Some(&no_member), false),
-            Confirmation::Unknown
-        );
+        assert_eq!(judge(&p, Some(&no_member), false), Confirmation::Unknown);
         assert!(matches!(
             judge(&p, Some(&no_member), true),
             Confirmation::Confirmed { code: 133, .. }
