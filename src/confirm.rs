@@ -11,15 +11,21 @@
 //! at once, so that a stale member beside a healthy one is met by at least one (confirmed
 //! when any fails, unconfirmed when all are answered).
 //!
+//! The same task answers an open breaker's *close question* (`breaker::close`): when its
+//! streak of answered samples meets the close rule, [`CLOSE_READS`] cheap reads, all of
+//! which must be answered before it closes.
+//!
 //! What the answer says ([`policy::confirmation`]) reaches the breaker as the asking
 //! connection's word (`breaker::Breakers::hear`, its share applies): confirmed, a failure;
 //! answered, nothing for a closed breaker and an answered sample for an open one (a
 //! secondary served the namespace). A session that waits on the answer (a read its own
 //! limit cut) gets it back too ([`Answer`]).
 //!
-//! Bounded: questions wait in a queue of [`QUEUE`]; at most [`IN_FLIGHT`] cheap reads run at
-//! once; one per namespace and upstream at a time, which the questions asked meanwhile join
-//! (at most [`JOINERS`]); a confirmed failure serves the questions on its namespace for
+//! Bounded: questions wait in a queue of [`QUEUE`]; at most [`IN_FLIGHT`] questions run at
+//! once, and as many close questions (`breaker::close`, [`CLOSE_READS`] cheap reads each, at
+//! most one per breaker per `min_cooldown`); one per namespace and upstream at a time, which
+//! the questions asked meanwhile join (at most [`JOINERS`]; a close question is never
+//! joined); a confirmed failure serves the questions on its namespace for
 //! [`FRESH`]; a question asked only for the evidence starts at most `per_connection` cheap
 //! reads per `window` for its connection (remembered for [`CONNECTIONS_KEPT`] connections);
 //! at most [`VIEWS_KEPT`] namespaces' view lookups are kept. A question past these bounds is
@@ -232,7 +238,10 @@ impl State {
             }
             return self.tell(&q, Confirmation::Unknown, "skipped");
         }
-        if self.flights.len() >= IN_FLIGHT || (q.limited && !self.take_share(&q, now)) {
+        // Close questions and time limits' questions each have their own IN_FLIGHT: clients'
+        // slow reads cannot crowd out the question a breaker asks before closing.
+        let same_kind = self.flights.keys().filter(|k| k.2 == q.close).count();
+        if same_kind >= IN_FLIGHT || (q.limited && !self.take_share(&q, now)) {
             return self.tell(&q, Confirmation::Unknown, "skipped");
         }
         let config = self.ctx.config.load_full();
