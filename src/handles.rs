@@ -3,7 +3,6 @@
 //! [`ReloadHandles`], each with only the handles it uses. Every handle is its own `Arc`, so
 //! the background tasks (`health`, `stall`) are handed only the few they use too.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
@@ -53,14 +52,14 @@ pub struct SessionHandles {
     pub metrics: Arc<Metrics>,
     pub stall: Arc<StallWatch>,
     pub ids: Arc<Ids>,
-    /// Set when the stop's deadline passes, just before the kill token is cancelled: a
-    /// session looks at it once per message (a load of a line nothing else writes), where
-    /// polling the token would take its lock.
-    pub killed: AtomicBool,
     /// Large compressed requests decompressed off the runtime's workers at once: half the
     /// cores the process may use (at least one), so that a flood of them cannot take every
     /// core from the relays (`session::gate`).
     pub inflate_slots: Semaphore,
+    /// The bytes every session together may hold whole for mongos
+    /// (`config::HELD_FOR_UPSTREAM`, in units of `config::HELD_UNIT`; `session::upload`):
+    /// past it a session reads no more of such a request until room comes back.
+    pub held_for_upstream: Arc<Semaphore>,
     /// Where questions to the cluster go (`confirm`): a time limit before it counts, a read
     /// staleguard's own limit cut before it climbs.
     pub confirmer: Confirmer,
@@ -117,8 +116,10 @@ impl Handles {
             metrics: metrics.clone(),
             stall: stall.clone(),
             ids: ids.clone(),
-            killed: AtomicBool::new(false),
             inflate_slots: Semaphore::new(inflate_slots()),
+            held_for_upstream: Arc::new(Semaphore::new(
+                crate::config::HELD_FOR_UPSTREAM / crate::config::HELD_UNIT,
+            )),
             confirmer,
         });
         Handles {

@@ -257,10 +257,6 @@ async fn accept_loop(
             sessions = tracker.len(),
             "shutdown deadline passed, closing remaining sessions"
         );
-        shared
-            .sessions
-            .killed
-            .store(true, std::sync::atomic::Ordering::Release);
         kill.cancel();
         // Sessions end at the kill whatever their peers do (they never wait on a write);
         // this bound only keeps a stop finite should one not.

@@ -278,6 +278,9 @@ pub fn publish_limits(metrics: &Metrics, config: &Config, max_breakers: usize) {
         l.idle_timeout.map_or(0.0, |d| d.as_secs_f64()),
     );
     m.set("write_timeout", l.write_timeout.as_secs_f64());
+    // A mongos that takes nothing is given the clients' write_timeout.
+    m.set("upstream_write_timeout", l.write_timeout.as_secs_f64());
+    m.set("held_for_upstream", crate::config::HELD_FOR_UPSTREAM as f64);
     m.set("max_pending_reads", l.max_pending_reads as f64);
     m.set("max_breakers", max_breakers as f64);
     let a = &config.admin_limits;

@@ -171,7 +171,22 @@ fn room_for_the_next_message_after_a_frame_that_filled_the_buffer() {
     assert_eq!(codec.decode(&mut buf).unwrap(), Some(frame.clone()));
     assert_eq!(buf.capacity(), 0);
     assert_eq!(codec.decode(&mut buf).unwrap(), None);
-    assert!(buf.capacity() >= 4 * 1024, "room {}", buf.capacity());
+    assert!(buf.capacity() >= 1024, "room {}", buf.capacity());
+    // Once a message did not fit in that room, the connection keeps 8 KiB between messages,
+    // until it goes idle.
+    let large = with_length(3000, OpCode::MSG, &[1; 3000 - HEADER_LEN]);
+    let mut buf = BytesMut::with_capacity(1024);
+    buf.put_slice(&large[..1024]);
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    buf.put_slice(&large[1024..]);
+    assert_eq!(codec.decode(&mut buf).unwrap().map(|f| f.len()), Some(3000));
+    let mut buf = BytesMut::new();
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    assert!(buf.capacity() >= 8 * 1024, "room {}", buf.capacity());
+    codec.idle();
+    let mut buf = BytesMut::new();
+    assert_eq!(codec.decode(&mut buf).unwrap(), None);
+    assert!(buf.capacity() < 4 * 1024, "room {}", buf.capacity());
     // A maximum below that bounds the room too.
     let mut small = BytesMut::new();
     assert_eq!(MessageCodec::new(MAX).decode(&mut small).unwrap(), None);
@@ -361,13 +376,13 @@ fn small_messages_reuse_the_read_buffer() {
 fn reply_codec_streams_large_messages_on_request() {
     const SHRINK_AFTER: usize = 16 * 1024;
     use staleguard::wire::replies::PIECE_ROOM;
-    use staleguard::wire::{Incoming, ReplyCodec};
+    use staleguard::wire::{Incoming, StreamCodec};
     let mut large = with_length(1_000_000, OpCode::MSG, &vec![5; 1_000_000 - HEADER_LEN]);
     // moreToCome
     large[16] = 2;
     let small = ping(3);
     for stream in [true, false] {
-        let mut c = ReplyCodec::new(48_000_000, 64 * 1024);
+        let mut c = StreamCodec::replies(48_000_000, 64 * 1024);
         let mut buf = BytesMut::with_capacity(8 * 1024);
         assert_eq!(
             read_through(&mut c, &mut buf, &small),
@@ -377,7 +392,7 @@ fn reply_codec_streams_large_messages_on_request() {
         let mut head_only = BytesMut::new();
         head_only.put_slice(&large[..19]);
         assert_eq!(
-            ReplyCodec::new(48_000_000, 64 * 1024)
+            StreamCodec::replies(48_000_000, 64 * 1024)
                 .decode(&mut head_only)
                 .unwrap(),
             None

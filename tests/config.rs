@@ -224,7 +224,7 @@ fn empty_file_is_all_defaults() {
     assert_eq!(c.max_message_size, 48_000_000);
     assert_eq!(c.connect_timeout, Duration::from_secs(5));
     assert_eq!(c.shutdown_timeout, Duration::from_secs(10));
-    assert_eq!(c.layout, Layout::Shared);
+    assert_eq!(c.layout, Layout::PerCore);
     assert_eq!(c.admin_listen.as_deref(), Some("127.0.0.1:9187"));
     assert_eq!(c.admin_token, None);
     assert_eq!(c.health_interval, Some(Duration::from_secs(5)));
@@ -745,7 +745,7 @@ mode = "passthrough"
     assert!(out.contains("max_message_size          48000000"), "{out}");
     assert!(out.contains("connect_timeout           5s"), "{out}");
     assert!(out.contains("shutdown_timeout          10s"), "{out}");
-    assert!(out.contains("layout                    shared"), "{out}");
+    assert!(out.contains("layout                    per-core"), "{out}");
     // Four tables keyed by `#`, each under its title; every setting in one of them.
     let cells = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let table = |title: &str| -> Vec<Vec<String>> {

@@ -234,14 +234,14 @@ async fn settings_that_need_a_restart_keep_their_old_values() {
     let env = env("strict", "strict").await;
     let changed = text(&env.fake, "strict", "fallback").replacen(
         "listen = \"127.0.0.1:0\"",
-        "listen = \"127.0.0.1:1\"\nlayout = \"per-core\"",
+        "listen = \"127.0.0.1:1\"\nlayout = \"shared\"",
         1,
     );
     write(&env.path, &changed);
     env.proxy.reload().expect("valid config");
     let c = env.proxy.shared().config.load();
     assert_eq!(c.listen, "127.0.0.1:0");
-    assert_eq!(c.layout, staleguard::config::Layout::Shared);
+    assert_eq!(c.layout, staleguard::config::Layout::PerCore);
     assert_eq!(env.mode_of("shop"), Mode::Fallback);
     let s = get(admin(&env.proxy), "/status", &[]).await.json();
     let msgs = &s["config"]["last_reload"]["messages"];
@@ -252,7 +252,7 @@ async fn settings_that_need_a_restart_keep_their_old_values() {
     );
     let msg = msgs[1].as_str().unwrap_or_default();
     assert!(
-        msg.contains("layout: changed to `per-core`") && msg.contains("still `shared`"),
+        msg.contains("layout: changed to `shared`") && msg.contains("still `per-core`"),
         "{msg}"
     );
     // Still accepting on the old address.

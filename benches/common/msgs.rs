@@ -214,11 +214,28 @@ pub fn find_reply_body() -> RawDocumentBuf {
 
 /// The body of the fake mongos's answer to a `find`: the one-document reply, or about
 /// `bytes` bytes of documents when `bytes` is not 0 (the large-reply runs, `E2E_REPLY_BYTES`).
-pub fn find_reply_for(bytes: usize) -> RawDocumentBuf {
-    if bytes == 0 {
+/// The fake mongos's `find` reply: `docs` small documents when not 0, else about `bytes`
+/// bytes of 1 KiB documents when not 0, else the one-document reply.
+pub fn find_reply_for(bytes: usize, docs: usize) -> RawDocumentBuf {
+    if docs > 0 {
+        small_docs_reply_body(docs)
+    } else if bytes == 0 {
         find_reply_body()
     } else {
         big_cursor_reply_body(bytes)
+    }
+}
+
+/// A `find` reply whose first batch holds `n` small documents (`{_id, qty}`, about 31 bytes
+/// each with their array index), every `_id` distinct: what the orphan scan reads.
+pub fn small_docs_reply_body(n: usize) -> RawDocumentBuf {
+    let mut batch = bson::RawArrayBuf::new();
+    for i in 0..n as i32 {
+        batch.push(rawdoc! { "_id": i, "qty": 10_i32 });
+    }
+    rawdoc! {
+        "cursor": { "firstBatch": batch, "id": 0_i64, "ns": "demo.store_inventory" },
+        "ok": 1.0,
     }
 }
 

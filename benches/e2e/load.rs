@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::callgrind;
 use crate::counts::{self, Counts};
 use crate::msgs;
 use crate::procs;
@@ -34,6 +35,12 @@ pub struct Spec {
     /// connection sends on a schedule of `conns / rate` seconds instead of as soon as its
     /// last reply arrived (a late reply delays only that connection's next send).
     pub rate: Option<f64>,
+    /// The proxy runs under callgrind: count its instructions in the window
+    /// (`E2E_CALLGRIND`).
+    pub callgrind: bool,
+    /// How many of the connections send (`E2E_ACTIVE`); the others stay open and idle
+    /// after their handshake.
+    pub active: Option<usize>,
 }
 
 pub struct Outcome {
@@ -49,6 +56,8 @@ pub struct Outcome {
     pub unexpected: u64,
     /// System calls and context switches of the proxy in the window, when asked for.
     pub counts: Option<Result<Counts, String>>,
+    /// Instructions the proxy executed in the window (callgrind), when asked for.
+    pub instructions: Option<Result<u64, String>>,
 }
 
 impl Outcome {
@@ -76,6 +85,14 @@ impl Outcome {
     pub fn load_cpu_us_per_rt(&self) -> Option<f64> {
         self.load_cpu_secs
             .map(|c| c * 1e6 / self.round_trips.max(1) as f64)
+    }
+
+    /// Proxy instructions per round trip (callgrind), when counted.
+    pub fn instructions_per_rt(&self) -> Option<f64> {
+        match &self.instructions {
+            Some(Ok(n)) => Some(*n as f64 / self.round_trips.max(1) as f64),
+            _ => None,
+        }
     }
 
     pub fn sys_share(&self) -> Option<f64> {
@@ -212,22 +229,30 @@ struct ConnResult {
 }
 
 pub async fn run(spec: &Spec) -> Result<Outcome, String> {
-    let clients = connect_many(spec.addr, spec.conns).await?;
+    let mut clients = connect_many(spec.addr, spec.conns).await?;
+    let active = spec.active.unwrap_or(spec.conns).min(spec.conns);
+    // Held open, idle, until the window ends.
+    let idle = clients.split_off(active);
     let t0 = Instant::now();
     let warm_end = t0 + spec.warmup;
     let end = warm_end + spec.measure;
     let (count, measure, spec_pid) = (spec.count, spec.measure, spec.cpu_pid);
+    let grind = spec.callgrind.then_some(spec.cpu_pid).flatten();
     // Each connection's interval between sends at the offered rate, and its first send
     // spread over one interval so the connections do not send in step.
     let interval = spec
         .rate
-        .map(|r| Duration::from_secs_f64(spec.conns as f64 / r.max(1.0)));
-    let n = spec.conns.max(1) as u32;
+        .map(|r| Duration::from_secs_f64(active.max(1) as f64 / r.max(1.0)));
+    let n = active.max(1) as u32;
     // The proxy's CPU (all its threads) and this process's own (the load generator; the
     // orchestrator is idle meanwhile), both from /proc/PID/stat at both ends of the window.
     let me = std::process::id();
     let sampler = tokio::spawn(async move {
         tokio::time::sleep_until(warm_end).await;
+        let zeroed = match grind {
+            Some(pid) => Some(blocking(move || callgrind::zero(pid)).await),
+            None => None,
+        };
         let window = match (count, spec_pid) {
             (true, Some(pid)) => Some(counts::start(pid, measure)),
             _ => None,
@@ -237,6 +262,11 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         tokio::time::sleep_until(end).await;
         let b = spec_pid.and_then(procs::cpu_seconds);
         let lb = procs::cpu_seconds(me);
+        let instructions = match (grind, zeroed) {
+            (Some(pid), Some(Ok(()))) => Some(blocking(move || callgrind::instructions(pid)).await),
+            (_, Some(Err(e))) => Some(Err(e)),
+            _ => None,
+        };
         let counted = match window {
             Some(Ok(w)) => Some(
                 tokio::task::spawn_blocking(move || w.finish())
@@ -247,7 +277,8 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
             None => None,
         };
         let load = la.zip(lb).map(|(a, b)| (b.0 + b.1) - (a.0 + a.1));
-        (a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1)), load, counted)
+        let cpu = a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1));
+        (cpu, load, counted, instructions)
     });
     let joins: Vec<_> = clients
         .into_iter()
@@ -269,7 +300,9 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         lat_ns.extend_from_slice(&r.lat_ns);
         unexpected += r.unexpected;
     }
-    let (cpu_secs, load_cpu_secs, counts) = sampler.await.map_err(|e| e.to_string())?;
+    let (cpu_secs, load_cpu_secs, counts, instructions) =
+        sampler.await.map_err(|e| e.to_string())?;
+    drop(idle);
     lat_ns.sort_unstable();
     Ok(Outcome {
         round_trips: lat_ns.len() as u64,
@@ -279,7 +312,17 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         load_cpu_secs,
         unexpected,
         counts,
+        instructions,
     })
+}
+
+/// Runs `f` on the blocking pool (a helper program the load's workers must not wait on).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
 }
 
 /// A connection's send schedule at a fixed offered rate.

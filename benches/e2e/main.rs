@@ -14,8 +14,10 @@
 //! generator's; then RSS per idle connection pair; then PASS/MISS against the targets of
 //! issue 6.
 
+mod callgrind;
 mod counts;
 mod forwarder;
+mod guard;
 mod load;
 mod memory;
 mod micro;
@@ -58,15 +60,26 @@ struct Opts {
     memory: bool,
     /// Count the proxy's system calls and context switches in each window (`E2E_COUNT=1`).
     count: bool,
+    /// staleguard runs under callgrind (`E2E_SG_WRAPPER`): count its instructions in each
+    /// window (`E2E_CALLGRIND=1`).
+    callgrind: bool,
+    /// The staleguard binary to run (`E2E_SG_BIN`; default: the one this bench was built
+    /// with), to compare builds with the same harness.
+    sg_bin: std::path::PathBuf,
     /// The fake mongos answers each `find` with about this many bytes (`E2E_REPLY_BYTES`;
     /// 0: the 229-byte one-document reply).
     reply_bytes: usize,
+    /// The fake mongos answers each `find` with this many small documents instead
+    /// (`E2E_REPLY_DOCS`; 0: see `reply_bytes`).
+    reply_docs: usize,
     /// HAProxy's `nbthread` (`E2E_HAPROXY_THREADS`; default: the machine's cores, the number
     /// of worker threads staleguard's runtime starts).
     haproxy_threads: usize,
     /// Offered load, round trips per second over all connections (`E2E_RATE`); unset: each
     /// connection sends as soon as its last reply arrived (closed loop).
     rate: Option<f64>,
+    /// At most this many connections send (`E2E_ACTIVE`); the others stay open, idle.
+    active: Option<usize>,
 }
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -76,6 +89,11 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
             .unwrap_or_else(|_| panic!("{key}={v:?} cannot be parsed")),
         Err(_) => default,
     }
+}
+
+/// An environment variable set to something other than empty or `0`.
+fn flag(key: &str) -> bool {
+    std::env::var(key).is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 fn env_list(key: &str, default: &str) -> Vec<String> {
@@ -91,10 +109,17 @@ impl Opts {
     fn from_env(args: &[String]) -> Opts {
         let has = |flag: &str| args.iter().any(|a| a == flag);
         let quick = has("--quick");
+        // The CI guard (`guard.rs`): a short side-by-side at 64 connections.
+        let guard = has("--guard");
         let secs = |key: &str, full: f64, q: f64| {
-            Duration::from_secs_f64(env_or(key, if quick { q } else { full }))
+            Duration::from_secs_f64(env_or(key, if quick || guard { q } else { full }))
         };
-        let conns = env_list("E2E_CONNS", if quick { "1,16" } else { "1,16,64,256" })
+        let conns_default = match (quick, guard) {
+            (_, true) => "64",
+            (true, _) => "1,16",
+            _ => "1,16,64,256",
+        };
+        let conns = env_list("E2E_CONNS", conns_default)
             .iter()
             .map(|c| c.parse().expect("E2E_CONNS: numbers"))
             .collect();
@@ -104,15 +129,30 @@ impl Opts {
             .map(|(d, c)| (d.to_string(), c.to_string()))
             .expect("E2E_NS: db.coll");
         let memory_only = has("--memory-only");
-        Opts {
-            warmup: secs("E2E_WARMUP", 0.5, 0.2),
-            measure: secs("E2E_SECS", 3.0, 0.5),
-            rounds: env_or("E2E_ROUNDS", if quick { 1 } else { 3 }),
-            conns,
-            targets: env_list(
+        // The guard's comparison is fixed: the forwarder, HAProxy, governed reads.
+        let targets = if guard {
+            ["floor", "haproxy", "staleguard-governed"]
+                .map(String::from)
+                .to_vec()
+        } else {
+            env_list(
                 "E2E_TARGETS",
                 "direct,floor,haproxy,staleguard,staleguard-governed,staleguard-rewrite",
+            )
+        };
+        Opts {
+            warmup: secs("E2E_WARMUP", 0.5, if guard { 0.3 } else { 0.2 }),
+            measure: secs("E2E_SECS", 3.0, if guard { 1.0 } else { 0.5 }),
+            rounds: env_or(
+                "E2E_ROUNDS",
+                match (quick, guard) {
+                    (_, true) => 11,
+                    (true, _) => 1,
+                    _ => 3,
+                },
             ),
+            conns,
+            targets,
             client_threads: env_or("E2E_CLIENT_THREADS", 2),
             mem_pairs: env_or("E2E_MEM_PAIRS", if quick { 500 } else { 10_000 }),
             ns,
@@ -124,8 +164,13 @@ impl Opts {
             micro: !has("--no-micro") && !memory_only,
             latency: !has("--no-latency") && !memory_only,
             memory: !has("--no-memory"),
-            count: std::env::var("E2E_COUNT").is_ok_and(|v| !v.is_empty() && v != "0"),
+            count: flag("E2E_COUNT"),
+            callgrind: flag("E2E_CALLGRIND"),
+            sg_bin: std::env::var_os("E2E_SG_BIN")
+                .filter(|v| !v.is_empty())
+                .map_or_else(|| env!("CARGO_BIN_EXE_staleguard").into(), Into::into),
             reply_bytes: env_or("E2E_REPLY_BYTES", 0),
+            reply_docs: env_or("E2E_REPLY_DOCS", 0),
             haproxy_threads: env_or(
                 "E2E_HAPROXY_THREADS",
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -134,6 +179,10 @@ impl Opts {
                 .ok()
                 .filter(|v| !v.is_empty())
                 .map(|v| v.parse().expect("E2E_RATE: round trips per second")),
+            active: std::env::var("E2E_ACTIVE")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| v.parse().expect("E2E_ACTIVE: a number of connections")),
         }
     }
 }
@@ -152,6 +201,17 @@ fn main() {
         return;
     }
     let opts = Opts::from_env(&args);
+    if args.iter().any(|a| a == "--guard") {
+        procs::raise_nofile(65_536);
+        match guard::run(&opts) {
+            Ok(true) => return,
+            Ok(false) => std::process::exit(1),
+            Err(e) => {
+                eprintln!("e2e guard: {e}");
+                std::process::exit(2);
+            }
+        }
+    }
     if let Err(e) = orchestrate(&opts) {
         eprintln!("e2e: {e}");
         std::process::exit(1);
@@ -214,7 +274,7 @@ fn orchestrate(opts: &Opts) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let mut fleet = start_fleet(opts)?;
-    let reply_len = reply_len(opts.reply_bytes);
+    let reply_len = reply_len(opts);
     let mut summary = Summary::new(opts.judge_conns, reply_len);
     if opts.latency {
         if fleet.staleguard.is_some() && opts.targets.iter().any(|t| t == "staleguard-rewrite") {
@@ -254,6 +314,8 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
             "3".into(),
             "--reply-bytes".into(),
             opts.reply_bytes.to_string(),
+            "--reply-docs".into(),
+            opts.reply_docs.to_string(),
         ],
         "E2E_UPSTREAM_WRAPPER",
     )?;
@@ -288,10 +350,12 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
     let floor_percore = other_floor("floor-percore", "forwarder", &["--per-core"]);
     let floor_uring = other_floor("floor-uring", "forwarder-uring", &[]);
     let haproxy = if wants("haproxy") {
+        // Room for the largest connection count (HAProxy refuses past maxconn).
+        let maxconn = opts.conns.iter().copied().max().unwrap_or(0).max(4086) + 10;
         match start_haproxy(
             tmp.path(),
             upstream.addr,
-            4096,
+            maxconn,
             opts.haproxy_threads,
             "haproxy",
         ) {
@@ -377,10 +441,20 @@ fn start_staleguard(
     // second fallback namespace that never fails (breaker closed: every read tracked).
     // `min_connections = 1`, `per_connection = 10`: the harness opens the breaker from one
     // connection; `min_cooldown` as long as `cooldown`, or the first probe closes it again.
+    // Without the rewrite target those settings are left out, so that older builds
+    // (`E2E_SG_BIN`, which may not know them) read the same config.
+    let rewrite = opts.targets.iter().any(|t| t == "staleguard-rewrite");
+    let (defaults, opener) = if rewrite {
+        (
+            "[defaults]\ncooldown = \"10h\"\nmin_cooldown = \"10h\"\n\n",
+            "min_connections = 1\nper_connection = 10\n",
+        )
+    } else {
+        ("", "")
+    };
     let toml = format!(
-        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n{layout}\n\
-         [defaults]\ncooldown = \"10h\"\nmin_cooldown = \"10h\"\n\n\
-         [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\nmin_connections = 1\nper_connection = 10\n\n\
+        "listen = \"127.0.0.1:{port}\"\nupstreams = [\"{upstream}\"]\n{layout}\n{defaults}\
+         [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\n{opener}\n\
          [[namespaces]]\npattern = \"{}.{}\"\nmode = \"fallback\"\n\n\
          [[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n",
         msgs::FALLBACK_DB,
@@ -390,10 +464,7 @@ fn start_staleguard(
     );
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, toml).map_err(|e| e.to_string())?;
-    let mut cmd = procs::wrapped(
-        Path::new(env!("CARGO_BIN_EXE_staleguard")),
-        "E2E_SG_WRAPPER",
-    );
+    let mut cmd = procs::wrapped(&opts.sg_bin, "E2E_SG_WRAPPER");
     cmd.arg("--log-level")
         .arg(&opts.sg_log_level)
         .arg("run")
@@ -449,8 +520,9 @@ async fn open_breaker(staleguard: SocketAddr, upstream: SocketAddr) -> Result<()
 }
 
 /// The length of the fake mongos's `find` reply (see `msgs::find_reply_for`).
-fn reply_len(reply_bytes: usize) -> usize {
-    staleguard::wire::reply::op_msg(0, 0, 0, &msgs::find_reply_for(reply_bytes)).len()
+fn reply_len(opts: &Opts) -> usize {
+    let body = msgs::find_reply_for(opts.reply_bytes, opts.reply_docs);
+    staleguard::wire::reply::op_msg(0, 0, 0, &body).len()
 }
 
 /// Where a target's traffic goes and which process pays for it.
@@ -511,7 +583,7 @@ async fn latency_runs(
     fleet: &mut Fleet,
 ) -> Result<BTreeMap<(usize, String), Vec<Sample>>, String> {
     let targets = targets(opts, fleet);
-    let reply_len = reply_len(opts.reply_bytes);
+    let reply_len = reply_len(opts);
     let mut rows: BTreeMap<(usize, String), Vec<Sample>> = BTreeMap::new();
     for &n in &opts.conns {
         for round in 0..opts.rounds {
@@ -528,6 +600,8 @@ async fn latency_runs(
                     cpu_pid: t.cpu_pid,
                     count: opts.count,
                     rate: opts.rate,
+                    callgrind: opts.callgrind && t.name.starts_with("staleguard"),
+                    active: opts.active,
                 };
                 let out = load::run(&spec)
                     .await

@@ -1,11 +1,16 @@
 //! Memory per idle connection pair: a proxy's VmRSS idle, then with N client connections
-//! (each with its upstream connection) that did one round trip each and went quiet.
+//! (each with its upstream connection) that did one round trip each and went quiet, read
+//! [`QUIET`] later (staleguard lets an idle pair's buffers go within 1.5 s of its last
+//! message).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::load::{connect_many, upstream_stats, Client};
 use crate::procs::Proc;
+
+/// How long the pairs are quiet before the proxy's VmRSS is read.
+const QUIET: Duration = Duration::from_secs(3);
 
 pub struct MemResult {
     pub name: String,
@@ -42,7 +47,7 @@ pub async fn measure(
             r.map_err(|e| format!("{}: round trip: {e}", proxy.name))?;
         }
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(QUIET).await;
     let loaded = proxy.rss_bytes();
     let up = upstream_stats(upstream).await.ok().map(|s| s.connections);
     drop(clients);

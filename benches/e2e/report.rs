@@ -27,6 +27,8 @@ pub struct Sample {
     /// they are divided by (`E2E_COUNT=1`).
     pub counts: Option<(Counts, u64)>,
     pub count_error: Option<String>,
+    /// The proxy's instructions per round trip (`E2E_CALLGRIND=1`).
+    pub instructions: Option<f64>,
 }
 
 impl Sample {
@@ -45,10 +47,11 @@ impl Sample {
                 Some(Ok(c)) => Some((c.clone(), o.round_trips)),
                 _ => None,
             },
-            count_error: match &o.counts {
-                Some(Err(e)) => Some(e.clone()),
+            count_error: match (&o.counts, &o.instructions) {
+                (Some(Err(e)), _) | (_, Some(Err(e))) => Some(e.clone()),
                 _ => None,
             },
+            instructions: o.instructions_per_rt(),
         }
     }
 
@@ -62,6 +65,9 @@ impl Sample {
         }
         if let Some(l) = self.load_cpu_us {
             let _ = write!(s, "  load gen {l:>5.1} µs/rt");
+        }
+        if let Some(i) = self.instructions {
+            let _ = write!(s, "  instructions/rt {i:.0}");
         }
         if self.unexpected > 0 {
             let _ = write!(s, "  UNEXPECTED REPLIES {}", self.unexpected);
@@ -214,6 +220,7 @@ impl Summary {
             self.render_latency(&mut out);
             self.render_vs_haproxy(&mut out);
             self.render_counts(&mut out);
+            self.render_instructions(&mut out);
         }
         if !self.memory.is_empty() {
             self.render_memory(&mut out);
@@ -455,6 +462,32 @@ impl Summary {
             let _ = writeln!(out, "{row}");
         }
         out.push('\n');
+    }
+
+    /// User-space instructions per round trip (callgrind), for the cells that counted them.
+    fn render_instructions(&self, out: &mut String) {
+        let mut rows = String::new();
+        for ((n, t), samples) in &self.rows {
+            let each: Vec<f64> = samples.iter().filter_map(|s| s.instructions).collect();
+            if each.is_empty() {
+                continue;
+            }
+            let shown: Vec<String> = each.iter().map(|i| format!("{i:.0}")).collect();
+            let _ = writeln!(
+                rows,
+                "| {t} | {n} | {:.0} | {} |",
+                median(each.clone()),
+                shown.join(", ")
+            );
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "## User-space instructions per round trip (callgrind)\n\n\
+             | target | conns | median | rounds |\n|---|---:|---:|---|\n{rows}"
+        );
     }
 
     fn render_memory(&self, out: &mut String) {

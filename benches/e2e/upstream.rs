@@ -17,12 +17,14 @@ use crate::msgs;
 
 /// `--stale-ns db.coll --stale-first N`: answer StaleConfig to the first N finds on db.coll
 /// that do not carry `readConcern: {level: "available"}`. `--reply-bytes N`: answer every
-/// other `find` with about N bytes of documents (0: the one-document reply).
+/// other `find` with about N bytes of documents (0: the one-document reply); `--reply-docs
+/// N`: with N small documents instead.
 #[derive(Debug, Clone, Default)]
 pub struct Opts {
     pub stale_ns: Option<(String, String)>,
     pub stale_first: i64,
     pub reply_bytes: usize,
+    pub reply_docs: usize,
 }
 
 impl Opts {
@@ -42,6 +44,9 @@ impl Opts {
                 }
                 "--reply-bytes" => {
                     o.reply_bytes = it.next().and_then(|n| n.parse().ok()).unwrap_or(0)
+                }
+                "--reply-docs" => {
+                    o.reply_docs = it.next().and_then(|n| n.parse().ok()).unwrap_or(0)
                 }
                 _ => {}
             }
@@ -82,7 +87,7 @@ pub fn run(args: &[String]) {
     rt.block_on(async move {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         crate::procs::announce(listener.local_addr().expect("addr"));
-        let find = msgs::find_reply_for(opts.reply_bytes);
+        let find = msgs::find_reply_for(opts.reply_bytes, opts.reply_docs);
         let state = Arc::new(State {
             stale_left: AtomicI64::new(opts.stale_first),
             opts,

@@ -226,6 +226,13 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `write_timeout`.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bytes every session together may hold whole for mongos (large requests a policy may
+/// need whole, read before they can be sent): past it a session reads no more of such a
+/// request until room comes back (`session::upload`). Counted in units of
+/// [`HELD_UNIT`] bytes.
+pub const HELD_FOR_UPSTREAM: usize = 64 * 1024 * 1024;
+/// See [`HELD_FOR_UPSTREAM`].
+pub const HELD_UNIT: usize = 1024;
 /// Default `max_pending_reads`.
 pub const DEFAULT_MAX_PENDING_READS: usize = 1_000;
 /// Default `first_message_timeout`: a driver sends its handshake at once.
@@ -288,11 +295,11 @@ impl Default for Limits {
 pub enum Layout {
     /// One single-threaded runtime per core; each accepted connection is handed to the next
     /// one in turn and stays there, its wake-ups never crossing threads. What HAProxy and
-    /// Envoy do with their threads.
+    /// Envoy do with their threads (the default: no worker wakes another for a message).
+    #[default]
     PerCore,
     /// Every session on the one multi-threaded runtime, moved between its workers by work
-    /// stealing (the default).
-    #[default]
+    /// stealing.
     Shared,
 }
 

@@ -21,13 +21,15 @@ pub struct WhyLabel {
 }
 
 /// The `limit` labels, in the order `/metrics` lists them.
-pub const LIMITS: [&str; 13] = [
+pub const LIMITS: [&str; 15] = [
     "max_connections",
     "max_connections_per_peer",
     "first_message_timeout",
     "message_timeout",
     "idle_timeout",
     "write_timeout",
+    "upstream_write_timeout",
+    "held_for_upstream",
     "max_pending_reads",
     "max_breakers",
     "admin_max_connections",

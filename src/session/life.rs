@@ -1,88 +1,315 @@
 //! A session's lifecycle: the stop (finish what is in flight, then close), the kill (the
-//! stop's deadline: close whatever the peers do), and the deadlines the session keeps on
-//! its client (`first_message_timeout`, `message_timeout`, `idle_timeout`, `write_timeout`),
-//! looked at on a tick rather than per message.
+//! stop's deadline: close whatever the peers do), and one timer for everything the session
+//! does on a clock: the deadlines it keeps on its client (`first_message_timeout`,
+//! `message_timeout`, `idle_timeout`, `write_timeout`) and on its upstream, looked at on a
+//! tick rather than per message; the batched metrics, which reach the shared ones within
+//! `FLUSH_AFTER`; and the buffers an idle connection lets go of.
+//!
+//! Whatever ends a wait (a token cancelled, the timer) rings the lifecycle's own `Bell`. The
+//! relay polls [`Life::wake`] first in every turn, and that poll costs one load of the bell
+//! until it rings: the tokens' locks and the timer are polled again only then, never per
+//! message.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use super::bell::Bell;
+use super::counters::FLUSH_AFTER;
 use crate::config::Limits;
-use crate::wire::MessageCodec;
 
 /// A session that never goes idle adds its batched metrics at least this often (messages).
 const FLUSH_MSGS: u64 = 1024;
 
-#[derive(Debug)]
-pub(super) struct Life {
-    pub(super) stop: CancellationToken,
-    pub(super) kill: CancellationToken,
-    /// The stop was asked: the session ends once what is in flight is answered and written.
-    draining: bool,
-    /// The flush timer runs: batched metrics reach the shared ones within `FLUSH_AFTER`
-    /// even when the session goes quiet (armed once per batch, not per message).
-    flush_armed: bool,
-    /// Requests read so far, as the last tick saw them, and since when none came.
-    msgs: u64,
-    seen_msgs: u64,
-    quiet_since: Instant,
+/// While reads are followed, their deadlines are looked at this often (a coarse tick, not a
+/// timer per read): staleguard answers a read mongos left silent within this of its limit
+/// and grace.
+const READS_TICK: Duration = Duration::from_millis(100);
+
+/// How often a session that carried messages looks again whether it went quiet: one that
+/// carried nothing between two looks, with nothing in flight, lets go of its buffers, so
+/// within `FLUSH_AFTER + 2 × TRIM_AFTER` of its last message.
+const TRIM_AFTER: Duration = Duration::from_millis(500);
+
+/// What ended a wait of the lifecycle, for the relay to hand on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wake {
+    /// The stop was asked: finish what is in flight, then close.
+    Stop,
+    /// The stop's deadline passed: close now.
+    Kill,
+    /// The timer: the deadlines kept on the client are due for a look (`tick`), the
+    /// batched metrics for a flush (`flush`), the followed reads' deadlines for a look
+    /// (`reads`), or several of them.
+    Due {
+        tick: bool,
+        flush: bool,
+        reads: bool,
+    },
 }
 
 /// Why a deadline ends a session: the limit's name (the `limit` label).
 pub(super) type Limit = &'static str;
 
+pub(super) struct Life {
+    bell: Arc<Bell>,
+    /// The bell as a waker: what the tokens and the timer are polled with.
+    bell_waker: Waker,
+    stop: Pin<Box<WaitForCancellationFutureOwned>>,
+    kill: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Made at the first wait, on the runtime the session runs on (a session is made on
+    /// the accept loop's runtime and may run on another's, `layout = "per-core"`).
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The signals and the timer have been polled with the bell since it last rang (or the
+    /// timer was last moved): until it rings, nothing of them needs polling.
+    primed: bool,
+    /// The stop was seen; it was handed on (`draining`).
+    stop_seen: bool,
+    draining: bool,
+    /// The kill was seen.
+    killed: bool,
+    /// The timer went off and was not handed on yet.
+    fired: bool,
+    /// How often the deadlines are looked at, and when next.
+    tick: Duration,
+    next_tick: Instant,
+    /// When the batched metrics are due, while some wait.
+    flush_at: Option<Instant>,
+    /// When the followed reads' deadlines are due for a look, while there are any.
+    reads_at: Option<Instant>,
+    /// Requests read so far, as the last tick saw them, and since when none came.
+    msgs: u64,
+    seen_msgs: u64,
+    quiet_since: Instant,
+    /// A message under way as the ticks saw it: the request count then, and since when.
+    partial: Option<(u64, Instant)>,
+    /// Messages both ways as the last flush timer saw them (what tells an idle session).
+    seen_traffic: u64,
+    traffic: u64,
+    /// The buffers were let go of since the last message.
+    trimmed: bool,
+}
+
+impl std::fmt::Debug for Life {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Life")
+            .field("draining", &self.draining)
+            .field("killed", &self.killed)
+            .field("tick", &self.tick)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Life {
-    pub(super) fn new(stop: CancellationToken, kill: CancellationToken) -> Life {
+    /// A session's lifecycle, whose deadlines are looked at every `tick` from now.
+    pub(super) fn new(stop: CancellationToken, kill: CancellationToken, tick: Duration) -> Life {
+        let (bell, bell_waker) = Bell::new();
+        let now = Instant::now();
         Life {
-            stop,
-            kill,
+            bell_waker,
+            bell,
+            stop: Box::pin(stop.cancelled_owned()),
+            kill: Box::pin(kill.cancelled_owned()),
+            timer: None,
+            primed: false,
+            stop_seen: false,
             draining: false,
-            flush_armed: true,
+            killed: false,
+            fired: false,
+            tick,
+            next_tick: now + tick,
+            flush_at: None,
+            reads_at: None,
             msgs: 0,
             seen_msgs: 0,
-            quiet_since: Instant::now(),
+            quiet_since: now,
+            partial: None,
+            seen_traffic: 0,
+            traffic: 0,
+            trimmed: false,
         }
     }
 
+    /// The deadlines are looked at every `tick` from now on (the first message's wait
+    /// uses a shorter one than the relay).
+    pub(super) fn set_tick(&mut self, tick: Duration, now: Instant) {
+        self.tick = tick;
+        self.next_tick = now + tick;
+        self.arm();
+    }
+
+    /// The next thing the lifecycle has to say, waiting for it. Cancel-safe: what was seen
+    /// stays until it is handed on.
+    pub(super) fn wake(&mut self) -> impl Future<Output = Wake> + '_ {
+        std::future::poll_fn(move |cx| self.poll_wake(cx))
+    }
+
+    /// Resolves once the kill has come (for the waits outside the relay's turns: dialing,
+    /// a decompression set aside, the close). What else rings meanwhile is kept for the
+    /// relay.
+    pub(super) fn killed(&mut self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            self.listen(cx);
+            if self.killed {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
+    fn poll_wake(&mut self, cx: &mut Context<'_>) -> Poll<Wake> {
+        self.listen(cx);
+        if self.killed {
+            return Poll::Ready(Wake::Kill);
+        }
+        if self.stop_seen && !self.draining {
+            self.draining = true;
+            return Poll::Ready(Wake::Stop);
+        }
+        if self.fired {
+            self.fired = false;
+            let now = Instant::now();
+            let tick = now >= self.next_tick;
+            let flush = self.flush_at.is_some_and(|at| now >= at);
+            let reads = self.reads_at.is_some_and(|at| now >= at);
+            if tick {
+                self.next_tick = now + self.tick;
+            }
+            if flush {
+                self.flush_at = None;
+            }
+            if reads {
+                self.reads_at = None;
+            }
+            self.arm();
+            return Poll::Ready(Wake::Due { tick, flush, reads });
+        }
+        Poll::Pending
+    }
+
+    /// Polls the signals and the timer with the bell when it rang (or was never primed);
+    /// otherwise one load. Leaves the task's waker with the bell.
+    fn listen(&mut self, cx: &mut Context<'_>) {
+        if self.primed && !self.bell.rang() {
+            return;
+        }
+        // Taken before the polls: whatever goes off after them rings again.
+        self.bell.answer(cx);
+        let mut bcx = Context::from_waker(&self.bell_waker);
+        if !self.stop_seen && self.stop.as_mut().poll(&mut bcx).is_ready() {
+            self.stop_seen = true;
+        }
+        if !self.killed && self.kill.as_mut().poll(&mut bcx).is_ready() {
+            self.killed = true;
+        }
+        let next = self.next_due();
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(next)));
+        if !self.fired && timer.as_mut().poll(&mut bcx).is_ready() {
+            self.fired = true;
+        }
+        self.primed = true;
+    }
+
+    /// Sets the timer to the next thing due.
+    fn arm(&mut self) {
+        let at = self.next_due();
+        if let Some(timer) = self.timer.as_mut().filter(|t| t.deadline() != at) {
+            timer.as_mut().reset(at);
+        }
+        // Polled again with the bell at the next turn (a timer that went off holds no
+        // waker any more).
+        self.primed = false;
+    }
+
+    /// When the timer is due: the next tick, or the flush or the reads' look when sooner.
+    fn next_due(&self) -> Instant {
+        [self.flush_at, self.reads_at]
+            .into_iter()
+            .flatten()
+            .fold(self.next_tick, Instant::min)
+    }
+
+    /// The stop was asked and handed on: the session ends once what is in flight is
+    /// answered and written.
     pub(super) fn is_draining(&self) -> bool {
         self.draining
     }
 
-    /// The stop was asked (the kill is waited on from now on).
-    pub(super) fn drain(&mut self) {
-        self.draining = true;
+    /// Counts wait in the meter (`dirty`): they are due within `FLUSH_AFTER`. A clock read
+    /// and a timer move once per batch, not per message.
+    pub(super) fn counted(&mut self, dirty: bool) {
+        if dirty && self.flush_at.is_none() {
+            self.flush_at = Some(Instant::now() + FLUSH_AFTER);
+            self.arm();
+        }
     }
 
-    pub(super) fn flush_armed(&self) -> bool {
-        self.flush_armed
-    }
-
-    /// The flush timer fired (the batch is flushed).
-    pub(super) fn flushed(&mut self) {
-        self.flush_armed = false;
-    }
-
-    /// True when the flush timer must be armed again: counts wait (`dirty`) and it is not
-    /// running.
-    pub(super) fn rearm_flush(&mut self, dirty: bool) -> bool {
-        let rearm = dirty && !self.flush_armed;
-        self.flush_armed |= rearm;
-        rearm
-    }
-
-    /// The kill, as a busy session sees it: a load of the flag the server sets just before
-    /// it cancels the kill token (polling the token would take its lock).
-    pub(super) fn killed(flag: &AtomicBool) -> bool {
-        flag.load(Ordering::Acquire)
+    /// Reads are followed (`watching`): their deadlines are due for a look within
+    /// `READS_TICK`. A clock read and a timer move once per look, not per message.
+    pub(super) fn watch_reads(&mut self, watching: bool) {
+        if watching && self.reads_at.is_none() {
+            self.reads_at = Some(Instant::now() + READS_TICK);
+            self.arm();
+        }
     }
 
     /// A request was read; true when the batched metrics are due (a client that never
     /// pauses still reaches the shared metrics every `FLUSH_MSGS` messages).
     pub(super) fn request_read(&mut self) -> bool {
         self.msgs += 1;
+        self.traffic += 1;
+        self.trimmed = false;
         self.msgs % FLUSH_MSGS == 0
+    }
+
+    /// A message (or a piece of one) came from the upstream, or a piece of a request from
+    /// the client.
+    pub(super) fn carried(&mut self) {
+        self.traffic += 1;
+        self.trimmed = false;
+    }
+
+    /// On the flush timer: true when the session carried nothing since the previous look
+    /// and has not let go of its buffers yet (the caller does, when nothing is in flight).
+    /// Until then the timer keeps looking every `TRIM_AFTER`.
+    pub(super) fn went_quiet(&mut self) -> bool {
+        let quiet = self.traffic == self.seen_traffic;
+        self.seen_traffic = self.traffic;
+        if !quiet && !self.trimmed && self.flush_at.is_none() {
+            self.flush_at = Some(Instant::now() + TRIM_AFTER);
+            self.arm();
+        }
+        quiet && !self.trimmed
+    }
+
+    /// The buffers were let go of (until the next message).
+    pub(super) fn trimmed(&mut self) {
+        self.trimmed = true;
+    }
+
+    /// On the limits tick: how long the message under way (`partial`) has been arriving, as
+    /// the ticks saw it (from the first tick that found it, so a deadline acts within one
+    /// tick more than its setting); `None` between messages.
+    pub(super) fn partial_for(&mut self, now: Instant, partial: bool) -> Option<Duration> {
+        if !partial {
+            self.partial = None;
+            return None;
+        }
+        match self.partial {
+            Some((msgs, since)) if msgs == self.msgs => Some(now - since),
+            _ => {
+                self.partial = Some((self.msgs, now));
+                Some(Duration::ZERO)
+            }
+        }
     }
 
     /// On the limits tick: how long the client has sent nothing (a tick that finds the
@@ -105,17 +332,17 @@ pub(super) fn limits_tick(l: &Limits) -> Duration {
     quarter(shortest)
 }
 
-/// The limit a client is past: a message started longer than `message_timeout` ago, or
-/// nothing sent for `idle_timeout` (having been `quiet_for`) with nothing in flight
-/// (`idle`).
+/// The limit a client is past: a message that has been arriving for `message_timeout`
+/// (`partial_for`, `None` between messages), or nothing sent for `idle_timeout` (having been
+/// `quiet_for`) with nothing in flight (`idle`).
 pub(super) fn overdue(
     l: &Limits,
-    codec: &MessageCodec,
+    partial_for: Option<Duration>,
     quiet_for: Duration,
     idle: bool,
 ) -> Option<Limit> {
-    match codec.partial_since() {
-        Some(since) if since.elapsed() >= l.message_timeout => Some("message_timeout"),
+    match partial_for {
+        Some(d) if d >= l.message_timeout => Some("message_timeout"),
         Some(_) => None,
         None if idle && l.idle_timeout.is_some_and(|d| quiet_for >= d) => Some("idle_timeout"),
         None => None,
@@ -129,49 +356,4 @@ pub(super) fn quarter(d: Duration) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_flush_timer_is_armed_once_per_batch() {
-        let mut life = Life::new(CancellationToken::new(), CancellationToken::new());
-        assert!(life.flush_armed());
-        // Armed already: nothing to do, dirty or not.
-        assert!(!life.rearm_flush(true));
-        life.flushed();
-        assert!(!life.rearm_flush(false));
-        assert!(life.rearm_flush(true) && life.flush_armed());
-        assert!(!life.rearm_flush(true));
-    }
-
-    #[test]
-    fn a_request_every_flush_msgs_is_due_to_flush() {
-        let mut life = Life::new(CancellationToken::new(), CancellationToken::new());
-        let due = (0..2 * FLUSH_MSGS).filter(|_| life.request_read()).count();
-        assert_eq!(due, 2);
-    }
-
-    #[test]
-    fn quiet_is_measured_from_the_last_tick_that_saw_a_request() {
-        let mut life = Life::new(CancellationToken::new(), CancellationToken::new());
-        let later = Instant::now() + Duration::from_secs(3);
-        assert!(life.quiet_for(later) >= Duration::from_secs(3));
-        life.request_read();
-        // A request since the last tick: the quiet starts again.
-        assert_eq!(life.quiet_for(later), Duration::ZERO);
-        let end = later + Duration::from_secs(1);
-        assert_eq!(life.quiet_for(end), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn deadlines_are_looked_at_four_times_per_shortest_limit() {
-        let mut l = crate::config::Config::for_upstreams("127.0.0.1:0", vec![]).limits;
-        l.message_timeout = Duration::from_secs(8);
-        l.write_timeout = Duration::from_secs(4);
-        l.idle_timeout = Some(Duration::from_secs(2));
-        assert_eq!(limits_tick(&l), Duration::from_millis(500));
-        l.idle_timeout = None;
-        assert_eq!(limits_tick(&l), Duration::from_secs(1));
-        assert_eq!(quarter(Duration::from_millis(1)), Duration::from_millis(10));
-    }
-}
+mod tests;

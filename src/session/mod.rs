@@ -29,6 +29,7 @@
 //! small per-session list; other commands pay nothing more.
 
 mod arrival;
+mod bell;
 mod counters;
 mod followed;
 mod gate;
@@ -39,12 +40,13 @@ mod reads;
 mod relay;
 mod reply;
 mod request;
+mod upload;
 mod witness;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
@@ -56,10 +58,10 @@ use crate::config::Config;
 use crate::handles::SessionHandles;
 use crate::tls::Stream;
 use crate::wire::codec::FrameError;
-use crate::wire::{MessageCodec, WireError};
+use crate::wire::{Incoming, StreamCodec, WireError};
 
 use counters::Meter;
-use life::Life;
+use life::{Life, Wake};
 use peers::Peers;
 use reads::Reads;
 /// Why a session ended, and which side caused it.
@@ -104,6 +106,8 @@ impl SessionError {
 pub struct Session {
     peer: SocketAddr,
     life: Life,
+    /// Its share of the bytes held for mongos (`upload`).
+    held: upload::Held,
     h: Handler,
 }
 
@@ -141,9 +145,13 @@ impl Session {
         let config_generation = shared.config.generation();
         let config = shared.config.load_full();
         let meter = Meter::new(shared.metrics.clone());
+        // Until the first message, the deadlines are those of a new client.
+        let limits = &config.limits;
+        let tick = life::limits_tick(limits).min(life::quarter(limits.first_message_timeout));
         Session {
             peer,
-            life: Life::new(stop, kill),
+            life: Life::new(stop, kill, tick),
+            held: upload::Held::default(),
             h: Handler {
                 shared,
                 config,
@@ -165,7 +173,8 @@ impl Session {
     /// task does not hold several copies of it.
     pub async fn run(self: Box<Self>, client: Stream) {
         let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
-        self.relay(client).instrument(span).await
+        let relay = std::pin::pin!(self.relay(client).instrument(span));
+        relay::counting_polls(relay).await
     }
 
     async fn relay(self: Box<Self>, client: Stream) {
@@ -190,17 +199,17 @@ impl Session {
         CW: AsyncWrite + Unpin,
     {
         let max = self.h.config.max_message_size;
-        let mut cr = FramedRead::with_capacity(cr, MessageCodec::new(max), relay::READ_BUFFER);
+        let mut cr = FramedRead::with_capacity(cr, relay::request_codec(max), relay::READ_BUFFER);
         let Some(first) = self.first_message(&mut cr).await else {
             return;
         };
         // A stop past its deadline also ends a session still dialing its upstream.
         // Boxed: dialing (TCP, maybe TLS) happens once, and its state need not be part
         // of the session's task for the connection's whole life.
-        let h = &self.h;
+        let Session { life, h, .. } = &mut *self;
         let connected = tokio::select! {
             c = Box::pin(h.shared.upstreams.connect(&h.config, &h.shared.metrics)) => c,
-            _ = self.life.kill.cancelled() => {
+            _ = life.killed() => {
                 tracing::debug!("shutdown deadline passed while connecting upstream");
                 return;
             }
@@ -233,21 +242,19 @@ impl Session {
         this.h.meter.disconnected();
     }
 
-    /// The client's whole first message, within `first_message_timeout` of the session's
-    /// start (and `message_timeout` once it starts, `idle_timeout` if shorter); `None` when
-    /// the client leaves, misbehaves, is too slow or the proxy stops first.
+    /// The client's whole first message (or the head of a large one, which waits for the
+    /// relay's answer), within `first_message_timeout` of the session's start (and
+    /// `message_timeout` once it starts, `idle_timeout` if shorter); `None` when the client
+    /// leaves, misbehaves, is too slow or the proxy stops first.
     async fn first_message<CR: AsyncRead + Unpin>(
-        &self,
-        cr: &mut FramedRead<CR, MessageCodec>,
-    ) -> Option<Bytes> {
+        &mut self,
+        cr: &mut FramedRead<CR, StreamCodec>,
+    ) -> Option<Incoming> {
         let started = Instant::now();
-        let limits = &self.h.config.limits;
-        let first = limits.first_message_timeout;
-        let tick = life::limits_tick(limits).min(life::quarter(first));
         loop {
-            tokio::select! {
-                _ = self.life.kill.cancelled() => return None,
-                _ = self.life.stop.cancelled() => return None,
+            let wake = tokio::select! {
+                biased;
+                w = self.life.wake() => w,
                 m = cr.next() => return match m {
                     Some(Ok(m)) => Some(m),
                     Some(Err(e)) => {
@@ -256,18 +263,26 @@ impl Session {
                     }
                     None => None,
                 },
-                _ = tokio::time::sleep(tick) => {
-                    let waited = started.elapsed();
-                    let limit = if waited >= first {
-                        Some("first_message_timeout")
-                    } else {
-                        life::overdue(limits, cr.decoder(), waited, true)
-                    };
-                    if let Some(limit) = limit {
-                        self.limit_hit(limit);
-                        return None;
-                    }
-                }
+            };
+            match wake {
+                Wake::Due { tick: true, .. } => {}
+                Wake::Due { .. } => continue,
+                // A client that has sent nothing yet is owed nothing by a stop.
+                Wake::Stop | Wake::Kill => return None,
+            }
+            let now = Instant::now();
+            let waited = now - started;
+            let partial = !cr.read_buffer().is_empty() || cr.decoder().in_large();
+            let partial_for = self.life.partial_for(now, partial);
+            let limits = &self.h.config.limits;
+            let limit = if waited >= limits.first_message_timeout {
+                Some("first_message_timeout")
+            } else {
+                life::overdue(limits, partial_for, waited, true)
+            };
+            if let Some(limit) = limit {
+                self.limit_hit(limit);
+                return None;
             }
         }
     }

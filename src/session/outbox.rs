@@ -102,6 +102,13 @@ impl Outbox {
         }
     }
 
+    /// Lets go of the queue's slots when nothing waits (an idle session).
+    pub(super) fn trim(&mut self) {
+        if self.is_idle() && self.queue.capacity() > 0 {
+            self.queue = VecDeque::new();
+        }
+    }
+
     /// Drops what waits (the peer is being closed without it).
     pub(super) fn discard(&mut self) {
         *self = Outbox::default();

@@ -28,11 +28,23 @@ pub(super) struct Peers {
     streaming: bool,
     /// When the oldest request still waiting for its first reply was forwarded.
     waiting_since: Option<Instant>,
+    /// A client's large request is going to mongos in pieces (`upload`): nothing may go
+    /// between them.
+    uploading: bool,
+    /// The proxy's own requests (a resend, a confirming read) that came meanwhile; they
+    /// follow the last piece.
+    own_after_upload: Vec<Bytes>,
 }
 
 impl Peers {
     /// A client's request to mongos; `expects_reply` is false for `moreToCome`.
     pub(super) fn forward(&mut self, msg: Bytes, expects_reply: bool) {
+        self.sent(expects_reply);
+        self.to_upstream.push(msg);
+    }
+
+    /// A client's request is sent: its place among those that expect a final reply.
+    fn sent(&mut self, expects_reply: bool) {
         if expects_reply {
             self.sent_finals += 1;
             self.outstanding += 1;
@@ -40,14 +52,38 @@ impl Peers {
                 self.waiting_since = Some(Instant::now());
             }
         }
-        self.to_upstream.push(msg);
+    }
+
+    /// A client's large request going to mongos in pieces: counted as sent now (its place
+    /// is taken), its pieces follow ([`Peers::upload_piece`], [`Peers::upload_last`]).
+    pub(super) fn upload(&mut self, expects_reply: bool) {
+        self.sent(expects_reply);
+        self.uploading = true;
+    }
+
+    pub(super) fn upload_piece(&mut self, piece: Bytes) {
+        self.to_upstream.push(piece);
+    }
+
+    /// The last piece: the proxy's own requests held meanwhile follow it.
+    pub(super) fn upload_last(&mut self, piece: Bytes) {
+        self.to_upstream.push(piece);
+        self.uploading = false;
+        for msg in self.own_after_upload.drain(..) {
+            self.to_upstream.push(msg);
+        }
     }
 
     /// A request of the proxy's own (a resend, the confirming read) that expects a final
-    /// reply the client never sees; its place among the requests sent.
+    /// reply the client never sees; its place among the requests sent (after a large
+    /// request going in pieces, when one is).
     pub(super) fn send_own(&mut self, msg: Bytes) -> u64 {
         self.sent_finals += 1;
-        self.to_upstream.push(msg);
+        if self.uploading {
+            self.own_after_upload.push(msg);
+        } else {
+            self.to_upstream.push(msg);
+        }
         self.sent_finals
     }
 
@@ -126,8 +162,22 @@ impl Peers {
     /// stop cuts at once).
     pub(super) fn drained(&self) -> bool {
         (self.outstanding == 0 || self.streaming)
+            && !self.uploading
             && self.to_client.is_idle()
             && self.to_upstream.is_idle()
+    }
+
+    /// Drops what waits for both peers (the session ends without sending it).
+    pub(super) fn discard(&mut self) {
+        self.to_client.discard();
+        self.to_upstream.discard();
+        self.own_after_upload = Vec::new();
+    }
+
+    /// An idle session lets go of its outboxes' slots.
+    pub(super) fn trim(&mut self) {
+        self.to_upstream.trim();
+        self.to_client.trim();
     }
 
     /// Writes what the handlers queued, as far as the sockets take it now.

@@ -1,54 +1,97 @@
-//! The relay loop: one `select!` over everything the session waits on, whose wake-up is
-//! turned into an [`Event`] and handed to its owner: a request or a reply to the handler
+//! The relay loop: one `select!` over the lifecycle (`life`) and the peers, whose wake-up
+//! is turned into an [`Event`] and handed to its owner: a request or a reply to the handler
 //! (`request.rs`, `reply.rs`), a write step to the peers (`peers`), the stop, the kill and
-//! the deadlines to the lifecycle (`life`). Writes never block it (see `outbox`). A stop
+//! the timer to the lifecycle's handling below. Writes never block it (see `outbox`). A stop
 //! lets requests in flight finish; the kill (the stop's deadline) ends the session whatever
 //! the peers do, reading or not.
 
-use bytes::Bytes;
-use futures::StreamExt;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 
-use super::counters::FLUSH_AFTER;
-use super::life::{self, Life, Limit};
+use super::bell::Ear;
+use super::life::{self, Limit, Wake};
 use super::{client_err, gate, upstream_err, Session, SessionError};
 use crate::wire::codec::FrameError;
-use crate::wire::{Incoming, MessageCodec, ReplyCodec, Request};
+use crate::wire::{Incoming, Request, StreamCodec};
 
-/// Initial read-buffer size per direction; grows to the message size when needed, and
-/// goes back after a message larger than `wire::codec::SHRINK_AFTER`.
-pub(super) const READ_BUFFER: usize = 8 * 1024;
+/// Initial read-buffer size per direction (`wire::codec::SMALL_ROOM`): grows to the message
+/// size when needed (and the room kept between messages to 8 KiB for a connection whose
+/// messages did not fit), and goes back after a message larger than
+/// `wire::codec::SHRINK_AFTER`, and when the session goes quiet.
+pub(super) const READ_BUFFER: usize = crate::wire::codec::SMALL_ROOM;
 
-/// Replies larger than this that nothing inspects go to the client in pieces (`reply.rs`).
+/// Messages larger than this that nothing inspects go on in pieces: replies to the client
+/// (`reply.rs`), requests to mongos (`upload`).
 const STREAM_ABOVE: usize = 64 * 1024;
 
 /// The upstream side's decoder.
-pub(super) fn reply_codec(max_message_size: usize) -> ReplyCodec {
-    ReplyCodec::new(max_message_size, STREAM_ABOVE)
+pub(super) fn reply_codec(max_message_size: usize) -> StreamCodec {
+    StreamCodec::replies(max_message_size, STREAM_ABOVE)
+}
+
+/// The client side's decoder.
+pub(super) fn request_codec(max_message_size: usize) -> StreamCodec {
+    StreamCodec::requests(max_message_size, STREAM_ABOVE)
+}
+
+/// Events a session handles in one poll of its task before it lets the other sessions of
+/// its thread run: a client that floods its connection delays the others on its thread by
+/// at most this many of its messages at a time (tokio's own budget is 128 socket reads,
+/// and one read may hold many messages). A client that waits for its replies never comes
+/// near it.
+const BURST: u32 = 16;
+
+std::thread_local! {
+    /// Polls of session tasks on this thread so far: what tells a session whether its
+    /// events came in one poll.
+    static POLLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Polls `relay` (a session's task), counting each poll in `POLLS`.
+pub(super) async fn counting_polls<F: std::future::Future>(
+    mut relay: std::pin::Pin<&mut F>,
+) -> F::Output {
+    std::future::poll_fn(move |cx| {
+        POLLS.with(|p| p.set(p.get().wrapping_add(1)));
+        relay.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// The events handled in the current poll of the session's task.
+#[derive(Debug, Default)]
+struct Burst {
+    poll: u64,
+    events: u32,
+}
+
+impl Burst {
+    /// One more event; true when the session has had its share of this poll.
+    fn full(&mut self) -> bool {
+        let poll = POLLS.with(std::cell::Cell::get);
+        if poll != self.poll {
+            (self.poll, self.events) = (poll, 0);
+        }
+        self.events += 1;
+        self.events >= BURST
+    }
 }
 
 /// What woke the loop.
 enum Event {
+    /// The lifecycle: the stop, the kill, the timer.
+    Life(Wake),
     /// A write step to one peer ended.
     Wrote(Result<(), SessionError>),
     Reply(Option<Result<Incoming, FrameError>>),
-    Request(Option<Result<Bytes, FrameError>>),
-    Stop,
-    Kill,
-    Flush,
-    Tick,
-    /// Time to look at the followed reads' deadlines (mongos silent past a read's limit).
-    ReadsDue,
+    Request(Option<Result<Incoming, FrameError>>),
+    /// The budget a large request held whole waited for came (false: it never will).
+    Held(bool),
     /// The cluster answered a question a parked read waits on.
     Answer(Option<crate::confirm::Answer>),
 }
-
-/// While reads are followed, their deadlines are looked at this often (a coarse tick, not
-/// a timer per read): staleguard answers a read mongos left silent within this of its
-/// limit and grace.
-const READS_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What a turn comes to: `Ok(None)` goes on; `Ok(Some(why))` ends the session as it should,
 /// `Err` as it should not.
@@ -64,20 +107,20 @@ impl Session {
         UW: AsyncWrite + Unpin,
     {
         let max = self.h.config.max_message_size;
-        let cr = FramedRead::with_capacity(cr, MessageCodec::new(max), READ_BUFFER);
+        let cr = FramedRead::with_capacity(cr, request_codec(max), READ_BUFFER);
         let ur = FramedRead::with_capacity(ur, reply_codec(max), READ_BUFFER);
         Box::new(self).relay_framed(cr, cw, ur, uw, None).await;
     }
 
-    /// The relay over framed readers; `first` is a request read before the upstream was
-    /// dialed. Gives the session back once it is over.
+    /// The relay over framed readers; `first` is a request (or the head of a large one)
+    /// read before the upstream was dialed. Gives the session back once it is over.
     pub(super) async fn relay_framed<CR, CW, UR, UW>(
         mut self: Box<Self>,
-        mut cr: FramedRead<CR, MessageCodec>,
+        mut cr: FramedRead<CR, StreamCodec>,
         mut cw: CW,
-        mut ur: FramedRead<UR, ReplyCodec>,
+        mut ur: FramedRead<UR, StreamCodec>,
         mut uw: UW,
-        first: Option<Bytes>,
+        first: Option<Incoming>,
     ) -> Box<Self>
     where
         CR: AsyncRead + Unpin,
@@ -85,90 +128,74 @@ impl Session {
         UR: AsyncRead + Unpin,
         UW: AsyncWrite + Unpin,
     {
+        let tick = life::limits_tick(&self.h.config.limits);
+        self.life.set_tick(tick, Instant::now());
         if let Some(first) = first {
-            if let Err(e) = self.request(first).await {
+            if let Err(e) = self.on_client_item(first, &mut cr).await {
                 self.finish(Err(e), true);
                 Box::pin(self.close(&mut cw, &mut uw)).await;
                 return self;
             }
         }
-        let (kill, stop) = (self.life.kill.clone(), self.life.stop.clone());
-        // Built once: re-creating them per loop turn registers with the tokens' shared Notify
-        // on every message.
-        let (killed, stopping) = (kill.cancelled(), stop.cancelled());
-        // Batched metrics reach the shared metrics within FLUSH_AFTER even when the session
-        // goes quiet: armed once per batch, not per message. The deadlines are looked at on
-        // a tick, not per message.
-        let flush_timer = tokio::time::sleep(FLUSH_AFTER);
-        let limits_timer = tokio::time::sleep(life::limits_tick(&self.h.config.limits));
-        // Armed while reads are followed, once per tick, never per message.
-        let reads_timer = tokio::time::sleep(READS_TICK);
-        let mut reads_armed = false;
-        tokio::pin!(killed, stopping, flush_timer, limits_timer, reads_timer);
+        // Each peer's read side is polled again only after it gave something or rang: a
+        // turn does not take the other socket's readiness lock for nothing.
+        let (mut client_ear, mut upstream_ear) = (Ear::default(), Ear::default());
+        let mut burst = Burst::default();
         let end: Result<&str, SessionError> = loop {
             let streaming = ur.decoder().is_streaming();
-            if let Some(why) = self.over(streaming) {
+            if let Some(why) = self.over(streaming || cr.decoder().is_streaming()) {
                 break Ok(why);
             }
-            if self.life.rearm_flush(self.h.meter.is_dirty()) {
-                flush_timer.as_mut().reset(Instant::now() + FLUSH_AFTER);
-            }
-            if !reads_armed && self.h.reads.watching() {
-                reads_timer.as_mut().reset(Instant::now() + READS_TICK);
-                reads_armed = true;
-            }
             let (read_client, read_upstream) = self.reading(streaming);
-            let (draining, flush_armed) = (self.life.is_draining(), self.life.flush_armed());
+            // The followed reads' deadlines (mongos silent past a read's limit) are looked
+            // at on the lifecycle's timer while there are any.
+            self.life.watch_reads(self.h.reads.watching());
             let asking = self.h.reads.asking();
-            let p = &mut self.h.peers;
-            let reads = &mut self.h.reads;
-            // Biased, in this order: writes; replies before new requests (finishing work
-            // before taking more; each side is bounded by its outbox's room, so neither waits
-            // long); then the kill, the stop and the timers, which are polled only in turns
-            // where no message was ready (a timer that fires during a burst waits for its
-            // end, which is the session's own traffic; the kill is also checked above).
-            // Polling a token takes its lock: a message turn polls none. The kill comes
-            // only after the stop: one token is waited on at a time.
+            let Session { life, h, held, .. } = &mut *self;
+            let (p, reads) = (&mut h.peers, &mut h.reads);
+            let waiting = held.is_waiting();
+            // Biased, in this order: the lifecycle (one load of its bell until something
+            // rang, so a kill or a deadline is seen in the next turn even in a burst);
+            // writes; replies before new requests (finishing work before taking more; each
+            // side is bounded by its outbox's room, so neither waits long).
             let event = tokio::select! {
                 biased;
+                w = life.wake() => Event::Life(w),
                 w = p.to_upstream.step(&mut uw), if !p.to_upstream.is_idle() => {
                     Event::Wrote(w.map_err(SessionError::UpstreamIo))
                 }
                 w = p.to_client.step(&mut cw), if !p.to_client.is_idle() => {
                     Event::Wrote(w.map_err(SessionError::ClientIo))
                 }
-                rep = ur.next(), if read_upstream => Event::Reply(rep),
+                rep = upstream_ear.next(&mut ur), if read_upstream => Event::Reply(rep),
                 answer = reads.next_answer(), if asking => Event::Answer(answer),
-                req = cr.next(), if read_client => Event::Request(req),
-                _ = &mut stopping, if !draining => Event::Stop,
-                _ = &mut killed, if draining => Event::Kill,
-                _ = &mut flush_timer, if flush_armed => Event::Flush,
-                _ = &mut limits_timer => Event::Tick,
-                _ = &mut reads_timer, if reads_armed => Event::ReadsDue,
+                req = client_ear.next(&mut cr), if read_client => Event::Request(req),
+                ok = held.acquired(), if waiting => Event::Held(ok),
             };
-            match event {
-                Event::Tick => {
-                    let tick = life::limits_tick(&self.h.config.limits);
-                    limits_timer.as_mut().reset(Instant::now() + tick);
-                }
-                Event::ReadsDue => reads_armed = false,
-                _ => {}
-            }
             match self.handle(event, &mut cr, &mut ur).await {
                 Ok(None) => {}
                 Ok(Some(why)) => break Ok(why),
                 Err(e) => break Err(e),
             }
+            self.life.counted(self.h.meter.is_dirty());
             if let Err(e) = self.h.peers.write_now(&mut cw, &mut uw) {
                 break Err(e);
             }
+            if self.held.holds() {
+                self.release_held(cr.decoder());
+            }
+            if burst.full() {
+                tokio::task::yield_now().await;
+            }
         };
-        // A client closed for not reading gets nothing more: a close that waited to write
-        // to it would hold the session until the stop's deadline.
-        let not_reading = matches!(end, Ok("write_timeout"));
+        // A peer closed for not reading gets nothing more: a close that waited to write to
+        // it would hold the session until the stop's deadline. What was held for the other
+        // one goes too (its requests or replies cannot be finished).
+        let not_reading = matches!(end, Ok("write_timeout" | "upstream_write_timeout"));
         self.finish(end, cr.read_buffer().is_empty());
+        self.held.release();
         if not_reading {
-            self.h.peers.to_client.discard();
+            self.h.peers.discard();
             return self;
         }
         // Boxed, like the decompression below: a session's task is as large as the largest
@@ -181,16 +208,18 @@ impl Session {
     async fn handle<CR, UR>(
         &mut self,
         event: Event,
-        cr: &mut FramedRead<CR, MessageCodec>,
-        ur: &mut FramedRead<UR, ReplyCodec>,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        ur: &mut FramedRead<UR, StreamCodec>,
     ) -> Turn
     where
         CR: AsyncRead + Unpin,
         UR: AsyncRead + Unpin,
     {
         match event {
+            Event::Life(wake) => Ok(self.on_life(wake, cr, ur)),
             Event::Wrote(w) => w.map(|()| None),
             Event::Reply(Some(Ok(item))) => {
+                self.life.carried();
                 self.h.on_incoming(item, ur.decoder_mut());
                 Ok(None)
             }
@@ -199,33 +228,72 @@ impl Session {
                 self.h.upstream_gone();
                 Ok(Some("upstream closed"))
             }
-            Event::Request(Some(Ok(msg))) => self.on_request(msg).await,
+            Event::Request(Some(Ok(item))) => self.on_client_item(item, cr).await.map(|()| None),
             Event::Request(Some(Err(e))) => Err(client_err(e)),
             Event::Request(None) => {
                 self.h.client_gone();
                 Ok(Some("client closed"))
-            }
-            Event::Stop => {
-                self.life.drain();
-                Ok(None)
-            }
-            Event::Kill => Ok(Some("shutdown deadline passed")),
-            Event::Flush => {
-                self.life.flushed();
-                self.h.meter.flush();
-                Ok(None)
-            }
-            Event::Tick => Ok(self.on_tick(cr.decoder(), Instant::now())),
-            Event::ReadsDue => {
-                self.h.on_deadline(Instant::now());
-                Ok(None)
             }
             Event::Answer(Some(answer)) => {
                 self.h.on_answer(answer);
                 Ok(None)
             }
             Event::Answer(None) => Ok(None),
+            Event::Held(true) => {
+                cr.decoder_mut().stream(false);
+                Ok(None)
+            }
+            Event::Held(false) => Ok(Some("proxy stopping")),
         }
+    }
+
+    /// What the lifecycle says: the stop (the session drains, `over`), the kill, or the
+    /// timer: the followed reads' deadlines, the batched metrics flushed (and the buffers of
+    /// a session gone quiet let go of), the deadlines kept on the client.
+    fn on_life<CR, UR>(
+        &mut self,
+        wake: Wake,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        ur: &mut FramedRead<UR, StreamCodec>,
+    ) -> Option<&'static str> {
+        match wake {
+            Wake::Stop => None,
+            Wake::Kill => Some("shutdown deadline passed"),
+            Wake::Due { tick, flush, reads } => {
+                if reads {
+                    self.h.on_deadline(Instant::now());
+                }
+                if flush {
+                    self.h.meter.flush();
+                    if self.life.went_quiet() && self.h.peers.nothing_outstanding() {
+                        self.trim(cr, ur);
+                    }
+                }
+                if tick {
+                    return self.on_tick(cr.read_buffer(), cr.decoder(), Instant::now());
+                }
+                None
+            }
+        }
+    }
+
+    /// A session gone quiet lets go of its buffers (read buffers, outbox slots): an idle
+    /// connection pair holds little more than its task. The next message after it costs one
+    /// small read more.
+    fn trim<CR, UR>(
+        &mut self,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        ur: &mut FramedRead<UR, StreamCodec>,
+    ) {
+        for buf in [cr.read_buffer_mut(), ur.read_buffer_mut()] {
+            if buf.is_empty() {
+                *buf = BytesMut::new();
+            }
+        }
+        cr.decoder_mut().idle();
+        ur.decoder_mut().idle();
+        self.h.peers.trim();
+        self.life.trimmed();
     }
 
     /// Which peers are read in this turn. A full outbox stops the reads that feed it (a
@@ -233,34 +301,28 @@ impl Session {
     /// and on the end of a reply being streamed to the client, whose pieces nothing may come
     /// between); the write-stall watch hears whether the upstream is read.
     fn reading(&mut self, streaming: bool) -> (bool, bool) {
-        let read_client = self.h.peers.room_for_requests() && !streaming;
+        let read_client = self.h.peers.room_for_requests() && !streaming && !self.held.is_waiting();
         let read_upstream = self.h.peers.room_for_replies();
         self.h.upstream_reads(read_upstream);
         (read_client, read_upstream)
     }
 
     /// The session is over before this turn: a stop has nothing left to wait for (never in
-    /// the middle of a reply being passed on in pieces, `streaming`), or the kill came (seen
-    /// by a busy session; an idle one is woken by the token).
+    /// the middle of a reply being passed on in pieces, `streaming`).
     fn over(&self, streaming: bool) -> Option<&'static str> {
-        if self.life.is_draining() && self.h.peers.drained() && !streaming {
-            return Some("proxy stopping");
-        }
-        if Life::killed(&self.h.shared.killed) {
-            return Some("shutdown deadline passed");
-        }
-        None
+        let stopped = self.life.is_draining() && self.h.peers.drained() && !streaming;
+        stopped.then_some("proxy stopping")
     }
 
     /// One request from the client (the batched metrics flushed every so many: a client
     /// that never pauses has no round trip to flush on).
-    async fn on_request(&mut self, msg: Bytes) -> Turn {
+    pub(super) async fn on_request(&mut self, msg: Bytes) -> Result<(), SessionError> {
         let flush_due = self.life.request_read();
         self.request(msg).await?;
         if flush_due && self.h.meter.is_dirty() {
             self.h.meter.flush();
         }
-        Ok(None)
+        Ok(())
     }
 
     /// One request; a large compressed one is decompressed off the workers first (this
@@ -275,31 +337,44 @@ impl Session {
     /// The rare path of [`Session::request`], boxed so its state is not part of every
     /// session's task.
     async fn inflated(&mut self, req: Request) -> Result<(), SessionError> {
-        let kill = self.life.kill.clone();
         // The upstream is not read while this session waits (for a slot, too): a write's
         // reply arriving meanwhile is not waiting on the server. The loop's next turn
         // reads it again.
         self.h.upstream_reads(false);
-        let h = &self.h;
+        let Session { life, h, .. } = self;
         let (slots, max) = (&h.shared.inflate_slots, h.config.max_message_size);
         let opened = tokio::select! {
             r = gate::inflate_aside(req, slots, max, &h.meter) => r?,
-            _ = kill.cancelled() => return Ok(()),
+            _ = life.killed() => return Ok(()),
         };
         self.h.on_inflated(opened)
     }
 
     /// The deadlines, on their tick: a message too slow to arrive, a client idle too long,
-    /// a client that takes nothing written to it; otherwise the lists a burst left are let
-    /// go of.
-    fn on_tick(&mut self, codec: &MessageCodec, now: Instant) -> Option<Limit> {
+    /// a client that takes nothing written to it, a mongos that takes nothing written to it
+    /// (`write_timeout` too: one serving an awaitable `hello` on this connection while the
+    /// client piles a large request behind it); otherwise the lists a burst left are let go
+    /// of. The handler's own deadlines (followed reads past their budget) are looked at on
+    /// their own, shorter tick (`Wake::Due { reads }`, `Handler::on_deadline`).
+    fn on_tick(&mut self, buf: &BytesMut, codec: &StreamCodec, now: Instant) -> Option<Limit> {
         let quiet = self.life.quiet_for(now);
-        let idle = self.h.peers.nothing_outstanding();
+        let p = &mut self.h.peers;
+        let idle = p.nothing_outstanding();
         let limits = self.h.config.limits;
-        let limit = life::overdue(&limits, codec, quiet, idle).or_else(|| {
-            let stuck = self.h.peers.to_client.stuck_for(now) >= limits.write_timeout;
-            stuck.then_some("write_timeout")
-        });
+        let upstream_stuck = p.to_upstream.stuck_for(now);
+        // A request going on in pieces that mongos does not take is mongos's delay, not the
+        // client's (the upstream deadline below is for it).
+        let waiting_on_upstream = codec.is_streaming() && !p.to_upstream.is_idle();
+        let partial = (!buf.is_empty() || codec.in_large()) && !waiting_on_upstream;
+        let partial_for = self.life.partial_for(now, partial);
+        let limit = life::overdue(&limits, partial_for, quiet, idle)
+            .or_else(|| {
+                let stuck = p.to_client.stuck_for(now) >= limits.write_timeout;
+                stuck.then_some("write_timeout")
+            })
+            .or_else(|| {
+                (upstream_stuck >= limits.write_timeout).then_some("upstream_write_timeout")
+            });
         match limit {
             Some(limit) => self.limit_hit(limit),
             None => self.h.reads.shrink_idle(),
@@ -314,11 +389,11 @@ impl Session {
         C: AsyncWrite + Unpin,
         U: AsyncWrite + Unpin,
     {
-        let kill = self.life.kill.clone();
+        let Session { life, h, .. } = self;
         tokio::select! {
             biased;
-            _ = self.h.peers.close(cw, uw) => {}
-            _ = kill.cancelled() => {}
+            _ = h.peers.close(cw, uw) => {}
+            _ = life.killed() => {}
         }
     }
 

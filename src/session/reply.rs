@@ -31,7 +31,7 @@ use crate::confirm::Answer;
 use crate::policy::{self, Ending, Failure, Rung, Word};
 use crate::rewrite::{self, RewriteSpec};
 use crate::wire::dupids::IdSet;
-use crate::wire::{Head, Incoming, Reply, ReplyCodec, ReplyStatus, WireError};
+use crate::wire::{Head, Incoming, Reply, ReplyStatus, StreamCodec, WireError};
 
 /// Codes mongos returns only for a read it ran, past its authorization check (stale
 /// routing, a time limit met while running, no member to run it on): a reply with one
@@ -40,7 +40,7 @@ const RAN: [i32; 9] = [13388, 63, 150, 249, 50, 262, 202, 89, 133];
 
 impl Handler {
     /// One message, or part of one, from the upstream.
-    pub(super) fn on_incoming(&mut self, item: Incoming, codec: &mut ReplyCodec) {
+    pub(super) fn on_incoming(&mut self, item: Incoming, codec: &mut StreamCodec) {
         match item {
             Incoming::Message(msg) => self.on_reply(msg),
             Incoming::Large(head) => codec.stream(self.on_head(&head)),

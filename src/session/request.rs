@@ -67,7 +67,7 @@ impl Handler {
     /// still waiting for its reply closes the client, since its reply could be taken for
     /// theirs (an open breaker's probe above all). No driver does this: ids are unique among a
     /// connection's requests in flight.
-    fn refuse_reused_id(&mut self, request_id: i32) -> Result<(), SessionError> {
+    pub(super) fn refuse_reused_id(&mut self, request_id: i32) -> Result<(), SessionError> {
         if !self.reads.reuses(request_id) {
             return Ok(());
         }
@@ -102,6 +102,11 @@ impl Handler {
     /// reply to it arrives.
     fn send_write(&mut self, request_id: i32, frame: Bytes) {
         self.pass(frame, true);
+        self.follow_write(request_id);
+    }
+
+    /// Follows write `request_id`, just sent (whole, or the head of one going in pieces).
+    pub(super) fn follow_write(&mut self, request_id: i32) {
         let turn = (
             request_id,
             self.peers.next_place() - 1,

@@ -3,16 +3,22 @@
 //! read buffer goes back to its small default, so a connection does not keep the largest
 //! message it ever carried.
 
-use std::time::Instant;
-
 use bytes::{Bytes, BytesMut};
 use tokio_util::codec::Decoder;
 
 use super::{WireError, HEADER_LEN};
 
 /// The least room the decoder leaves for a partial frame (drivers' messages are mostly far
-/// smaller; bigger frames get exactly their size).
+/// smaller; bigger frames get exactly their size), and the room kept between messages once
+/// a connection has carried a message larger than [`SMALL_ROOM`].
 const MIN_ROOM: usize = 8 * 1024;
+
+/// The room a connection keeps between messages until one of its messages does not fit in
+/// it (and again after it went idle, [`MessageCodec::idle`]): finds, pings, hellos and their
+/// replies of a few hundred bytes take one read each, and a connection pair that carries
+/// only those holds 2 KiB of read buffers instead of 16 (what glibc keeps of them once they
+/// are let go is most of an idle pair's memory).
+pub const SMALL_ROOM: usize = 1024;
 
 /// A message larger than this leaves the read buffer on a large allocation; the next time
 /// the decoder waits for bytes, it moves what has arrived of the next message to a buffer of
@@ -24,15 +30,14 @@ pub const SHRINK_AFTER: usize = 16 * 1024;
 #[derive(Debug, Clone)]
 pub struct MessageCodec {
     max: usize,
-    /// Since when a message has been partly received (its first bytes arrived and it is
-    /// not whole yet): what a deadline for finishing a message is measured from. Read from
-    /// the clock only when a read ends inside a message.
-    partial_since: Option<Instant>,
     /// Make room for a whole declared frame at once (for a peer we trust: the upstream
     /// mongos), instead of growing with the bytes received (for clients).
     trust_declared: bool,
     /// The read buffer's allocation is one a message larger than [`SHRINK_AFTER`] needed.
     shrink_due: bool,
+    /// The room kept between messages: [`SMALL_ROOM`], or [`MIN_ROOM`] once a message did
+    /// not fit in it.
+    room: usize,
 }
 
 impl MessageCodec {
@@ -40,9 +45,9 @@ impl MessageCodec {
     pub fn new(max_message_size: usize) -> Self {
         MessageCodec {
             max: max_message_size.max(HEADER_LEN),
-            partial_since: None,
             trust_declared: false,
             shrink_due: false,
+            room: SMALL_ROOM,
         }
     }
 
@@ -57,17 +62,6 @@ impl MessageCodec {
 }
 
 impl MessageCodec {
-    /// When the message being received now started arriving; `None` between messages.
-    pub fn partial_since(&self) -> Option<Instant> {
-        self.partial_since
-    }
-
-    fn partial(&mut self) {
-        if self.partial_since.is_none() {
-            self.partial_since = Some(Instant::now());
-        }
-    }
-
     /// The largest message accepted.
     pub(crate) fn max(&self) -> usize {
         self.max
@@ -81,6 +75,12 @@ impl MessageCodec {
         } else if src.capacity() < room / 2 {
             src.reserve(room);
         }
+    }
+
+    /// The connection went idle: the room kept between messages goes back to
+    /// [`SMALL_ROOM`] (a connection that carried one large message does not keep 8 KiB).
+    pub fn idle(&mut self) {
+        self.room = SMALL_ROOM;
     }
 
     /// The buffer now holds a large allocation (a streamed message's pieces): the next wait
@@ -116,7 +116,6 @@ impl Decoder for MessageCodec {
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
         if src.is_empty() {
-            self.partial_since = None;
             // Between messages: make sure the next read has room for a whole small message.
             // Left alone, the buffer keeps only what the last frame left behind (nothing,
             // when a frame filled it exactly), `FramedRead` asks for one byte, and a 333-byte
@@ -128,11 +127,10 @@ impl Decoder for MessageCodec {
             // when larger (bytes caps that at 64 KiB).
             // After a large message, never `reserve`: it would take the large allocation
             // back once the message is dropped, and keep it for the connection's life.
-            self.ready_for(src, MIN_ROOM.min(self.max));
+            self.ready_for(src, self.room.min(self.max));
             return Ok(None);
         }
         if src.len() < 4 {
-            self.partial();
             return Ok(None);
         }
         let declared = i32::from_le_bytes([src[0], src[1], src[2], src[3]]);
@@ -146,6 +144,11 @@ impl Decoder for MessageCodec {
         }
         let len = declared as usize;
         if src.len() < len {
+            if len > self.room {
+                // This connection carries messages larger than the small room: from now
+                // on (until it goes idle) keep the usual room between them.
+                self.room = MIN_ROOM;
+            }
             // Grow with what the peer has actually sent, never with what it declares: a
             // header alone must not make us hold the declared size (an untrusted port can
             // open many connections that each declare the maximum and then trickle). The
@@ -158,11 +161,8 @@ impl Decoder for MessageCodec {
                 len.min(MIN_ROOM.max(src.len().saturating_mul(2)))
             };
             self.make_room(src, room);
-            self.partial();
             return Ok(None);
         }
-        // The next message's clock starts when the decoder next finds it partial.
-        self.partial_since = None;
         if len > SHRINK_AFTER {
             self.shrink_due = true;
         }

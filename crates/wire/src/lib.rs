@@ -32,7 +32,7 @@ pub mod stream_scan;
 
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};
-pub use replies::{Head, Incoming, ReplyCodec};
+pub use replies::{Head, Incoming, StreamCodec, REQUEST_HEAD};
 pub use request::{MsgParts, Peek, Request};
 pub use status::{inspect_reply, Reply, ReplyStatus};
 pub use stream_scan::StreamScan;

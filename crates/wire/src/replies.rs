@@ -1,6 +1,8 @@
-//! Framing for the upstream side, where a large reply need not be held whole: a reply that
-//! nothing inspects can go on to the client in pieces as they arrive, so a client that does
-//! not read it leaves the rest in mongos's socket (push-back) instead of in our memory.
+//! Framing where a large message need not be held whole: a reply that nothing inspects can
+//! go on to the client in pieces as they arrive, so a client that does not read it leaves
+//! the rest in mongos's socket (push-back) instead of in our memory; likewise a request that
+//! nothing inspects goes on to mongos in pieces, so a mongos that does not read (one serving
+//! an awaitable `hello` on that connection) leaves the rest in the client's socket.
 //!
 //! ```text
 //! small message ─────────────────────────────► Incoming::Message (whole, as MessageCodec)
@@ -8,8 +10,10 @@
 //!                                         └─► stream(false) ─► Incoming::Message (whole)
 //! ```
 //!
-//! The caller answers each [`Incoming::Large`] with [`ReplyCodec::stream`] before it reads
-//! on; a decoder left without an answer reads the message whole.
+//! The caller answers each [`Incoming::Large`] with [`StreamCodec::stream`] before it reads
+//! on; a decoder left without an answer reads the message whole. When the head is offered,
+//! the read buffer starts with the message's first [`StreamCodec::head_len`] bytes (or all
+//! of it), nothing consumed: what the caller needs to decide.
 
 use bytes::{Bytes, BytesMut};
 use tokio_util::codec::Decoder;
@@ -54,7 +58,7 @@ impl Head {
 enum State {
     /// Between messages, or inside a message read whole.
     Framing,
-    /// A [`Incoming::Large`] went out; waiting for [`ReplyCodec::stream`].
+    /// A [`Incoming::Large`] went out; waiting for [`StreamCodec::stream`].
     Asking { len: usize, more: bool },
     /// The caller said stream: this many bytes of the message are still to come.
     Streaming { left: usize, more: bool },
@@ -62,23 +66,55 @@ enum State {
     Whole,
 }
 
-/// [`MessageCodec`] (trusting the declared length) for messages up to `stream_above`
-/// bytes; larger ones are offered for streaming first.
+/// [`MessageCodec`] for messages up to `stream_above` bytes; larger ones are offered for
+/// streaming first.
 #[derive(Debug, Clone)]
-pub struct ReplyCodec {
+pub struct StreamCodec {
     inner: MessageCodec,
     stream_above: usize,
+    /// Bytes of a large message's start that must be there before it is offered.
+    head_len: usize,
     state: State,
 }
 
-impl ReplyCodec {
-    /// For the upstream (trusted) side; messages larger than `stream_above` are offered.
-    pub fn new(max_message_size: usize, stream_above: usize) -> Self {
-        ReplyCodec {
+/// The bytes a request's head is offered with: the header and what an OP_MSG's command
+/// name is read from (`body::command_name_in_prefix`).
+pub const REQUEST_HEAD: usize = HEADER_LEN + crate::body::COMMAND_PREFIX;
+
+impl StreamCodec {
+    /// For the upstream side (mongos, trusted: room for a message read whole is made at
+    /// its declared size); replies larger than `stream_above` are offered once their header
+    /// and flags are there.
+    pub fn replies(max_message_size: usize, stream_above: usize) -> Self {
+        StreamCodec {
             inner: MessageCodec::trusting(max_message_size),
-            stream_above: stream_above.max(HEAD_LEN),
+            stream_above: stream_above.max(REQUEST_HEAD),
+            head_len: HEAD_LEN,
             state: State::Framing,
         }
+    }
+
+    /// For the client side (untrusted: a message read whole grows with what arrives);
+    /// requests larger than `stream_above` are offered once [`REQUEST_HEAD`] bytes are
+    /// there.
+    pub fn requests(max_message_size: usize, stream_above: usize) -> Self {
+        StreamCodec {
+            inner: MessageCodec::new(max_message_size),
+            stream_above: stream_above.max(REQUEST_HEAD),
+            head_len: REQUEST_HEAD,
+            state: State::Framing,
+        }
+    }
+
+    /// How many bytes of a large message's start the read buffer holds when it is offered
+    /// (fewer only when the message is shorter).
+    pub fn head_len(&self) -> usize {
+        self.head_len
+    }
+
+    /// The decoder a message read whole goes through.
+    pub fn framing(&self) -> &MessageCodec {
+        &self.inner
     }
 
     /// The answer to the last [`Incoming::Large`]: `true` streams it in pieces, `false`
@@ -93,20 +129,42 @@ impl ReplyCodec {
         }
     }
 
+    /// A large message is offered (not answered yet) or being read whole.
+    pub fn holds_whole(&self) -> bool {
+        matches!(self.state, State::Asking { .. } | State::Whole)
+    }
+
+    /// A large message is under way (offered, streamed or read whole). A message being
+    /// framed is under way when the read buffer is not empty.
+    pub fn in_large(&self) -> bool {
+        !matches!(self.state, State::Framing)
+    }
+
+    /// The connection went idle: the framing keeps only the small room between messages
+    /// (see `MessageCodec::idle`).
+    pub fn idle(&mut self) {
+        self.inner.idle();
+    }
+
     /// A streamed message is under way: nothing else may be queued for the same peer until
     /// its last piece.
     pub fn is_streaming(&self) -> bool {
         matches!(self.state, State::Streaming { .. })
     }
 
-    /// The head of a message larger than `stream_above`, once its first bytes are there.
+    /// A message of `declared` bytes is one to offer (out of bounds lengths are the framing
+    /// decoder's to refuse).
+    fn is_large(&self, declared: i32) -> bool {
+        declared >= 0
+            && declared as usize > self.stream_above
+            && declared as usize <= self.inner.max()
+    }
+
+    /// The head of a message larger than `stream_above`, once its first `head_len` bytes
+    /// are there.
     fn large_head(&self, src: &[u8]) -> Option<Head> {
         let declared = i32::from_le_bytes(src.get(..4)?.try_into().ok()?);
-        // Out of bounds lengths are the framing decoder's to refuse.
-        if declared < 0
-            || declared as usize <= self.stream_above
-            || declared as usize > self.inner.max()
-        {
+        if !self.is_large(declared) || src.len() < self.head_len {
             return None;
         }
         // Read here without `Header::parse`: a message is opened once, by whoever gets it.
@@ -127,20 +185,21 @@ impl ReplyCodec {
 /// The bytes a head is read from: the header and the OP_MSG flags.
 const HEAD_LEN: usize = HEADER_LEN + 4;
 
-impl Decoder for ReplyCodec {
+impl Decoder for StreamCodec {
     type Item = Incoming;
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Incoming>, FrameError> {
         match self.state {
             State::Framing => {
-                if src.len() >= 4 && src.len() < HEAD_LEN {
+                if src.len() >= 4 && src.len() < self.head_len {
                     let declared = i32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-                    if declared as i64 > self.stream_above as i64
-                        && declared as i64 <= self.inner.max() as i64
-                    {
-                        // Wait for the flags before making room for a message that may
-                        // never be held whole.
+                    if self.is_large(declared) {
+                        // Wait for the head before making room for a message that may
+                        // never be held whole (the buffer grows with what arrives).
+                        if src.capacity() == src.len() {
+                            src.reserve(self.head_len - src.len());
+                        }
                         return Ok(None);
                     }
                 } else if let Some(head) = self.large_head(src) {

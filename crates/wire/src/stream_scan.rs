@@ -18,11 +18,15 @@
 //! - A batch document whose `_id` element is longer than [`STREAM_ID_MAX`] bytes is counted
 //!   in [`DupCount::skipped`], not examined (it still counts toward `cap`, as it would there).
 //!
+//! A batch's documents that lie whole in the piece being fed are read straight from it with
+//! the element scanner (`stream_scan/fast.rs`); the state machine reads what a piece cuts.
+//!
 //! Memory: a carry buffer for what is read whole (the header, an element's tag and key of up
 //! to 16 bytes, a value of at most 8 bytes, a kept `codeName` or `_id`), under 4 KiB, and
 //! the kept `_id`s (see `stream_scan/ids.rs`), at most `cap` × ([`STREAM_ID_MAX`] + 32) bytes.
 
 mod elems;
+mod fast;
 mod ids;
 mod message;
 
@@ -214,7 +218,10 @@ impl StreamScan {
                 Need::Ready => self.advance(),
                 _ if bytes.is_empty() => return,
                 _ => {
-                    let k = self.consume(bytes);
+                    let mut k = self.fast_batch(bytes);
+                    if k == 0 {
+                        k = self.consume(bytes);
+                    }
                     bytes = bytes.get(k..).unwrap_or_default();
                 }
             }
