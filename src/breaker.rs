@@ -33,6 +33,7 @@
 //! borrow up to `breaker_share` of it; an open breaker nobody reads expires.
 
 mod bound;
+mod close;
 mod entry;
 mod fleet;
 mod hold;
@@ -42,10 +43,11 @@ pub use entry::backoff;
 use entry::Breaker;
 
 pub use bound::MIN_EXPIRY;
+pub use close::{CloseAnswer, Said, CLOSE_READS, UNKNOWN_FALLBACK};
 pub use fleet::{closed_by_fleet, FleetClose, OwnSamples};
 pub use snapshot::Snapshot;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
@@ -126,6 +128,9 @@ pub struct Breakers {
     hold: Mutex<Option<String>>,
     /// Told of every transition after it is counted (`fleet.rs`): must not block.
     hook: std::sync::OnceLock<fleet::Hook>,
+    /// A confirming task answers close questions (`close.rs`): a streak asks before it
+    /// closes.
+    confirms_close: AtomicBool,
 }
 
 pub const DEFAULT_MAX_BREAKERS: usize = 10_000;
@@ -152,6 +157,7 @@ impl Breakers {
             metrics,
             hold: Mutex::new(None),
             hook: std::sync::OnceLock::new(),
+            confirms_close: AtomicBool::new(false),
         }
     }
 
@@ -255,7 +261,8 @@ impl Breakers {
     /// `policy::evidence` (and any confirmation) made it a [`Heard`]. `sample`: the read was
     /// admitted while the breaker was open; its word is then a sample, never an opening.
     /// What a connection that has not proved itself to the cluster says is neutral (a
-    /// probe's slot is still given back).
+    /// probe's slot is still given back). [`Said::AskToClose`]: the caller asks the cluster
+    /// before the breaker closes (`close.rs`).
     pub fn hear(
         &self,
         ns: &str,
@@ -264,9 +271,9 @@ impl Breakers {
         sample: bool,
         who: Witness,
         now: Instant,
-    ) -> Option<Transition> {
+    ) -> Said {
         let heard = if who.proven { heard } else { Heard::Neutral };
-        match (sample, heard) {
+        let outcome = match (sample, heard) {
             (false, Heard::Failed { reason, what }) => {
                 let counted = Counted {
                     policy,
@@ -274,13 +281,16 @@ impl Breakers {
                     what,
                     conn: who.conn,
                 };
-                self.record_failure(ns, &counted, now)
+                return self
+                    .record_failure(ns, &counted, now)
+                    .map_or(Said::Nothing, Said::Moved);
             }
-            (false, Heard::Answered | Heard::Neutral) => None,
-            (true, Heard::Failed { .. }) => self.sampled(ns, policy, Sample::Failed, who.conn, now),
-            (true, Heard::Answered) => self.sampled(ns, policy, Sample::Answered, who.conn, now),
-            (true, Heard::Neutral) => self.sampled(ns, policy, Sample::Unknown, who.conn, now),
-        }
+            (false, Heard::Answered | Heard::Neutral) => return Said::Nothing,
+            (true, Heard::Failed { .. }) => Sample::Failed,
+            (true, Heard::Answered) => Sample::Answered,
+            (true, Heard::Neutral) => Sample::Unknown,
+        };
+        self.sample(ns, policy, outcome, who.conn, now)
     }
 
     /// Counts a trigger error on `ns`, met by a read of client connection `conn` while the
@@ -319,7 +329,9 @@ impl Breakers {
     }
 
     /// Reports how a sample of `ns` (admitted as `Probe` or `Bounded`) from connection
-    /// `conn` ended; returns the transition when a streak of answers closed the breaker.
+    /// `conn` ended; returns the transition when a streak of answers closed the breaker
+    /// (without a confirming task; with one, see [`Breakers::hear`]).
+    #[cfg(test)]
     fn sampled(
         &self,
         ns: &str,
@@ -328,43 +340,53 @@ impl Breakers {
         conn: u64,
         now: Instant,
     ) -> Option<Transition> {
-        let t = {
-            let mut b = self.map.get_mut(ns)?;
+        self.sample(ns, policy, outcome, conn, now).transition()
+    }
+
+    fn sample(
+        &self,
+        ns: &str,
+        policy: &NsPolicy,
+        outcome: Sample,
+        conn: u64,
+        now: Instant,
+    ) -> Said {
+        let said = {
+            let Some(mut b) = self.map.get_mut(ns) else {
+                return Said::Nothing;
+            };
             if b.state != State::Open {
-                return None;
+                return Said::Nothing;
             }
+            let asking = Breakers::still_asking(&mut b, policy, now);
             match outcome {
+                Sample::Failed => {
+                    // Counted even while a close question is in flight: its answer then
+                    // finds the streak broken and cannot close.
+                    b.sample_failed(policy, now);
+                    Said::Nothing
+                }
                 Sample::Unknown => {
                     b.probe_since = None;
                     b.freed = now;
-                    None
+                    Said::Nothing
                 }
-                Sample::Failed => {
-                    b.sample_failed(policy, now);
-                    None
-                }
-                Sample::Answered if b.held => {
+                Sample::Answered if b.held || asking => {
                     b.probe_since = None;
                     b.freed = now;
-                    None
+                    b.last_answered = Some(now);
+                    Said::Nothing
                 }
-                Sample::Answered => {
-                    if !b.sample_ok(policy, conn, now) {
-                        return None;
-                    }
-                    let why = format!(
-                        "{} samples answered in a row over {} ms, from {} connections",
-                        b.streak.count,
-                        b.streak
-                            .since
-                            .map_or(0, |s| now.saturating_duration_since(s).as_millis()),
-                        b.streak.connections()
-                    );
-                    Some(self.moved(b.close(why, now)))
-                }
+                Sample::Answered => match b.sample_ok(policy, conn, now) {
+                    true => self.streak_met(&mut b, policy, now),
+                    false => Said::Nothing,
+                },
             }
         };
-        self.report(ns, t)
+        match said {
+            Said::Moved(t) => self.report(ns, Some(t)).map_or(Said::Nothing, Said::Moved),
+            other => other,
+        }
     }
 
     /// The write-stall signal cleared: every open breaker that is not held lets its next

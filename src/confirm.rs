@@ -11,15 +11,21 @@
 //! at once, so that a stale member beside a healthy one is met by at least one (confirmed
 //! when any fails, unconfirmed when all are answered).
 //!
+//! The same task answers an open breaker's *close question* (`breaker::close`): when its
+//! streak of answered samples meets the close rule, [`CLOSE_READS`] cheap reads, all of
+//! which must be answered before it closes.
+//!
 //! What the answer says ([`policy::confirmation`]) reaches the breaker as the asking
 //! connection's word (`breaker::Breakers::hear`, its share applies): confirmed, a failure;
 //! answered, nothing for a closed breaker and an answered sample for an open one (a
 //! secondary served the namespace). A session that waits on the answer (a read its own
 //! limit cut) gets it back too ([`Answer`]).
 //!
-//! Bounded: questions wait in a queue of [`QUEUE`]; at most [`IN_FLIGHT`] cheap reads run at
-//! once; one per namespace and upstream at a time, which the questions asked meanwhile join
-//! (at most [`JOINERS`]); a confirmed failure serves the questions on its namespace for
+//! Bounded: questions wait in a queue of [`QUEUE`]; at most [`IN_FLIGHT`] questions run at
+//! once, and as many close questions (`breaker::close`, [`CLOSE_READS`] cheap reads each, at
+//! most one per breaker per `min_cooldown`); one per namespace and upstream at a time, which
+//! the questions asked meanwhile join (at most [`JOINERS`]; a close question is never
+//! joined); a confirmed failure serves the questions on its namespace for
 //! [`FRESH`]; a question asked only for the evidence starts at most `per_connection` cheap
 //! reads per `window` for its connection (remembered for [`CONNECTIONS_KEPT`] connections);
 //! at most [`VIEWS_KEPT`] namespaces' view lookups are kept. A question past these bounds is
@@ -37,10 +43,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::{Breakers, Heard, Witness};
+use crate::breaker::{Breakers, CloseAnswer, Heard, Said, Witness, CLOSE_READS};
 use crate::command::ReadPrefMode;
 use crate::metrics::Metrics;
-use crate::policy::{Confirmation, NsPolicy, Reason};
+use crate::policy::{Confirmation, Mode, NsPolicy, Reason};
 use crate::state::LiveConfig;
 
 /// Questions waiting for the confirming task.
@@ -84,7 +90,37 @@ pub struct Question {
     pub what: String,
     /// Where the asking session waits for the answer, and its token.
     pub reply: Option<(mpsc::UnboundedSender<Answer>, u64)>,
+    /// A close question (`breaker::Breakers::close_answer`): [`CLOSE_READS`] cheap reads of
+    /// its own, never joined with nor answered by a time limit's question.
+    pub close: bool,
 }
+
+impl Question {
+    /// The close question an open breaker asked (`Said::AskToClose`) after a sample of
+    /// `ns` through `upstream`.
+    pub fn close(ns: Arc<str>, policy: Arc<NsPolicy>, upstream: &str, who: Witness) -> Question {
+        Question {
+            ns,
+            policy,
+            mode: None,
+            upstream: upstream.to_string(),
+            who,
+            sample: false,
+            limited: false,
+            reason: Reason::StaleRouting,
+            what: String::new(),
+            reply: None,
+            close: true,
+        }
+    }
+
+    fn key(&self) -> Key {
+        (self.upstream.clone(), self.ns.clone(), self.close)
+    }
+}
+
+/// A flight's key: upstream, namespace, close question or not.
+type Key = (String, Arc<str>, bool);
 
 /// The answer a waiting session gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,9 +175,9 @@ const FLIGHT_LOST: Duration = Duration::from_secs(5);
 struct State {
     ctx: Ctx,
     clients: ask::Clients,
-    flights: HashMap<(String, Arc<str>), Flight>,
-    /// The last answer per (upstream, namespace), and when it came.
-    recent: HashMap<(String, Arc<str>), (Instant, Confirmation)>,
+    flights: HashMap<Key, Flight>,
+    /// The last answer per (upstream, namespace), and when it came (time limits' questions).
+    recent: HashMap<Key, (Instant, Confirmation)>,
     /// Per namespace, the collection a cheap read reads (itself, or a view's source).
     views: HashMap<Arc<str>, (Instant, Arc<str>)>,
     /// Per connection, the cheap reads its limited questions started: since when, how many.
@@ -152,6 +188,8 @@ struct State {
 /// Runs the confirming task until `stop`.
 pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
     let Inbox(mut rx) = inbox;
+    // From now on an open breaker asks here before it closes on its streak.
+    ctx.breakers.confirm_closes();
     let (done, mut finished) = mpsc::unbounded_channel();
     let mut state = State {
         ctx,
@@ -177,10 +215,10 @@ pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
 impl State {
     fn question(&mut self, q: Question) {
         let now = Instant::now();
-        let key = (q.upstream.clone(), q.ns.clone());
+        let key = q.key();
         if let Some(&(at, c)) = self.recent.get(&key) {
             if now.saturating_duration_since(at) < FRESH {
-                return deliver(&self.ctx, &q, c, "shared");
+                return self.tell(&q, c, "shared");
             }
         }
         let lost = (self.flights.get(&key)).is_some_and(|f| {
@@ -189,7 +227,7 @@ impl State {
         if lost {
             if let Some(f) = self.flights.remove(&key) {
                 for w in &f.waiting {
-                    deliver(&self.ctx, w, Confirmation::Unknown, "unknown");
+                    self.tell(w, Confirmation::Unknown, "unknown");
                 }
             }
         }
@@ -198,14 +236,17 @@ impl State {
                 f.waiting.push(q);
                 return;
             }
-            return deliver(&self.ctx, &q, Confirmation::Unknown, "skipped");
+            return self.tell(&q, Confirmation::Unknown, "skipped");
         }
-        if self.flights.len() >= IN_FLIGHT || (q.limited && !self.take_share(&q, now)) {
-            return deliver(&self.ctx, &q, Confirmation::Unknown, "skipped");
+        // Close questions and time limits' questions each have their own IN_FLIGHT: clients'
+        // slow reads cannot crowd out the question a breaker asks before closing.
+        let same_kind = self.flights.keys().filter(|k| k.2 == q.close).count();
+        if same_kind >= IN_FLIGHT || (q.limited && !self.take_share(&q, now)) {
+            return self.tell(&q, Confirmation::Unknown, "skipped");
         }
         let config = self.ctx.config.load_full();
         let Some(client) = self.clients.get(&config, &q.upstream) else {
-            return deliver(&self.ctx, &q, Confirmation::Unknown, "unknown");
+            return self.tell(&q, Confirmation::Unknown, "unknown");
         };
         let source = self.source(&q.ns, now);
         let read = ask::Cheap {
@@ -215,6 +256,8 @@ impl State {
             mode: ask::mode(q.mode),
             limit: q.policy.confirm_time,
             policy: q.policy.clone(),
+            tries: if q.close { CLOSE_READS } else { ask::TRIES },
+            close: q.close,
         };
         tokio::spawn(read.run(key.clone(), self.done.clone()));
         let flight = Flight {
@@ -250,6 +293,13 @@ impl State {
         }
     }
 
+    /// Delivers an answer to `q`, and asks the close question a sample's answer raised.
+    fn tell(&mut self, q: &Question, c: Confirmation, label: &'static str) {
+        if let Some(close) = deliver(&self.ctx, q, c, label) {
+            self.question(close);
+        }
+    }
+
     fn finished(&mut self, d: ask::Done) {
         let now = Instant::now();
         if let Some(src) = d.learned {
@@ -265,26 +315,39 @@ impl State {
         // Only a failure is shared past its flight: in a partial incident each question
         // deserves its own cheap read (mongos picks a member for each), and an answer from
         // the healthy member must not hide the stale one from the next question.
-        if let Confirmation::Confirmed { .. } = d.confirmation {
-            self.recent.insert(d.key.clone(), (now, d.confirmation));
-        } else {
-            self.recent.remove(&d.key);
+        match d.confirmation {
+            Confirmation::Confirmed { .. } if !d.key.2 => {
+                self.recent.insert(d.key.clone(), (now, d.confirmation));
+            }
+            _ => {
+                self.recent.remove(&d.key);
+            }
         }
         let Some(flight) = self.flights.remove(&d.key) else {
             return;
         };
         let mut label = d.label;
         for q in &flight.waiting {
-            deliver(&self.ctx, q, d.confirmation, label);
+            self.tell(q, d.confirmation, label);
             // The first question paid for the read; the others shared its answer.
             label = "shared";
         }
     }
 }
 
-/// Tells the breaker (and the waiting session) what the cluster answered `q`.
-fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
+/// Tells the breaker (and the waiting session) what the cluster answered `q`; returns the
+/// close question the answer raised, if any.
+fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) -> Option<Question> {
     let now = Instant::now();
+    if q.close {
+        let answer = match c {
+            Confirmation::Unconfirmed => CloseAnswer::Answered,
+            Confirmation::Confirmed { code, .. } => CloseAnswer::Declined { code },
+            Confirmation::Unknown => CloseAnswer::Unknown,
+        };
+        ctx.breakers.close_answer(&q.ns, &q.policy, &answer, now);
+        return None;
+    }
     let what;
     let heard = match c {
         Confirmation::Confirmed { code, reason } => {
@@ -300,9 +363,15 @@ fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
                 what: &what,
             }
         }
-        // The cheap read was answered: the time limit was not the cluster's failure. For a
-        // sample that is no answer either (the read itself failed; in a partial incident
-        // the cheap read may have met the healthy member): neutral.
+        // The cheap reads were answered: the time limit was not the cluster's failure. For
+        // a sample of a strict namespace it is the cluster's word that its secondaries
+        // serve the namespace (a view whose healthy reads outlast the bound has no other
+        // answered samples): an answered sample, toward a streak that only asks the
+        // cluster before closing (`breaker::close`). Otherwise neutral.
+        Confirmation::Unconfirmed if q.sample && q.policy.mode == Mode::Strict => {
+            tracing::debug!(ns = %q.ns, evidence = %q.what, "time limit not confirmed: an answered sample");
+            Heard::Answered
+        }
         Confirmation::Unconfirmed => {
             tracing::debug!(ns = %q.ns, evidence = %q.what, "time limit not confirmed: the cheap read was answered");
             ctx.metrics.limits.ignored("unconfirmed");
@@ -310,7 +379,8 @@ fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
         }
         Confirmation::Unknown => Heard::Neutral,
     };
-    ctx.breakers
+    let said = ctx
+        .breakers
         .hear(&q.ns, &q.policy, heard, q.sample, q.who, now);
     ctx.metrics.breakers.confirm(match c {
         _ if label == "skipped" || label == "shared" => label,
@@ -325,4 +395,6 @@ fn deliver(ctx: &Ctx, q: &Question, c: Confirmation, label: &'static str) {
             confirmed,
         });
     }
+    (said == Said::AskToClose)
+        .then(|| Question::close(q.ns.clone(), q.policy.clone(), &q.upstream, q.who))
 }

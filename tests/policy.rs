@@ -87,8 +87,29 @@ fn assert_same_except(sent: &RawDocument, got: &RawDocument, changed: &[&str]) {
 }
 
 /// Asserts the last `find` on `coll` reached the fake exactly as the driver sent it.
+/// A cheap read of staleguard's own (`confirm`): its projection keeps nothing.
+fn cheap(msg: &[u8]) -> bool {
+    msg.windows(26).any(|w| w == b"staleguard_confirm_nothing")
+}
+
+/// Messages carrying `name` on `coll` that reached the fake mongos for clients (staleguard's
+/// own cheap reads left out).
+fn proxied(env: &Env, name: &str, coll: &str) -> Vec<bytes::Bytes> {
+    let mut up = env.upstream(name, coll);
+    up.retain(|m| !cheap(m));
+    up
+}
+
+/// The cheap reads of `coll` that reached the fake mongos.
+fn cheap_reads(env: &Env, coll: &str) -> usize {
+    env.upstream("find", coll)
+        .iter()
+        .filter(|m| cheap(m))
+        .count()
+}
+
 fn assert_last_forwarded(env: &Env, name: &str, coll: &str) {
-    let up = env.upstream(name, coll);
+    let up = proxied(env, name, coll);
     let sent = env.sent_by_driver(name, coll);
     let (Some(u), Some(s)) = (up.last(), sent.last()) else {
         panic!(
@@ -374,13 +395,14 @@ async fn fallback_open_probes_go_unmodified_a_streak_closes_a_failure_backs_off(
     // once; here one connection reads, and probes go round robin, so it waits its turn
     // (min_cooldown past the due time) between probes.
     fault.set(false);
+    let asked = cheap_reads(&env, "store_inventory");
     for i in 0..3 {
         if i > 0 {
             tokio::time::sleep(Duration::from_millis(320)).await;
         }
-        let before = env.upstream("find", "store_inventory").len();
+        let before = proxied(&env, "find", "store_inventory").len();
         assert_eq!(find(&c, None).await.expect("probe").len(), 2);
-        let up = env.upstream("find", "store_inventory");
+        let up = proxied(&env, "find", "store_inventory");
         assert_eq!(up.len(), before + 1);
         assert_last_forwarded(&env, "find", "store_inventory");
         assert_eq!(read_concern(&body(up.last().unwrap())), None);
@@ -388,10 +410,12 @@ async fn fallback_open_probes_go_unmodified_a_streak_closes_a_failure_backs_off(
             assert_eq!(env.state(INVENTORY), State::Open, "answer {i}: not yet");
         }
     }
+    // The streak asks the cluster first: twelve cheap reads, all answered, close it.
+    env.wait_state(INVENTORY, State::Closed).await;
     assert_eq!(
-        env.state(INVENTORY),
-        State::Closed,
-        "a streak of answers closes"
+        cheap_reads(&env, "store_inventory") - asked,
+        staleguard::breaker::CLOSE_READS,
+        "a streak of answers asks, and the cluster's answers close"
     );
     assert_eq!(env.errors(INVENTORY), 0, "closing clears the window");
 
@@ -404,13 +428,13 @@ async fn fallback_open_probes_go_unmodified_a_streak_closes_a_failure_backs_off(
     finds_ok(&c, 3).await;
     assert_eq!(env.state(INVENTORY), State::Open);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let before = env.upstream("find", "store_inventory").len();
+    let before = proxied(&env, "find", "store_inventory").len();
     let hits = fault.hits();
     assert_eq!(
         find(&c, None).await.expect("failed probe is retried").len(),
         2
     );
-    let up = env.upstream("find", "store_inventory");
+    let up = proxied(&env, "find", "store_inventory");
     assert_eq!(
         up.len(),
         before + 2,
@@ -432,9 +456,9 @@ async fn fallback_open_probes_go_unmodified_a_streak_closes_a_failure_backs_off(
 
     // The next probe waits again: the next read is rewritten before sending.
     find(&c, None).await.expect("rewritten read");
-    let up = env.upstream_bodies("find", "store_inventory");
+    let up = proxied(&env, "find", "store_inventory");
     assert_eq!(up.len(), before + 3);
-    assert_eq!(read_concern(up.last().unwrap()), Some(available()));
+    assert_eq!(read_concern(&body(up.last().unwrap())), Some(available()));
     assert_eq!(fault.hits(), hits + 1);
 }
 
@@ -636,6 +660,7 @@ async fn strict_refusing_breaker_probes_then_closes_on_a_streak() {
     // waits min_cooldown past the due time for another to take the next.
     tokio::time::sleep(Duration::from_millis(700)).await;
     fault.set(false);
+    let asked = cheap_reads(&env, "accounts");
     for i in 0..3 {
         if i > 0 {
             tokio::time::sleep(Duration::from_millis(320)).await;
@@ -643,9 +668,14 @@ async fn strict_refusing_breaker_probes_then_closes_on_a_streak() {
         assert_eq!(find(&c, None).await.expect("probe succeeds").len(), 1);
         assert_last_forwarded(&env, "find", "accounts");
     }
-    assert_eq!(env.state(ACCOUNTS), State::Closed);
+    // The streak asks the cluster first (twelve cheap reads, all answered) and then closes.
+    env.wait_state(ACCOUNTS, State::Closed).await;
+    assert_eq!(
+        cheap_reads(&env, "accounts") - asked,
+        staleguard::breaker::CLOSE_READS
+    );
     find(&c, None).await.expect("closed");
-    assert_eq!(env.upstream("find", "accounts").len(), up + 5);
+    assert_eq!(proxied(&env, "find", "accounts").len(), up + 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

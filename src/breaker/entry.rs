@@ -56,6 +56,9 @@ pub(super) struct Breaker {
     /// When an eligible read last met it, in ms since `Breakers::epoch` (0: never); kept
     /// by `Breakers::touch` under the map's read lock.
     pub(super) last_read: AtomicU64,
+    /// The close question (`close.rs`): in flight since, when the last was asked (the next
+    /// not before `min_cooldown` later), and how many answers in a row were unknown.
+    pub(super) asking: super::close::Asking,
 }
 
 /// Successful samples in a row while a breaker is open: it closes on a streak, not on one
@@ -141,7 +144,7 @@ impl Streak {
 
     /// Enough to close under `policy`: `close_after` in a row, from `min(min_connections, 2)`
     /// connections, spanning at least `min_cooldown` (or `cooldown`, when shorter).
-    fn enough(&self, policy: &NsPolicy, now: Instant) -> bool {
+    pub(super) fn enough(&self, policy: &NsPolicy, now: Instant) -> bool {
         let span = policy.min_cooldown.min(policy.cooldown);
         let spans = self
             .since
@@ -174,6 +177,7 @@ impl Breaker {
             opener: None,
             last_failed: None,
             last_read: AtomicU64::new(0),
+            asking: Default::default(),
         }
     }
 
@@ -209,6 +213,7 @@ impl Breaker {
         self.streak = Streak::default();
         (self.last_prober, self.last_answered) = (None, None);
         self.last_failed = None;
+        self.asking = Default::default();
         self.move_to(State::Open, why, now)
     }
 
@@ -218,6 +223,7 @@ impl Breaker {
         self.step = 0;
         self.early = false;
         self.streak = Streak::default();
+        self.asking = Default::default();
         let t = self.move_to(State::Closed, why, now);
         self.opener = None;
         t

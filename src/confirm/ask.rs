@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::command::ReadPrefMode;
 use crate::config::Config;
-use crate::policy::{self, Confirmation, NsPolicy};
+use crate::policy::{self, Confirmation, NsPolicy, Reason};
 use crate::wire::ReplyStatus;
 
 /// Cheap reads per question, sent at once: mongos picks the member of each, so a stale or
@@ -112,11 +112,16 @@ pub(super) struct Cheap {
     pub(super) mode: ReadPreference,
     pub(super) limit: Duration,
     pub(super) policy: Arc<NsPolicy>,
+    /// Cheap reads sent at once ([`TRIES`], or `breaker::CLOSE_READS` for a close question).
+    pub(super) tries: usize,
+    /// A close question: FailedToSatisfyReadPreference (133) declines too (no secondary
+    /// could be chosen), where a time limit's question calls it unknown.
+    pub(super) close: bool,
 }
 
 /// What a cheap read came to.
 pub(super) struct Done {
-    pub(super) key: (String, Arc<str>),
+    pub(super) key: super::Key,
     pub(super) confirmation: Confirmation,
     /// The collection the namespace reads, when it was looked up.
     pub(super) learned: Option<Arc<str>>,
@@ -125,7 +130,7 @@ pub(super) struct Done {
 }
 
 impl Cheap {
-    pub(super) async fn run(self, key: (String, Arc<str>), done: mpsc::UnboundedSender<Done>) {
+    pub(super) async fn run(self, key: super::Key, done: mpsc::UnboundedSender<Done>) {
         let deadline = self.limit + SLACK;
         let (learned, source) = match &self.source {
             Some(s) => (None, Some(s.clone())),
@@ -138,10 +143,11 @@ impl Cheap {
             // Whether it is a view is not known: a read of it might run a view's pipeline.
             None => Confirmation::Unknown,
             Some(src) => {
-                let reads = (0..TRIES).map(|_| tokio::time::timeout(deadline, self.read(&src)));
+                let reads =
+                    (0..self.tries).map(|_| tokio::time::timeout(deadline, self.read(&src)));
                 let answers = futures::future::join_all(reads).await;
                 let judged = answers.into_iter().map(|a| match a {
-                    Ok(status) => policy::confirmation(&self.policy, status.as_ref()),
+                    Ok(status) => judge(&self.policy, status.as_ref(), self.close),
                     Err(_) => Confirmation::Unknown,
                 });
                 combined(judged)
@@ -221,6 +227,21 @@ impl Cheap {
     }
 }
 
+/// One cheap read's reply: [`policy::confirmation`], and for a close question 133 (no
+/// member matched: the read did not reach a secondary) declines.
+fn judge(policy: &NsPolicy, status: Option<&ReplyStatus>, close: bool) -> Confirmation {
+    match status {
+        Some(s) if close && !s.ok && s.code == Some(NO_MEMBER) => Confirmation::Confirmed {
+            code: NO_MEMBER,
+            reason: Reason::of_code(NO_MEMBER),
+        },
+        _ => policy::confirmation(policy, status),
+    }
+}
+
+/// FailedToSatisfyReadPreference.
+const NO_MEMBER: i32 = 133;
+
 /// What several cheap reads of one question say together: confirmed when any failed (mongos
 /// picks a member for each, so together they reach a stale or hung one that a single read
 /// would miss half the time beside a healthy one), unconfirmed when every one was answered,
@@ -284,8 +305,40 @@ mod tests {
     }
 
     #[test]
+    fn a_close_question_declines_on_133_where_a_time_limit_s_calls_it_unknown() {
+        let p = NsPolicy::with_defaults("pay.t", crate::policy::Mode::Strict);
+        let no_member = ReplyStatus {
+            ok: false,
+            code: Some(NO_MEMBER),
+            code_name: None,
+        };
+        assert_eq!(judge(&p, Some(&no_member), false), Confirmation::Unknown);
+        assert!(matches!(
+            judge(&p, Some(&no_member), true),
+            Confirmation::Confirmed { code: 133, .. }
+        ));
+        let ok = ReplyStatus {
+            ok: true,
+            code: None,
+            code_name: None,
+        };
+        for close in [false, true] {
+            assert_eq!(judge(&p, Some(&ok), close), Confirmation::Unconfirmed);
+            assert_eq!(judge(&p, None, close), Confirmation::Unknown);
+        }
+        let stale = ReplyStatus {
+            ok: false,
+            code: Some(13388),
+            code_name: None,
+        };
+        assert!(matches!(
+            judge(&p, Some(&stale), true),
+            Confirmation::Confirmed { code: 13388, .. }
+        ));
+    }
+
+    #[test]
     fn any_failure_confirms_and_all_answers_unconfirm() {
-        use crate::policy::Reason;
         let failed = Confirmation::Confirmed {
             code: 50,
             reason: Reason::TimeLimit,

@@ -19,6 +19,9 @@ pub struct ConfirmLabel {
     pub result: &'static str,
 }
 
+/// The `result` labels of `close_questions_total`.
+pub const CLOSE_RESULTS: [&str; 3] = ["answered", "declined", "unknown"];
+
 /// The `result` labels of `confirm_reads_total`.
 pub const CONFIRM_RESULTS: [&str; 5] = ["confirmed", "unconfirmed", "unknown", "skipped", "shared"];
 
@@ -26,6 +29,7 @@ pub const CONFIRM_RESULTS: [&str; 5] = ["confirmed", "unconfirmed", "unknown", "
 pub struct BreakerMetrics {
     pub transitions: Family<TransitionLabels, Counter>,
     pub confirms: Family<ConfirmLabel, Counter>,
+    pub close_questions: Family<ConfirmLabel, Counter>,
 }
 
 impl BreakerMetrics {
@@ -43,6 +47,20 @@ impl BreakerMetrics {
         for result in CONFIRM_RESULTS {
             let _ = self.confirms.get_or_create(&ConfirmLabel { result });
         }
+        r.register(
+            "close_questions",
+            "Questions to the cluster before an open breaker closes on its streak of answered samples, each answered by cheap reads on staleguard's own connections: answered (every one ok: closed), declined (one met a trigger error: kept open, streak reset), unknown (no answer to judge: kept open; the streak alone closes after two in a row)",
+            self.close_questions.clone(),
+        );
+        for result in CLOSE_RESULTS {
+            let _ = self.close_questions.get_or_create(&ConfirmLabel { result });
+        }
+    }
+
+    pub fn close_question(&self, result: &'static str) {
+        self.close_questions
+            .get_or_create(&ConfirmLabel { result })
+            .inc();
     }
 
     pub fn confirm(&self, result: &'static str) {

@@ -11,7 +11,7 @@ use super::arrival::log_failure;
 use super::counters::Meter;
 use super::followed::Followed;
 use super::reads::Reads;
-use crate::breaker::{Heard, Witness};
+use crate::breaker::{CloseAnswer, Heard, Said, Witness};
 use crate::confirm::{Answer, Question};
 use crate::handles::SessionHandles;
 use crate::policy::{Failure, Word};
@@ -53,9 +53,11 @@ impl Witnessing<'_> {
                     what: &what,
                 };
                 let (ns, policy) = (f.ns(), f.policy());
-                self.shared
+                let said = self
+                    .shared
                     .breakers
                     .hear(ns, policy, heard, f.sample(), who, now);
+                self.ask_to_close(f, said);
                 return;
             }
             Word::Ask(failure) => {
@@ -69,9 +71,26 @@ impl Witnessing<'_> {
         };
         if f.sample() {
             let (ns, policy) = (f.ns(), f.policy());
-            self.shared
+            let said = self
+                .shared
                 .breakers
                 .hear(ns, policy, heard, f.sample(), who, now);
+            self.ask_to_close(f, said);
+        }
+    }
+
+    /// The breaker's streak met the close rule: the cluster is asked before it closes
+    /// (`breaker::close`); a question the confirming task cannot take is an unknown answer.
+    fn ask_to_close(&self, f: &Followed, said: Said) {
+        if said != Said::AskToClose {
+            return;
+        }
+        let (ns, policy) = (f.ns(), f.policy());
+        let q = Question::close(ns.clone(), policy.clone(), self.upstream, self.witness());
+        if !self.shared.confirmer.ask(q) {
+            let now = Instant::now();
+            let breakers = &self.shared.breakers;
+            breakers.close_answer(ns, policy, &CloseAnswer::Unknown, now);
         }
     }
 
@@ -121,6 +140,7 @@ impl Witnessing<'_> {
             reason: failure.reason,
             what: failure.evidence.to_string(),
             reply,
+            close: false,
         }
     }
 
