@@ -37,6 +37,7 @@ mod close;
 mod entry;
 mod fleet;
 mod hold;
+mod own;
 mod snapshot;
 
 pub use entry::backoff;
@@ -45,6 +46,7 @@ use entry::Breaker;
 pub use bound::MIN_EXPIRY;
 pub use close::{CloseAnswer, Said, CLOSE_READS, UNKNOWN_FALLBACK};
 pub use fleet::{closed_by_fleet, FleetClose, OwnSamples};
+pub use own::{OWN_ANSWERS, OWN_TICK, OWN_UNKNOWN_REST};
 pub use snapshot::Snapshot;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -43,7 +43,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::{Breakers, CloseAnswer, Heard, Said, Witness, CLOSE_READS};
+use crate::breaker::{Breakers, CloseAnswer, Heard, Said, Witness, CLOSE_READS, OWN_TICK};
 use crate::command::ReadPrefMode;
 use crate::metrics::Metrics;
 use crate::policy::{Confirmation, Mode, NsPolicy, Reason};
@@ -183,7 +183,15 @@ struct State {
     /// Per connection, the cheap reads its limited questions started: since when, how many.
     starts: HashMap<u64, (Instant, u32)>,
     done: mpsc::UnboundedSender<ask::Done>,
+    /// The upstream the next own question goes through, in turn.
+    turn: usize,
 }
+
+/// The witness of staleguard's own questions: no client connection (0 is never one).
+const OWN: Witness = Witness {
+    conn: 0,
+    proven: true,
+};
 
 /// Runs the confirming task until `stop`.
 pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
@@ -199,7 +207,10 @@ pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
         views: HashMap::new(),
         starts: HashMap::new(),
         done,
+        turn: 0,
     };
+    let mut own = tokio::time::interval(OWN_TICK);
+    own.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             q = rx.recv() => match q {
@@ -207,12 +218,34 @@ pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
                 None => return,
             },
             Some(d) = finished.recv() => state.finished(d),
+            _ = own.tick() => state.own_questions(),
             _ = stop.cancelled() => return,
         }
     }
 }
 
 impl State {
+    /// Asks staleguard's own question of every open breaker due one (`breaker::own`),
+    /// through the configured mongos routers in turn.
+    fn own_questions(&mut self) {
+        let config = self.ctx.config.load_full();
+        if config.upstreams.is_empty() || !config.confirm.own_questions {
+            return;
+        }
+        let table = &config.policy;
+        let due = self.ctx.breakers.own_questions(Instant::now(), |ns| {
+            let (db, coll) = ns.split_once('.')?;
+            table.lookup(db, coll).cloned()
+        });
+        for (ns, policy) in due {
+            self.turn = self.turn.wrapping_add(1);
+            let upstream = &config.upstreams[self.turn % config.upstreams.len()];
+            let mut q = Question::close(ns, policy, upstream, OWN);
+            q.mode = Some(ReadPrefMode::Secondary);
+            self.question(q);
+        }
+    }
+
     fn question(&mut self, q: Question) {
         let now = Instant::now();
         let key = q.key();

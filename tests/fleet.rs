@@ -182,6 +182,11 @@ health_interval = "off"
 [admin]
 listen = "127.0.0.1:0"
 
+# What the fleet carries between instances is watched here: an open breaker's own
+# questions (on by default) would close each instance on its own first.
+[confirm]
+own_questions = false
+
 [fleet]
 redis = "{redis}"
 {name}

@@ -664,7 +664,13 @@ async fn orphans_are_served_twice_on_fallback_and_never_on_strict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_primary_resumes_the_probes_close_both_breakers() {
     let cooldown = Duration::from_millis(500);
-    let env = SimEnv::start(&namespaces(2, "500ms")).await;
+    // The samples' close is watched here; staleguard's own questions (on by default) would
+    // close both before the streak does (`after_the_primary_resumes_own_questions_...`).
+    let config = format!(
+        "[confirm]\nown_questions = false\n{}",
+        namespaces(2, "500ms")
+    );
+    let env = SimEnv::start(&config).await;
     let (guarded, direct) = (env.guarded().await, env.direct().await);
     warm(&direct, &["a1", "a2"]).await;
     // Both secondaries: the confirming reads (any secondary) meet a stale one too.
@@ -1273,5 +1279,72 @@ async fn unwind_replies_never_count_as_orphans_and_real_orphans_still_do() {
         .await
         .expect("rewritten find");
     assert_eq!(orphans(), 4);
+    env.shutdown().await;
+}
+
+/// staleguard's own questions (`breaker::own`): with a streak that can never close it
+/// (`close_after` at its largest), a strict breaker that is read stays open while the
+/// incident lasts (its cheap reads meet the stale secondaries) and closes about two
+/// `min_cooldown`s (1 s each) after the primary resumes, on 24 cheap reads of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_primary_resumes_own_questions_close_a_breaker_no_streak_can() {
+    let config = r#"
+[defaults]
+min_connections = 1
+per_connection = 1000
+min_wait = "0s"
+
+[[namespaces]]
+pattern = "pay.*"
+mode = "strict"
+on_open = "refuse"
+threshold = 2
+window = "10s"
+cooldown = "3s"
+close_after = 1000
+"#;
+    let env = SimEnv::start(config).await;
+    let (guarded, direct) = (env.guarded().await, env.direct().await);
+    warm(&direct, &["a1", "a2"]).await;
+    env.incident(&["a1", "a2"]);
+    let pay_read = || doc! { "maxTimeMS": PAYMENT_MAX_TIME_MS };
+    for _ in 0..2 {
+        let r = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
+        let (code, _, msg) = error_of(r, "strict read on a stale secondary");
+        assert_eq!(code, 50, "{msg}");
+    }
+    wait_open(&env, PAYMENTS).await;
+    // Read while the incident lasts: three own questions at least, each declined.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let _ = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
+        assert_eq!(
+            env.state(PAYMENTS),
+            State::Open,
+            "closed during the incident"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let completed = env.cluster().resume_primary("shardA").expect("resume");
+    assert!(completed >= 1, "completed {completed}");
+    let healed = Instant::now();
+    while env.state(PAYMENTS) == State::Open {
+        assert!(
+            healed.elapsed() < Duration::from_secs(6),
+            "still open 6 s after the heal"
+        );
+        let _ = find_on(&guarded, PAYMENTS, doc! {}, "a1", pay_read()).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let took = healed.elapsed();
+    let snap = env.proxy.shared().breakers.snapshot();
+    let s = snap.iter().find(|s| s.ns == PAYMENTS).expect("its breaker");
+    assert!(
+        s.last_reason.contains("own questions answered 2 in a row"),
+        "{}",
+        s.last_reason
+    );
+    println!("closed {took:?} after the heal: {}", s.last_reason);
+    assert!(took < Duration::from_millis(4_500), "{took:?}");
     env.shutdown().await;
 }

@@ -265,7 +265,7 @@ impl Breakers {
     }
 
     /// The last time `b` was read, made a transition or counted an error.
-    fn last_used(&self, b: &Breaker) -> Instant {
+    pub(super) fn last_used(&self, b: &Breaker) -> Instant {
         let read = match b.last_read.load(Ordering::Relaxed) {
             0 => self.epoch,
             ms => self.epoch + Duration::from_millis(ms),

@@ -51,11 +51,19 @@ const LOST_AFTER: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Asking {
     /// In flight since.
-    since: Option<Instant>,
-    /// When the last one was asked.
+    pub(super) since: Option<Instant>,
+    /// When the last one a streak raised was asked.
     last: Option<Instant>,
-    /// Unknown answers in a row.
+    /// Unknown answers in a row (to a streak's questions).
     unknown: u32,
+    /// The question in flight is staleguard's own (`own.rs`), not a streak's.
+    pub(super) own: bool,
+    /// When staleguard's own question was last asked (or may next be, after an unknown
+    /// answer), and its answers in a row.
+    pub(super) own_last: Option<Instant>,
+    pub(super) own_answered: u32,
+    /// Unknown answers in a row to staleguard's own question.
+    pub(super) own_unknown: u32,
 }
 
 impl Asking {
@@ -147,7 +155,11 @@ impl Breakers {
             .saturating_add(LOST_AFTER);
         if now.saturating_duration_since(since) >= lost {
             b.asking.since = None;
-            b.asking.unknown = b.asking.unknown.saturating_add(1);
+            if std::mem::take(&mut b.asking.own) {
+                b.own_unknown(policy, now);
+            } else {
+                b.asking.unknown = b.asking.unknown.saturating_add(1);
+            }
             return false;
         }
         true
@@ -169,39 +181,55 @@ impl Breakers {
                 return None;
             }
             b.asking.since = None;
-            let met = !b.held && b.streak.enough(policy, now);
-            match answer {
-                CloseAnswer::Answered if met => {
-                    let why = format!(
-                        "{}; {CLOSE_READS} cheap reads answered",
-                        streak_text(&b, now)
-                    );
-                    Some(self.moved(b.close(why, now)))
-                }
-                CloseAnswer::Answered => None,
-                CloseAnswer::Declined { code } => {
-                    tracing::warn!(ns = %ns, code, streak = b.streak.count, "breaker close declined: a cheap read failed");
-                    b.asking.unknown = 0;
-                    b.streak = Default::default();
-                    b.last_failed = Some(now);
-                    None
-                }
-                CloseAnswer::Unknown => {
-                    b.asking.unknown = b.asking.unknown.saturating_add(1);
-                    if !met || b.asking.unknown < UNKNOWN_FALLBACK {
-                        None
-                    } else {
-                        let why = format!(
-                            "{}; the cluster's answer unknown {} times",
-                            streak_text(&b, now),
-                            b.asking.unknown
-                        );
-                        Some(self.moved(b.close(why, now)))
-                    }
-                }
+            if std::mem::take(&mut b.asking.own) {
+                b.own_answer(policy, answer, now)
+                    .map(|why| self.moved(b.close(why, now)))
+            } else {
+                self.streak_answer(ns, &mut b, policy, answer, now)
             }
         };
         self.report(ns, t)
+    }
+
+    /// The answer to the question a streak raised (see the module doc).
+    fn streak_answer(
+        &self,
+        ns: &str,
+        b: &mut super::Breaker,
+        policy: &NsPolicy,
+        answer: &CloseAnswer,
+        now: Instant,
+    ) -> Option<Transition> {
+        let met = !b.held && b.streak.enough(policy, now);
+        match answer {
+            CloseAnswer::Answered if met => {
+                let why = format!(
+                    "{}; {CLOSE_READS} cheap reads answered",
+                    streak_text(b, now)
+                );
+                Some(self.moved(b.close(why, now)))
+            }
+            CloseAnswer::Answered => None,
+            CloseAnswer::Declined { code } => {
+                tracing::warn!(ns = %ns, code, streak = b.streak.count, "breaker close declined: a cheap read failed");
+                b.asking.unknown = 0;
+                b.streak = Default::default();
+                b.last_failed = Some(now);
+                None
+            }
+            CloseAnswer::Unknown => {
+                b.asking.unknown = b.asking.unknown.saturating_add(1);
+                if !met || b.asking.unknown < UNKNOWN_FALLBACK {
+                    return None;
+                }
+                let why = format!(
+                    "{}; the cluster's answer unknown {} times",
+                    streak_text(b, now),
+                    b.asking.unknown
+                );
+                Some(self.moved(b.close(why, now)))
+            }
+        }
     }
 }
 

@@ -340,6 +340,8 @@ impl Breaker {
         self.probe_since = None;
         self.freed = now;
         self.streak = Streak::default();
+        // staleguard's own answers in a row are broken too (`own.rs`).
+        self.asking.own_answered = 0;
         self.last_failed = Some(now);
         self.step = self.step.saturating_add(1);
         let wait = backoff(policy, self.step);

@@ -356,10 +356,24 @@ impl Config {
     }
 }
 
-/// `[confirm]`: how staleguard's own connections for confirming reads log in.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// `[confirm]`: how staleguard's own connections for confirming reads log in, and whether
+/// open breakers ask their own question (`breaker::own`).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConfirmConfig {
     /// Default none (unauthenticated: on a cluster that requires authentication, every
     /// confirming read is refused and time limits never count).
     pub credentials: Option<Credentials>,
+    /// `own_questions`: while a breaker is open and read, staleguard asks the cluster twelve
+    /// cheap reads of its own every `min_cooldown`, and two answered in a row close it.
+    /// Default true; false leaves closing to the streak of samples and its question.
+    pub own_questions: bool,
+}
+
+impl Default for ConfirmConfig {
+    fn default() -> Self {
+        ConfirmConfig {
+            credentials: None,
+            own_questions: true,
+        }
+    }
 }

@@ -409,6 +409,7 @@ pub(super) struct RawConfirm {
     password: Option<Spanned<String>>,
     password_env: Option<Spanned<String>>,
     auth_source: Option<Spanned<String>>,
+    own_questions: Option<Spanned<bool>>,
 }
 
 /// `[confirm]`; `None` when invalid (errors recorded).
@@ -424,5 +425,9 @@ pub(super) fn confirm(ctx: &mut Ctx, v: Option<&Spanned<RawConfirm>>) -> Option<
         auth_source: c.auth_source.as_ref(),
     };
     let credentials = super::stall::credentials::credentials(ctx, &raw, table, "confirm").ok()?;
-    Some(ConfirmConfig { credentials })
+    let own_questions = c.own_questions.as_ref().is_none_or(|b| *b.get_ref());
+    Some(ConfirmConfig {
+        credentials,
+        own_questions,
+    })
 }

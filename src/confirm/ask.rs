@@ -180,7 +180,7 @@ impl Cheap {
                 .selection_criteria(criteria)
                 .await
                 .ok()?;
-            match view_source(&reply) {
+            match view_source(&reply, &coll) {
                 Some(src) => coll = src,
                 None => return Some(Arc::from(format!("{db}.{coll}"))),
             }
@@ -267,20 +267,22 @@ fn split(ns: &str) -> (&str, String) {
     (db, coll.to_string())
 }
 
-/// The source collection named by a `listCollections` reply whose first entry is a view.
-fn view_source(reply: &Document) -> Option<String> {
+/// The source collection of `coll` when a `listCollections` reply names it as a view. Only
+/// the entry named `coll` is read (a server that ignored the filter lists others first).
+fn view_source(reply: &Document, coll: &str) -> Option<String> {
     let batch = reply
         .get_document("cursor")
         .ok()?
         .get_array("firstBatch")
         .ok()?;
-    let Some(Bson::Document(first)) = batch.first() else {
-        return None;
-    };
-    if first.get_str("type").ok()? != "view" {
+    let entry = batch.iter().find_map(|e| match e {
+        Bson::Document(d) if d.get_str("name").ok() == Some(coll) => Some(d),
+        _ => None,
+    })?;
+    if entry.get_str("type").ok()? != "view" {
         return None;
     }
-    first
+    entry
         .get_document("options")
         .ok()?
         .get_str("viewOn")
@@ -297,11 +299,20 @@ mod tests {
         let view = doc! {"cursor": {"firstBatch": [
             {"name": "v", "type": "view", "options": {"viewOn": "src", "pipeline": []}}
         ], "id": 0_i64}, "ok": 1};
-        assert_eq!(view_source(&view).as_deref(), Some("src"));
+        assert_eq!(view_source(&view, "v").as_deref(), Some("src"));
+        assert_eq!(view_source(&view, "w"), None, "another name's entry");
         let coll = doc! {"cursor": {"firstBatch": [{"name": "c", "type": "collection"}], "id": 0_i64}, "ok": 1};
-        assert_eq!(view_source(&coll), None);
+        assert_eq!(view_source(&coll, "c"), None);
         let none = doc! {"cursor": {"firstBatch": [], "id": 0_i64}, "ok": 1};
-        assert_eq!(view_source(&none), None);
+        assert_eq!(view_source(&none, "v"), None);
+        // A server that ignored the filter: every collection, the view not first.
+        let all = doc! {"cursor": {"firstBatch": [
+            {"name": "a", "type": "view", "options": {"viewOn": "x", "pipeline": []}},
+            {"name": "c", "type": "collection"},
+            {"name": "v", "type": "view", "options": {"viewOn": "src", "pipeline": []}}
+        ], "id": 0_i64}, "ok": 1};
+        assert_eq!(view_source(&all, "v").as_deref(), Some("src"));
+        assert_eq!(view_source(&all, "c"), None);
     }
 
     #[test]

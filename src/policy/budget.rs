@@ -112,17 +112,24 @@ pub const PRIMARY_RUNG_CEILING_MS: i64 = 5_000;
 ///
 /// - with a budget: all of what is left (strict, the last rung), or
 ///   `min(left * share, limit)` with `available` after it;
-/// - without one: `attempt_limit`, or [`PRIMARY_RUNG_CEILING_MS`] when it is off.
+/// - without one, with `available` after it: `attempt_limit` (the `available` resend has no
+///   limit), or [`PRIMARY_RUNG_CEILING_MS`] when it is off;
+/// - without one, as the last rung: [`PRIMARY_RUNG_CEILING_MS`], or `attempt_limit` when
+///   longer. staleguard's own short limit there would fail an honest read slower than it
+///   (a 1.2 s report) that the primary would have answered, where mongos straight would
+///   have served it whenever it met a healthy secondary.
 pub fn primary_rung_ms(
     remaining: Option<i64>,
     then_available: bool,
     share: f64,
     limit: Option<Duration>,
 ) -> i64 {
+    let limit_ms = limit.map(|l| ms(l).max(1));
     match remaining.filter(|&t| t > 0) {
         Some(t) if then_available => rung_share(Some(t), share, limit).unwrap_or(t),
         Some(t) => t,
-        None => limit.map_or(PRIMARY_RUNG_CEILING_MS, |l| ms(l).max(1)),
+        None if then_available => limit_ms.unwrap_or(PRIMARY_RUNG_CEILING_MS),
+        None => limit_ms.map_or(PRIMARY_RUNG_CEILING_MS, |l| l.max(PRIMARY_RUNG_CEILING_MS)),
     }
 }
 
@@ -253,14 +260,15 @@ mod tests {
         let ceiling = PRIMARY_RUNG_CEILING_MS;
         /// (remaining, `available` after it, share, attempt_limit, expected maxTimeMS)
         type Row = (Option<i64>, bool, f64, Option<Duration>, i64);
-        let table: [Row; 12] = [
+        let table: [Row; 13] = [
             // Strict, the last rung: what the read had left, whatever the limit.
             (Some(9_500), false, HALF, LIMIT, 9_500),
             (Some(9_500), false, HALF, off, 9_500),
             (Some(1), false, HALF, LIMIT, 1),
-            // No budget: attempt_limit, or the ceiling when it is off.
-            (None, false, HALF, LIMIT, 500),
-            (None, false, HALF, Some(Duration::from_secs(2)), 2_000),
+            // No budget, the last rung: the ceiling, or attempt_limit when longer.
+            (None, false, HALF, LIMIT, ceiling),
+            (None, false, HALF, Some(Duration::from_secs(2)), ceiling),
+            (None, false, HALF, Some(Duration::from_secs(8)), 8_000),
             (None, false, HALF, off, ceiling),
             (Some(0), false, HALF, off, ceiling),
             // Fallback, `available` after it: a share of what is left, at most the limit.
@@ -279,7 +287,7 @@ mod tests {
         }
         // A tiny limit is still a limit (0 would mean none to the server).
         assert_eq!(
-            primary_rung_ms(None, false, HALF, Some(Duration::from_micros(10))),
+            primary_rung_ms(None, true, HALF, Some(Duration::from_micros(10))),
             1
         );
     }

@@ -632,13 +632,13 @@ mod tests {
                 open(),
                 primary(1000, Some(1000), fail_fast),
             ),
-            // ... attempt_limit without a budget, the ceiling when that is off.
+            // ... the ceiling without a budget (attempt_limit only when longer) ...
             (
                 "pay.ladder",
                 &secondary,
                 None,
                 open(),
-                primary(500, None, fail_fast),
+                primary(PRIMARY_RUNG_CEILING_MS, None, fail_fast),
             ),
             (
                 "pay.off",
@@ -674,7 +674,7 @@ mod tests {
                 &any,
                 None,
                 open(),
-                primary(500, None, fail_fast),
+                primary(PRIMARY_RUNG_CEILING_MS, None, fail_fast),
             ),
             (
                 "pay.ladder",

@@ -144,6 +144,11 @@ impl Env {
         } else {
             text
         };
+        // The fake mongos answers as each test scripts it, not as a cluster would: an open
+        // breaker's own questions (`breaker::own`, on by default) would meet its scripted
+        // replies in the background and close breakers these tests watch close on their
+        // samples. They are tested in `breaker::own` and by the chaos run on the sim.
+        let text = format!("{text}\n[confirm]\nown_questions = false\n");
         let config = match Config::parse(&text, Path::new("policy-test.toml")) {
             Ok(c) => Arc::new(c),
             Err(errors) => panic!("test config rejected: {errors:?}\n{text}"),
