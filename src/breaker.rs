@@ -276,6 +276,10 @@ impl Breakers {
     ) -> Said {
         let heard = if who.proven { heard } else { Heard::Neutral };
         let outcome = match (sample, heard) {
+            (false, Heard::Failed { .. }) if self.sent_before_close(ns, who.sent) => {
+                self.metrics.limits.ignored("before_close");
+                return Said::Nothing;
+            }
             (false, Heard::Failed { reason, what }) => {
                 let counted = Counted {
                     policy,
@@ -293,6 +297,13 @@ impl Breakers {
             (true, Heard::Neutral) => Sample::Unknown,
         };
         self.sample(ns, policy, outcome, who.conn, now)
+    }
+
+    /// The breaker of `ns` is closed, and closed after `sent`.
+    fn sent_before_close(&self, ns: &str, sent: Instant) -> bool {
+        self.map
+            .get(ns)
+            .is_some_and(|b| b.state == State::Closed && b.closed_at.is_some_and(|c| sent < c))
     }
 
     /// Counts a trigger error on `ns`, met by a read of client connection `conn` while the
@@ -449,6 +460,10 @@ impl Breakers {
 pub struct Witness {
     pub conn: u64,
     pub proven: bool,
+    /// When the read (the attempt) whose word this is went to the cluster: a trigger error
+    /// of a read sent before its breaker last closed says nothing of the cluster since, and
+    /// does not count toward opening it again.
+    pub sent: Instant,
 }
 
 /// What a breaker hears of one read, from `policy::evidence` (after any confirmation).

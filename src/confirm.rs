@@ -187,11 +187,15 @@ struct State {
     turn: usize,
 }
 
-/// The witness of staleguard's own questions: no client connection (0 is never one).
-const OWN: Witness = Witness {
-    conn: 0,
-    proven: true,
-};
+/// The witness of staleguard's own question asked now: no client connection (0 is never
+/// one).
+fn own_witness() -> Witness {
+    Witness {
+        conn: 0,
+        proven: true,
+        sent: Instant::now(),
+    }
+}
 
 /// Runs the confirming task until `stop`.
 pub async fn run(inbox: Inbox, ctx: Ctx, stop: CancellationToken) {
@@ -240,7 +244,7 @@ impl State {
         for (ns, policy) in due {
             self.turn = self.turn.wrapping_add(1);
             let upstream = &config.upstreams[self.turn % config.upstreams.len()];
-            let mut q = Question::close(ns, policy, upstream, OWN);
+            let mut q = Question::close(ns, policy, upstream, own_witness());
             q.mode = Some(ReadPrefMode::Secondary);
             self.question(q);
         }

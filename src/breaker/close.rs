@@ -276,7 +276,11 @@ mod tests {
     }
 
     fn hear(b: &Breakers, p: &NsPolicy, heard: Heard<'_>, conn: u64, at: Instant) -> Said {
-        let who = Witness { conn, proven: true };
+        let who = Witness {
+            conn,
+            proven: true,
+            sent: at,
+        };
         b.hear(NS, p, heard, true, who, at)
     }
 
@@ -286,6 +290,42 @@ mod tests {
         hear(b, p, Heard::Answered, 1, at);
         hear(b, p, Heard::Answered, 2, at + ms(500));
         hear(b, p, Heard::Answered, 1, at + p.min_cooldown)
+    }
+
+    /// Reads sent before the breaker closed that fail after it (they hung through the heal,
+    /// or their confirmation came late) do not open it again; reads sent after it do.
+    #[test]
+    fn errors_of_reads_sent_before_the_close_do_not_reopen_it() {
+        let t0 = Instant::now();
+        let (b, p) = opened(t0);
+        let at = t0 + ms(1_000);
+        assert_eq!(streak(&b, &p, at), Said::AskToClose);
+        let closed_at = at + p.min_cooldown + ms(30);
+        b.close_answer(NS, &p, &CloseAnswer::Answered, closed_at)
+            .expect("closes");
+        let failed = Heard::Failed {
+            reason: Reason::StaleRouting,
+            what: "13388",
+        };
+        let word = |conn: u64, sent: Instant, at: Instant| {
+            let who = Witness {
+                conn,
+                proven: true,
+                sent,
+            };
+            b.hear(NS, &p, failed, false, who, at)
+        };
+        let before = closed_at - ms(500);
+        for conn in 10..20 {
+            assert_eq!(word(conn, before, closed_at + ms(conn)), Said::Nothing);
+        }
+        assert_eq!(b.state(NS), State::Closed, "errors of reads sent before the close");
+        let after = closed_at + ms(100);
+        for conn in 20..22 {
+            assert_eq!(word(conn, after, after + ms(100)), Said::Nothing);
+        }
+        assert!(matches!(word(22, after, after + ms(200)), Said::Moved(_)));
+        assert_eq!(b.state(NS), State::Open);
     }
 
     #[test]

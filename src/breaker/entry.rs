@@ -31,6 +31,8 @@ pub(super) struct Breaker {
     /// how long a due probe has waited for a connection that has proved itself.
     pub(super) freed: Instant,
     pub(super) last_transition: Instant,
+    /// When it last closed (none if it never did).
+    pub(super) closed_at: Option<Instant>,
     pub(super) last_reason: String,
     /// Held open by the write-stall watch: no probe until released.
     pub(super) held: bool,
@@ -167,6 +169,7 @@ impl Breaker {
             probe_after: now,
             freed: now,
             last_transition: now,
+            closed_at: None,
             last_reason: String::from("created"),
             held: false,
             step: 0,
@@ -224,6 +227,7 @@ impl Breaker {
         self.early = false;
         self.streak = Streak::default();
         self.asking = Default::default();
+        self.closed_at = Some(now);
         let t = self.move_to(State::Closed, why, now);
         self.opener = None;
         t

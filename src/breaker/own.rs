@@ -228,6 +228,7 @@ mod tests {
         let who = Witness {
             conn: 4,
             proven: true,
+            sent: at,
         };
         let failed = Heard::Failed {
             reason: Reason::StaleRouting,

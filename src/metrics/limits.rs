@@ -45,7 +45,7 @@ pub const LIMITS: [&str; 15] = [
 pub const RULES: [&str; 1] = ["reused_request_id"];
 
 /// The `why` labels of `evidence_ignored_total`.
-pub const IGNORED: [&str; 8] = [
+pub const IGNORED: [&str; 9] = [
     "short_wait",
     "short_time_limit",
     "per_connection",
@@ -54,6 +54,7 @@ pub const IGNORED: [&str; 8] = [
     "unconfirmed",
     "queued",
     "unproven",
+    "before_close",
 ];
 
 #[derive(Default)]

@@ -32,7 +32,7 @@ impl Witnessing<'_> {
     /// the cluster first (`in_path`: the read itself waits on it, see `reply.rs`).
     pub(super) fn hear(&mut self, f: &Followed, word: &Word<'_>, in_path: bool) {
         let now = Instant::now();
-        let who = self.witness();
+        let who = self.witness(f);
         let heard = match word {
             Word::Neutral(why) => {
                 if let Some(why) = why {
@@ -86,7 +86,7 @@ impl Witnessing<'_> {
             return;
         }
         let (ns, policy) = (f.ns(), f.policy());
-        let q = Question::close(ns.clone(), policy.clone(), self.upstream, self.witness());
+        let q = Question::close(ns.clone(), policy.clone(), self.upstream, self.witness(f));
         if !self.shared.confirmer.ask(q) {
             let now = Instant::now();
             let breakers = &self.shared.breakers;
@@ -94,10 +94,11 @@ impl Witnessing<'_> {
         }
     }
 
-    fn witness(&self) -> Witness {
+    fn witness(&self, f: &Followed) -> Witness {
         Witness {
             conn: self.conn,
             proven: self.reads.proof.proven(),
+            sent: f.started(),
         }
     }
 
@@ -106,7 +107,7 @@ impl Witnessing<'_> {
     /// connection proved itself and has its share of the window's errors left; the
     /// confirming task holds it to its share of cheap reads).
     fn ask_aside(&mut self, f: &Followed, failure: &Failure<'_>, now: Instant) {
-        let who = self.witness();
+        let who = self.witness(f);
         if !f.sample() {
             let breakers = &self.shared.breakers;
             if !who.proven || !breakers.would_count(f.ns(), f.policy(), self.conn, now) {
@@ -134,7 +135,7 @@ impl Witnessing<'_> {
             policy: f.policy().clone(),
             mode: f.pref(),
             upstream: self.upstream.to_string(),
-            who: self.witness(),
+            who: self.witness(f),
             sample: f.sample(),
             limited: reply.is_none() && !f.sample(),
             reason: failure.reason,
@@ -153,7 +154,7 @@ impl Witnessing<'_> {
             f.policy(),
             Heard::Neutral,
             true,
-            self.witness(),
+            self.witness(f),
             now,
         );
     }
