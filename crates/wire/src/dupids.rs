@@ -38,6 +38,10 @@ pub struct DupCount {
     pub skipped: u32,
 }
 
+/// Documents of one reply the proxy examines (the session's cap for both the whole-reply
+/// and the streamed count); the rest of a batch is counted in [`DupCount::skipped`].
+pub const ORPHAN_SCAN_CAP: usize = 4096;
+
 /// Bytes of an `_id` element hashed from its start, and from its end: a large `_id` costs
 /// no more to hash than a small one. Two `_id`s with the same hash are compared byte for
 /// byte, so a collision never counts as a repeat.
