@@ -1,4 +1,4 @@
-//! The set of `_id`s one reply's scan has seen ([`crate::dupids`] over a whole reply,
+//! The set of `_id`s one reply's scan has seen (`dupids.rs` over a whole reply,
 //! `stream_scan/ids.rs` over its pieces): a keyed hash of an `_id` element read eight bytes
 //! at a time ([`IdHasher`]), and an open-addressing table of the elements' offsets
 //! ([`IdTable`]).
