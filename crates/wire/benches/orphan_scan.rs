@@ -17,11 +17,12 @@
 //!   whole and counted by [`Reply::status_and_duplicates`] before it goes on.
 //!
 //! The relay thread's CPU time (user + system, as `getrusage(RUSAGE_THREAD)` counts it; see
-//! [`thread_cpu`]) from the end of one reply to the end of the next is that reply's cost: the socket reads and writes (the
-//! kernel's copies), the framing, the runtime's wake-ups, and in the second mode the scan.
-//! The ratio printed is (relay + scan) / relay, medians of the per-block means. The scans
-//! are also timed alone over the same bytes in memory, many times over, for a figure the
-//! machine's load moves less.
+//! [`thread_cpu`]) from the end of one reply to the end of the next is that reply's cost:
+//! the socket reads and writes (the kernel's copies), the framing, the runtime's wake-ups,
+//! and in the second mode the scan. The ratio printed is (relay + scan) / relay, medians of
+//! the per-block means. The scans are also timed alone over the same bytes, many times over
+//! (a streamed one fed each piece just after copying it, as a read leaves it, the copies
+//! taken off), for a figure the machine's load moves less.
 
 use std::hint::black_box;
 use std::io::{Read, Write};
