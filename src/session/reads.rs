@@ -18,8 +18,9 @@ use crate::upstream::{ConnLadder, Denied, LadderGuard, LadderPermit};
 use crate::wire::dupids::IdSet;
 
 /// Documents of one `available` reply looked at for duplicate `_id`s (a sample: the
-/// estimate is a lower bound; the scratch set stays below 64 KiB per connection).
-pub(super) const ORPHAN_SCAN_CAP: usize = 4096;
+/// estimate is a lower bound; the scratch set holds at most 64 KiB per connection, 8,192
+/// slots of 8 bytes, and only 4 KiB between replies).
+pub(super) const ORPHAN_SCAN_CAP: usize = crate::wire::dupids::ORPHAN_SCAN_CAP;
 
 /// A read waiting for the cluster's answer to a question its time limit raised, with the
 /// reply that raised it (what the client gets if nothing follows).

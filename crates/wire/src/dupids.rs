@@ -2,28 +2,33 @@
 //! `readConcern: available` skips the shards' ownership filter, so a document that a
 //! migration left behind on its donor comes back from both shards, with the same `_id`.
 //!
-//! [`duplicate_ids`] walks `cursor.firstBatch` / `cursor.nextBatch` of a reply body with the
-//! element scanner, takes each document's raw `_id` (type byte and value bytes, compared
-//! exactly, so `1` and `1.0` differ as they do to the server's `_id` index) and counts the
-//! documents whose `_id` was seen earlier in the same reply. Bounded: at most `cap`
-//! documents are looked at (the rest are reported as not examined); the only memory is an
-//! [`IdSet`] the caller keeps and reuses, three integers per document (let go after a reply
-//! of more than 256 documents). A large `_id` is hashed by its length and its first and last
-//! bytes, and confirmed equal byte for byte. A whole reply message
-//! is counted by [`crate::Reply::status_and_duplicates`], in the pass that reads its status.
+//! [`duplicate_ids`] walks `cursor.firstBatch` / `cursor.nextBatch` of a reply body, takes
+//! each document's raw `_id` (type byte and value bytes, compared exactly, so `1` and `1.0`
+//! differ as they do to the server's `_id` index) and counts the documents whose `_id` was
+//! seen earlier in the same reply. Every element is checked as the element scanner checks
+//! it: a plain document element is read by [`scan::plain_doc`], anything else by the
+//! scanner; an `_id` that is a document's first field (the server puts it first) is read
+//! at once, other documents are walked to it. Bounded: at most `cap` documents are looked
+//! at (the rest are counted, as not examined); the only memory is an [`IdSet`] the caller
+//! keeps and reuses, a table of eight bytes per slot, at most half full, sized once from
+//! the batch's length and its first document's (let go after a reply of more than
+//! [`KEEP_IDS`] documents). Hashing, the byte-for-byte confirmation and the bound on
+//! probing are `idtable.rs`'s. A whole reply message is counted by
+//! [`crate::Reply::status_and_duplicates`], in the pass that reads its status.
 
+use crate::idtable::{IdHasher, IdTable, Insert};
 use crate::scan::{self, Elements, Malformed};
 
-/// Reusable scratch space: one (hash, start, end) per `_id`, offsets into the body.
+/// Reusable scratch space: the table of the `_id`s seen, as offsets into the batch.
 #[derive(Debug, Default)]
 pub struct IdSet {
-    ids: Vec<(u64, u32, u32)>,
+    table: IdTable,
 }
 
 impl IdSet {
     /// Entries the set has room for without growing.
     pub fn capacity(&self) -> usize {
-        self.ids.capacity()
+        self.table.slot_capacity() / 2
     }
 }
 
@@ -38,32 +43,13 @@ pub struct DupCount {
     pub skipped: u32,
 }
 
-/// Bytes of an `_id` element hashed from its start, and from its end: a large `_id` costs
-/// no more to hash than a small one. Two `_id`s with the same hash are compared byte for
-/// byte, so a collision never counts as a repeat.
-const HASH_HEAD: usize = 48;
-const HASH_TAIL: usize = 16;
+/// Documents of one reply the proxy examines (the session's cap for both the whole-reply
+/// and the streamed count); the rest of a batch is counted in [`DupCount::skipped`].
+pub const ORPHAN_SCAN_CAP: usize = 4096;
 
-/// An emptied set keeps room for this many `_id`s (4 KiB); a larger one is let go, so an
-/// idle connection does not keep the scratch space of its largest reply.
-const KEEP_IDS: usize = 256;
-
-fn fnv(seed: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(seed, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-}
-
-/// The hash of one `_id` element: its length, its first [`HASH_HEAD`] and its last
-/// [`HASH_TAIL`] bytes.
-pub(crate) fn id_hash(elem: &[u8]) -> u64 {
-    let seed = 0xcbf2_9ce4_8422_2325 ^ (elem.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    if elem.len() <= HASH_HEAD + HASH_TAIL {
-        return fnv(seed, elem);
-    }
-    let head = fnv(seed, &elem[..HASH_HEAD]);
-    fnv(head, &elem[elem.len() - HASH_TAIL..])
-}
+/// An emptied set keeps room for this many `_id`s (4 KiB of slots); a larger one is let
+/// go, so an idle connection does not keep the scratch space of its largest reply.
+pub const KEEP_IDS: usize = 256;
 
 /// The batch array's bytes of a cursor reply body, if it has one.
 fn batch(body: &[u8]) -> Result<Option<&[u8]>, Malformed> {
@@ -82,235 +68,146 @@ fn batch(body: &[u8]) -> Result<Option<&[u8]>, Malformed> {
     Ok(None)
 }
 
+/// Where the `_id` element of a (checked) batch document lies in it: read at once when it
+/// is the first field, else found by walking the fields before it; `None` without one.
+/// The same checks as walking the fields with [`Elements`] to the `_id`.
+#[inline(always)]
+pub(crate) fn doc_id(doc: &[u8]) -> Result<Option<(usize, usize)>, Malformed> {
+    if let (Some(&tag), Some(b"_id\0"), Some(room)) = (
+        doc.get(4),
+        doc.get(5..9),
+        doc.get(9..doc.len().saturating_sub(1)),
+    ) {
+        return Ok(Some((4, 9 + scan::value_size(tag, room)?)));
+    }
+    id_field(doc)
+}
+
+/// [`doc_id`] for a document that does not start with its `_id`.
+#[inline(never)]
+fn id_field(doc: &[u8]) -> Result<Option<(usize, usize)>, Malformed> {
+    let mut fields = Elements::new(doc)?;
+    while let Some(f) = fields.next_elem()? {
+        if f.key == b"_id" {
+            return Ok(Some((f.start, f.end)));
+        }
+    }
+    Ok(None)
+}
+
+/// The batch element at `at` of `array` (`elems`: its elements, without the terminator):
+/// its type, where it starts, and where its value starts and ends. A plain document is
+/// read by [`scan::plain_doc`], anything else by the element scanner, which checks it.
+#[inline(always)]
+fn element(
+    array: &[u8],
+    elems: &[u8],
+    at: usize,
+    klen: &mut usize,
+) -> Result<(u8, usize, (usize, usize)), Malformed> {
+    match scan::plain_doc(elems, at, klen) {
+        Some(v) => Ok((scan::DOCUMENT, at, v)),
+        None => any_element(array, at),
+    }
+}
+
+/// [`element`] by the element scanner.
+#[inline(never)]
+fn any_element(array: &[u8], at: usize) -> Result<(u8, usize, (usize, usize)), Malformed> {
+    let e = Elements::resume(array, at)?
+        .next_elem()?
+        .ok_or(Malformed("batch element"))?;
+    Ok((e.tag, e.start, (e.end - e.value.len(), e.end)))
+}
+
+/// The elements from `at` to the end of the batch, each checked, counted.
+#[inline(never)]
+fn count_rest(
+    array: &[u8],
+    elems: &[u8],
+    mut at: usize,
+    mut klen: usize,
+) -> Result<u32, Malformed> {
+    let mut n = 0u32;
+    loop {
+        while let Some((_, end)) = scan::plain_doc(elems, at, &mut klen) {
+            at = end;
+            n += 1;
+        }
+        if at >= elems.len() {
+            return Ok(n);
+        }
+        at = any_element(array, at)?.2 .1;
+        n += 1;
+    }
+}
+
 /// Counts documents of a cursor reply `body` whose `_id` appears earlier in the same batch,
 /// examining at most `cap` documents. A reply without a cursor batch counts nothing.
 pub fn duplicate_ids(body: &[u8], set: &mut IdSet, cap: usize) -> Result<DupCount, Malformed> {
-    set.ids.clear();
+    let count = count_in(body, set, cap, IdHasher::process());
+    if set.table.slot_capacity() > 2 * KEEP_IDS {
+        set.table.release();
+    }
+    count
+}
+
+/// [`duplicate_ids`] under `hasher`.
+fn count_in(
+    body: &[u8],
+    set: &mut IdSet,
+    cap: usize,
+    hasher: IdHasher,
+) -> Result<DupCount, Malformed> {
     let mut count = DupCount::default();
     let Some(array) = batch(body)? else {
         return Ok(count);
     };
-    // Offsets are relative to `array`, which lies inside `body`: the set stores u32s.
-    if array.len() > u32::MAX as usize {
+    // Offsets into `array` are kept as u32s.
+    if array.len() >= u32::MAX as usize {
         return Err(Malformed("batch larger than 4 GiB"));
     }
-    let base = array.as_ptr() as usize;
-    let mut docs = Elements::new(array)?;
-    while let Some(d) = docs.next_elem()? {
-        if set.ids.len() >= cap {
-            count.skipped += 1;
+    let table = &mut set.table;
+    let mut sized = false;
+    let mut limit = cap;
+    // The elements end before the array's terminator.
+    Elements::new(array)?;
+    let elems = &array[..array.len() - 1];
+    let (mut at, mut klen) = (4, 1);
+    while at < elems.len() {
+        let (tag, start, value) = element(array, elems, at, &mut klen)?;
+        at = value.1;
+        if count.examined as usize >= limit {
+            count.skipped += 1 + count_rest(array, elems, at, klen)?;
+            break;
+        }
+        if tag != scan::DOCUMENT {
             continue;
         }
-        if d.tag != scan::DOCUMENT {
+        let Some((a, b)) = doc_id(&array[value.0..value.1])? else {
             continue;
+        };
+        let id = &array[value.0 + a..value.0 + b];
+        if !sized {
+            // Room for as many documents as the batch holds if they are all this size (it
+            // grows past that if they are not).
+            table.reset(limit.min(array.len() / (value.1 - start) + 1));
+            sized = true;
         }
-        let mut fields = Elements::new(d.value)?;
-        while let Some(f) = fields.next_elem()? {
-            if f.key == b"_id" {
-                // The whole element: type byte, the key `_id\0` (the same for all), value.
-                let end = f.value.as_ptr() as usize - base + f.value.len();
-                let start = end - f.value.len() - b"\x00_id\0".len();
-                let hash = id_hash(&array[start..end]);
-                set.ids.push((hash, start as u32, end as u32));
-                break;
+        match table.insert(array, id, hasher.hash(id), value.0 + a) {
+            Insert::New => count.examined += 1,
+            Insert::Repeat => {
+                count.examined += 1;
+                count.duplicates += 1;
+            }
+            Insert::Spent => {
+                count.skipped += 1;
+                limit = count.examined as usize;
             }
         }
-    }
-    count.examined = set.ids.len() as u32;
-    let value = |&(_, s, e): &(u64, u32, u32)| &array[s as usize..e as usize];
-    set.ids
-        .sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| value(a).cmp(value(b))));
-    count.duplicates = set
-        .ids
-        .windows(2)
-        .filter(|w| w[0].0 == w[1].0 && value(&w[0]) == value(&w[1]))
-        .count() as u32;
-    if set.ids.capacity() > KEEP_IDS {
-        set.ids = Vec::new();
     }
     Ok(count)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{OpCode, HEADER_LEN};
-    use bson::{rawdoc, RawDocumentBuf};
-
-    fn reply(batch_key: &str, docs: Vec<RawDocumentBuf>) -> RawDocumentBuf {
-        let mut arr = bson::RawArrayBuf::new();
-        for d in docs {
-            arr.push(d);
-        }
-        let cursor = if batch_key == "firstBatch" {
-            rawdoc! {"id": 0_i64, "ns": "demo.inv", "firstBatch": arr}
-        } else {
-            rawdoc! {"id": 0_i64, "ns": "demo.inv", "nextBatch": arr}
-        };
-        rawdoc! {"cursor": cursor, "ok": 1.0}
-    }
-
-    fn count(body: &RawDocumentBuf, cap: usize) -> DupCount {
-        duplicate_ids(body.as_bytes(), &mut IdSet::default(), cap).expect("well formed")
-    }
-
-    #[test]
-    fn counts_documents_whose_id_came_before() {
-        let id = |p: i32, s: i32| rawdoc! {"productId": p, "storeId": s};
-        let docs = vec![
-            rawdoc! {"_id": id(1, 1), "qty": 10},
-            rawdoc! {"_id": id(2, 1), "qty": 10},
-            // The orphan copy from the donor shard: same _id, maybe other fields.
-            rawdoc! {"_id": id(1, 1), "qty": 7},
-            rawdoc! {"qty": 1},
-            rawdoc! {"_id": id(1, 1)},
-            rawdoc! {"_id": id(3, 1)},
-        ];
-        for key in ["firstBatch", "nextBatch"] {
-            let c = count(&reply(key, docs.clone()), 1000);
-            assert_eq!(
-                c,
-                DupCount {
-                    examined: 5,
-                    duplicates: 2,
-                    skipped: 0
-                },
-                "{key}"
-            );
-        }
-    }
-
-    #[test]
-    fn ids_compare_by_type_and_bytes() {
-        // 1 (int32), 1 (int64), 1.0 (double) and "1" are four different _ids.
-        let docs = vec![
-            rawdoc! {"_id": 1},
-            rawdoc! {"_id": 1_i64},
-            rawdoc! {"_id": 1.0},
-            rawdoc! {"_id": "1"},
-            rawdoc! {"_id": 1_i64},
-        ];
-        assert_eq!(count(&reply("firstBatch", docs), 1000).duplicates, 1);
-    }
-
-    #[test]
-    fn bounded_by_the_cap_and_the_set_is_reused() {
-        let docs: Vec<_> = (0..10).map(|i| rawdoc! {"_id": i % 4}).collect();
-        let body = reply("firstBatch", docs);
-        let c = count(&body, 6);
-        // _ids 0 1 2 3 0 1 examined: two repeats; four documents not looked at.
-        assert_eq!(
-            c,
-            DupCount {
-                examined: 6,
-                duplicates: 2,
-                skipped: 4
-            }
-        );
-        let mut set = IdSet::default();
-        for _ in 0..3 {
-            assert_eq!(
-                duplicate_ids(body.as_bytes(), &mut set, 100)
-                    .unwrap()
-                    .duplicates,
-                6
-            );
-        }
-        let capacity = set.ids.capacity();
-        duplicate_ids(body.as_bytes(), &mut set, 100).unwrap();
-        assert_eq!(set.ids.capacity(), capacity, "no new allocation once warm");
-    }
-
-    #[test]
-    fn large_ids_hash_by_their_ends_and_compare_whole() {
-        // 100 KiB string _ids that share their first and last bytes and differ in the middle:
-        // all the same hash, none a repeat.
-        let big = |mid: u8| {
-            let mut s = vec![b'a'; 100 * 1024];
-            s[50 * 1024] = mid;
-            String::from_utf8(s).unwrap()
-        };
-        let elem = |mid: u8| {
-            let mut e = vec![crate::scan::STRING];
-            e.extend_from_slice(b"_id\0");
-            e.extend_from_slice(&(big(mid).len() as i32 + 1).to_le_bytes());
-            e.extend_from_slice(big(mid).as_bytes());
-            e.push(0);
-            e
-        };
-        assert_eq!(
-            id_hash(&elem(b'x')),
-            id_hash(&elem(b'y')),
-            "a collision by design"
-        );
-        let mut docs: Vec<_> = (b'b'..b'z').map(|m| rawdoc! {"_id": big(m)}).collect();
-        assert_eq!(
-            count(&reply("firstBatch", docs.clone()), 1000).duplicates,
-            0
-        );
-        // Real repeats among them still count, however large.
-        docs.push(rawdoc! {"_id": big(b'c')});
-        docs.push(rawdoc! {"_id": big(b'q'), "other": 1});
-        assert_eq!(count(&reply("firstBatch", docs), 1000).duplicates, 2);
-        // Same head and tail, another length: another hash.
-        let short = rawdoc! {"_id": "a".repeat(99 * 1024)};
-        let long = rawdoc! {"_id": "a".repeat(100 * 1024)};
-        assert_eq!(
-            count(&reply("firstBatch", vec![short, long]), 10).duplicates,
-            0
-        );
-    }
-
-    #[test]
-    fn a_large_set_is_let_go() {
-        let docs: Vec<_> = (0..1000).map(|i| rawdoc! {"_id": i}).collect();
-        let mut set = IdSet::default();
-        let c = duplicate_ids(reply("firstBatch", docs).as_bytes(), &mut set, 4096).unwrap();
-        assert_eq!(c.examined, 1000);
-        assert!(set.capacity() <= KEEP_IDS, "kept {}", set.capacity());
-    }
-
-    #[test]
-    fn replies_without_a_batch_count_nothing() {
-        for body in [
-            rawdoc! {"ok": 1.0, "n": 5},
-            rawdoc! {"ok": 0.0, "code": 13388},
-            rawdoc! {"cursor": {"id": 0_i64}, "ok": 1.0},
-        ] {
-            assert_eq!(count(&body, 10), DupCount::default());
-        }
-        assert!(duplicate_ids(b"\x05\x00\x00\x00", &mut IdSet::default(), 10).is_err());
-    }
-
-    #[test]
-    fn whole_messages_plain_and_compressed() {
-        let body = reply("firstBatch", vec![rawdoc! {"_id": 1}, rawdoc! {"_id": 1}]);
-        let msg = crate::reply::op_msg(7, 3, 0, &body);
-        let mut set = IdSet::default();
-        let dups = |m: &[u8], set: &mut IdSet| {
-            let reply = crate::Reply::new(bytes::Bytes::copy_from_slice(m));
-            let (status, c) = reply.status_and_duplicates(1 << 20, set, 100).unwrap();
-            assert!(status.ok);
-            c.expect("an ok OP_MSG reply is counted")
-        };
-        let c = dups(&msg, &mut set);
-        assert_eq!((c.examined, c.duplicates), (2, 1));
-        for id in [1u8, 2, 3] {
-            let data = crate::compressed::compress(id, &msg[HEADER_LEN..]).unwrap();
-            let mut z = Vec::new();
-            crate::Header {
-                length: (HEADER_LEN + 9 + data.len()) as i32,
-                request_id: 7,
-                response_to: 3,
-                op_code: OpCode::COMPRESSED,
-            }
-            .put(&mut z);
-            z.extend_from_slice(&OpCode::MSG.to_le_bytes());
-            z.extend_from_slice(&((msg.len() - HEADER_LEN) as i32).to_le_bytes());
-            z.push(id);
-            z.extend_from_slice(&data);
-            let c = dups(&z, &mut set);
-            assert_eq!(c.duplicates, 1, "compressor {id}");
-        }
-    }
-}
+mod tests;

@@ -21,6 +21,7 @@ pub mod compressed;
 pub mod counters;
 pub mod dupids;
 pub mod header;
+pub mod idtable;
 pub mod legacy;
 pub mod opmsg;
 pub mod replies;

@@ -209,6 +209,13 @@ impl StreamScan {
         }
     }
 
+    /// Tests: every `_id` hashed alike (the worst case for the table).
+    #[cfg(test)]
+    pub(crate) fn with_flat_hash(mut self) -> StreamScan {
+        self.ids.flat();
+        self
+    }
+
     /// The next bytes of the message. Never panics, whatever the bytes.
     pub fn feed(&mut self, mut bytes: &[u8]) {
         self.fed = self.fed.saturating_add(bytes.len() as u64);

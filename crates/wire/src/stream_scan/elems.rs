@@ -4,6 +4,7 @@
 
 use super::{elem, is_int, Need, Role, Step, StreamScan, Use, Utf8, CODE_NAME_MAX};
 use super::{KEY_KEEP, STREAM_ID_MAX};
+use crate::idtable::Insert;
 use crate::scan;
 use crate::WireError;
 
@@ -260,12 +261,31 @@ impl StreamScan {
     /// A batch document's `_id` read: kept and compared when small enough, else skipped.
     pub(super) fn id_done(&mut self) {
         if self.kept {
-            if self.ids.insert(&self.carry) {
-                self.count.duplicates = self.count.duplicates.saturating_add(1);
-            }
-            self.count.examined = self.count.examined.saturating_add(1);
+            let id = std::mem::take(&mut self.carry);
+            self.record(Some(&id));
+            self.carry = id;
         } else {
-            self.count.skipped = self.count.skipped.saturating_add(1);
+            self.record(None);
         }
+    }
+
+    /// A batch document's `_id` (`None`: too large to keep), looked at: a repeat counted,
+    /// or, when the table's probe steps are spent, this and every later document skipped.
+    #[inline]
+    pub(super) fn record(&mut self, id: Option<&[u8]>) {
+        let Some(id) = id else {
+            self.count.skipped = self.count.skipped.saturating_add(1);
+            return;
+        };
+        match self.ids.insert(id) {
+            Insert::New => {}
+            Insert::Repeat => self.count.duplicates = self.count.duplicates.saturating_add(1),
+            Insert::Spent => {
+                self.count.skipped = self.count.skipped.saturating_add(1);
+                self.cap = Some(self.looked);
+                return;
+            }
+        }
+        self.count.examined = self.count.examined.saturating_add(1);
     }
 }

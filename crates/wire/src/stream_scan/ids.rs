@@ -1,85 +1,67 @@
 //! The `_id`s a [`super::StreamScan`] keeps while it reads a cursor batch: one arena of
-//! element bytes, one `(hash, start, end)` entry per distinct `_id`, and an open-addressing
-//! table of entry numbers. A repeat is found by hash, then confirmed byte for byte, so a
-//! collision never counts. Every buffer grows by doubling but never past what `max_ids`
-//! `_id`s of [`super::STREAM_ID_MAX`] bytes need.
+//! element bytes and an [`IdTable`] of their offsets in it (hashing, the byte-for-byte
+//! confirmation and the bound on probing are `idtable.rs`'s, shared with the whole-reply
+//! count). The arena grows by doubling but never past what `max_ids` `_id`s of
+//! [`super::STREAM_ID_MAX`] bytes need; the table holds at most `2 × max_ids` slots.
 
 use super::STREAM_ID_MAX;
-use crate::dupids::id_hash;
+use crate::idtable::{IdHasher, IdTable, Insert};
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Ids {
     arena: Vec<u8>,
-    entries: Vec<(u64, u32, u32)>,
-    /// Entry number + 1 per slot, 0 for an empty slot; length a power of two, at least twice
-    /// the entries.
-    slots: Vec<u32>,
+    table: IdTable,
+    hasher: IdHasher,
     max_ids: usize,
+    /// The table was sized for the batch ([`Ids::expect`]).
+    sized: bool,
 }
 
 impl Ids {
     pub(super) fn new(max_ids: usize) -> Ids {
         Ids {
+            arena: Vec::new(),
+            table: IdTable::default(),
+            hasher: IdHasher::process(),
             max_ids,
-            ..Ids::default()
+            sized: false,
         }
     }
 
-    /// Keeps `elem` (a whole `_id` element) unless an equal one is kept already; returns
-    /// whether it was (a repeat).
-    pub(super) fn insert(&mut self, elem: &[u8]) -> bool {
-        let hash = id_hash(elem);
-        if self.slots.len() < 2 * (self.entries.len() + 1) {
-            self.rehash();
+    /// Tests: every `_id` hashed alike.
+    #[cfg(test)]
+    pub(super) fn flat(&mut self) {
+        self.hasher = IdHasher::flat();
+    }
+
+    /// Before the first `_id`: room for about `expected` of them (at most `max_ids`); once.
+    #[inline]
+    pub(super) fn expect(&mut self, expected: usize) {
+        if !self.sized && self.table.is_empty() {
+            self.table.reset(expected.min(self.max_ids));
         }
-        let mask = self.slots.len() - 1;
-        let mut i = hash as usize & mask;
-        while let Some(&slot) = self.slots.get(i) {
-            if slot == 0 {
-                break;
-            }
-            if let Some(&(h, a, b)) = self.entries.get(slot as usize - 1) {
-                if h == hash && self.arena.get(a as usize..b as usize) == Some(elem) {
-                    return true;
-                }
-            }
-            i = (i + 1) & mask;
+        self.sized = true;
+    }
+
+    /// Keeps `elem` (a whole, checked `_id` element) unless an equal one is kept already:
+    /// [`Insert::Repeat`] when it was, [`Insert::Spent`] when the table's probe steps are
+    /// spent (nothing kept).
+    #[inline]
+    pub(super) fn insert(&mut self, elem: &[u8]) -> Insert {
+        let hash = self.hasher.hash(elem);
+        let at = self.arena.len();
+        let found = self.table.insert(&self.arena, elem, hash, at);
+        if found == Insert::New {
+            let limit = self.max_ids.saturating_mul(STREAM_ID_MAX);
+            reserve_bounded(&mut self.arena, elem.len(), limit);
+            self.arena.extend_from_slice(elem);
         }
-        let limit = self.max_ids.saturating_mul(STREAM_ID_MAX);
-        reserve_bounded(&mut self.arena, elem.len(), limit);
-        reserve_bounded(&mut self.entries, 1, self.max_ids);
-        let start = self.arena.len();
-        self.arena.extend_from_slice(elem);
-        // The arena holds bytes of one message (under 2 GiB): offsets fit u32.
-        self.entries
-            .push((hash, start as u32, self.arena.len() as u32));
-        if let Some(slot) = self.slots.get_mut(i) {
-            *slot = self.entries.len() as u32;
-        }
-        false
+        found
     }
 
     /// Bytes the buffers hold (their capacity).
     pub(super) fn held(&self) -> usize {
-        self.arena.capacity()
-            + self.entries.capacity() * std::mem::size_of::<(u64, u32, u32)>()
-            + self.slots.capacity() * std::mem::size_of::<u32>()
-    }
-
-    fn rehash(&mut self) {
-        let len = (2 * (self.entries.len() + 1)).next_power_of_two().max(16);
-        let mask = len - 1;
-        let mut slots = vec![0u32; len];
-        for (n, &(hash, _, _)) in self.entries.iter().enumerate() {
-            let mut i = hash as usize & mask;
-            while slots.get(i).is_some_and(|&s| s != 0) {
-                i = (i + 1) & mask;
-            }
-            if let Some(slot) = slots.get_mut(i) {
-                *slot = n as u32 + 1;
-            }
-        }
-        self.slots = slots;
+        self.arena.capacity() + self.table.slot_capacity() * std::mem::size_of::<u64>()
     }
 }
 
