@@ -246,7 +246,7 @@ fn streak_text(b: &super::Breaker, now: Instant) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::breaker::{Counted, Heard, Reason, Witness};
     use crate::policy::{Admission, Mode};
@@ -259,9 +259,15 @@ mod tests {
 
     /// Strict, bound mode; a confirming task runs; opened at `t0` by three connections.
     fn opened(t0: Instant) -> (Breakers, NsPolicy) {
+        opened_in(NS, t0)
+    }
+
+    /// Strict on `ns`, bound mode; a confirming task runs; opened at `t0` by three
+    /// connections (also `own.rs`'s tests).
+    pub(in crate::breaker) fn opened_in(ns: &str, t0: Instant) -> (Breakers, NsPolicy) {
         let b = Breakers::default();
         b.confirm_closes();
-        let p = NsPolicy::with_defaults(NS, Mode::Strict);
+        let p = NsPolicy::with_defaults(ns, Mode::Strict);
         for conn in 1..=3 {
             let e = Counted {
                 policy: &p,
@@ -269,9 +275,9 @@ mod tests {
                 what: "13388",
                 conn,
             };
-            b.record_failure(NS, &e, t0);
+            b.record_failure(ns, &e, t0);
         }
-        assert_eq!(b.state(NS), State::Open);
+        assert_eq!(b.state(ns), State::Open);
         (b, p)
     }
 

@@ -141,7 +141,6 @@ impl Breaker {
 mod tests {
     use super::*;
     use crate::breaker::{Counted, Heard, Reason, Witness};
-    use crate::policy::Mode;
 
     const NS: &str = "pay.slow_view";
 
@@ -151,19 +150,7 @@ mod tests {
 
     /// Strict; a confirming task runs; opened at `t0` by three connections.
     fn opened(t0: Instant) -> (Breakers, Arc<NsPolicy>) {
-        let b = Breakers::default();
-        b.confirm_closes();
-        let p = NsPolicy::with_defaults(NS, Mode::Strict);
-        for conn in 1..=3 {
-            let e = Counted {
-                policy: &p,
-                reason: Reason::StaleRouting,
-                what: "13388",
-                conn,
-            };
-            b.record_failure(NS, &e, t0);
-        }
-        assert_eq!(b.state(NS), State::Open);
+        let (b, p) = crate::breaker::close::tests::opened_in(NS, t0);
         (b, Arc::new(p))
     }
 

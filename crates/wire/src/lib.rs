@@ -30,6 +30,8 @@ pub mod request;
 pub mod scan;
 pub mod status;
 pub mod stream_scan;
+#[cfg(test)]
+mod testbson;
 
 pub use codec::MessageCodec;
 pub use header::{Header, OpCode, HEADER_LEN};

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::{OpCode, HEADER_LEN};
+use crate::testbson::{doc, el, string};
 use bson::{rawdoc, RawDocumentBuf};
 
 fn reply(batch_key: &str, docs: Vec<RawDocumentBuf>) -> RawDocumentBuf {
@@ -218,30 +219,8 @@ fn reference(body: &[u8], cap: usize) -> Result<DupCount, Malformed> {
     Ok(count)
 }
 
-fn el(tag: u8, key: &[u8], value: &[u8]) -> Vec<u8> {
-    let mut e = vec![tag];
-    e.extend_from_slice(key);
-    e.push(0);
-    e.extend_from_slice(value);
-    e
-}
 
-fn doc(elems: &[Vec<u8>]) -> Vec<u8> {
-    let len = 5 + elems.iter().map(Vec::len).sum::<usize>();
-    let mut d = (len as i32).to_le_bytes().to_vec();
-    for e in elems {
-        d.extend_from_slice(e);
-    }
-    d.push(0);
-    d
-}
 
-fn string(s: &[u8]) -> Vec<u8> {
-    let mut v = ((s.len() + 1) as i32).to_le_bytes().to_vec();
-    v.extend_from_slice(s);
-    v.push(0);
-    v
-}
 
 /// A cursor reply body around batch elements (tag, key, value).
 fn body_of(elems: &[Vec<u8>]) -> Vec<u8> {

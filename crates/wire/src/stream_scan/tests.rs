@@ -5,6 +5,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::{StreamScan, CODE_NAME_MAX, STREAM_ID_MAX};
+use crate::testbson::{doc, el, string};
 use crate::dupids::{DupCount, IdSet};
 use crate::status::ReplyStatus;
 use crate::{OpCode, Reply, WireError, HEADER_LEN};
@@ -13,30 +14,8 @@ const MAX: usize = 48_000_000;
 
 // --- a small BSON writer (duplicate keys and odd values are the point) -------------------
 
-fn el(tag: u8, key: &[u8], value: &[u8]) -> Vec<u8> {
-    let mut e = vec![tag];
-    e.extend_from_slice(key);
-    e.push(0);
-    e.extend_from_slice(value);
-    e
-}
 
-fn doc(elems: &[Vec<u8>]) -> Vec<u8> {
-    let len = 5 + elems.iter().map(Vec::len).sum::<usize>();
-    let mut d = (len as i32).to_le_bytes().to_vec();
-    for e in elems {
-        d.extend_from_slice(e);
-    }
-    d.push(0);
-    d
-}
 
-fn string(s: &[u8]) -> Vec<u8> {
-    let mut v = ((s.len() + 1) as i32).to_le_bytes().to_vec();
-    v.extend_from_slice(s);
-    v.push(0);
-    v
-}
 
 fn array(docs: &[Vec<u8>]) -> Vec<u8> {
     let elems: Vec<_> = docs
