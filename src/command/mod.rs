@@ -288,11 +288,13 @@ fn classify_from<'a>(
     while let Some(e) = elems.next_elem()? {
         match e.key {
             b"$db" => {
+                // One UTF-8 check for both.
+                let db = string_value(&e)?;
                 if seen.0 & K_DB == 0 {
-                    info.first_db = string_value(&e)?;
+                    info.first_db = db;
                 }
                 seen.mark(K_DB, "$db", &mut dup);
-                info.db = string_value(&e)?;
+                info.db = db;
             }
             b"$readPreference" => {
                 seen.mark(K_READ_PREF, "$readPreference", &mut dup);
