@@ -319,7 +319,11 @@ mod tests {
         for conn in 10..20 {
             assert_eq!(word(conn, before, closed_at + ms(conn)), Said::Nothing);
         }
-        assert_eq!(b.state(NS), State::Closed, "errors of reads sent before the close");
+        assert_eq!(
+            b.state(NS),
+            State::Closed,
+            "errors of reads sent before the close"
+        );
         let after = closed_at + ms(100);
         for conn in 20..22 {
             assert_eq!(word(conn, after, after + ms(100)), Said::Nothing);

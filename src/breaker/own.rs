@@ -109,7 +109,10 @@ impl Breaker {
                 })
             }
             CloseAnswer::Declined { code } => {
-                tracing::info!(code, "staleguard's own question declined: a cheap read failed");
+                tracing::info!(
+                    code,
+                    "staleguard's own question declined: a cheap read failed"
+                );
                 self.asking.own_unknown = 0;
                 self.asking.own_answered = 0;
                 self.streak = Default::default();
