@@ -2,8 +2,7 @@
 //! value, for classification (`mod.rs`).
 
 use super::{
-    ClassifyError, CommandInfo, ReadConcernInfo, ReadPrefMode, Seen, K_AFTER, K_AT, K_LEVEL,
-    K_MODE,
+    ClassifyError, CommandInfo, ReadConcernInfo, ReadPrefMode, Seen, K_AFTER, K_AT, K_LEVEL, K_MODE,
 };
 use crate::wire::scan::{self, Elem, Elements};
 

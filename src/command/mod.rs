@@ -9,6 +9,7 @@ use std::fmt;
 
 use bson::RawDocument;
 
+use crate::rewrite::Places;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
@@ -194,6 +195,9 @@ pub struct CommandInfo<'a> {
     /// keeps `_id` as stored, or an `aggregate` whose every stage is on the allow-list of
     /// stages that keep `_id` (see `ids.rs`). Only such reads count orphans.
     pub unique_ids: bool,
+    /// Where the body's first top-level `readConcern`, `maxTimeMS` and `$readPreference`
+    /// stand, for a rewrite (`None` when the command key is one of them: the rewrite scans).
+    pub places: Option<Places>,
 }
 
 impl<'a> CommandInfo<'a> {
@@ -287,6 +291,7 @@ fn classify_from<'a>(
     // The command key is met already: it is the first.
     let mut seen = Seen(K_COMMAND);
     let mut dup = None;
+    let mut places = Places::default();
     while let Some(e) = elems.next_elem()? {
         match e.key {
             b"$db" => {
@@ -299,11 +304,13 @@ fn classify_from<'a>(
                 info.db = db;
             }
             b"$readPreference" => {
+                places.read_pref.get_or_insert(e.start);
                 seen.mark(K_READ_PREF, "$readPreference", &mut dup);
                 read_preference(&e, &mut info, &mut dup)?;
             }
             b"speculativeAuthenticate" => info.speculative_auth = true,
             b"readConcern" => {
+                places.read_concern.get_or_insert(e.start);
                 seen.mark(K_READ_CONCERN, "readConcern", &mut dup);
                 info.read_concern = read_concern(&e, &mut dup)?;
             }
@@ -317,6 +324,7 @@ fn classify_from<'a>(
             }
             b"txnNumber" => info.txn_number = true,
             b"maxTimeMS" => {
+                places.max_time.get_or_insert(e.start);
                 seen.mark(K_MAX_TIME, "maxTimeMS", &mut dup);
                 info.max_time_ms = max_time::parse(&e);
                 info.max_time_invalid = info.max_time_ms.is_none();
@@ -330,6 +338,11 @@ fn classify_from<'a>(
             _ => {}
         }
     }
+    let placed = !matches!(
+        first.key,
+        b"readConcern" | b"maxTimeMS" | b"$readPreference"
+    );
+    info.places = placed.then_some(places);
     if info.first_db == info.db {
         info.first_db = None;
     }

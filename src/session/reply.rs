@@ -380,7 +380,7 @@ impl Handler {
         let out = if *spec == RewriteSpec::default() {
             f.original().frame().clone()
         } else {
-            match rewrite::rewrite_into(f.original(), spec, max, &mut self.rewrite_buf) {
+            match rewrite::rewrite_into(f.original(), spec, None, max, &mut self.rewrite_buf) {
                 Ok(out) => out,
                 Err(e) => {
                     tracing::warn!(ns = %f.ns(), error = %e, "cannot rewrite for the next rung, returning the error");
