@@ -155,6 +155,28 @@ fn read_preference_variants() {
         assert_eq!(info.read_pref, mode, "{body:?}");
         assert_eq!(info.read_pref_unknown, unknown, "{body:?}");
     }
+    // A known mode is matched on its bytes; a mode that is not UTF-8 is still an error, and
+    // one that is UTF-8 but unknown is unknown.
+    let body = rawdoc! { "find": "c", "$readPreference": { "mode": "secondarX" } };
+    let at = body
+        .as_bytes()
+        .windows(9)
+        .position(|w| w == b"secondarX")
+        .unwrap();
+    let mut bytes = body.as_bytes().to_vec();
+    bytes[at + 8] = b'Z';
+    let doc = RawDocument::from_bytes(&bytes).unwrap();
+    assert_eq!(classify(doc).unwrap().read_pref, None);
+    assert!(classify(doc).unwrap().read_pref_unknown);
+    bytes[at + 8] = 0xff;
+    let doc = RawDocument::from_bytes(&bytes).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+    bytes[at..at + 9].copy_from_slice(b"secondary");
+    let doc = RawDocument::from_bytes(&bytes).unwrap();
+    assert_eq!(
+        classify(doc).unwrap().read_pref,
+        Some(ReadPrefMode::Secondary)
+    );
 }
 
 #[test]

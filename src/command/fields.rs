@@ -27,7 +27,14 @@ pub(super) fn read_preference<'a>(
             info.read_pref_staleness |= scan::int_value(&f) != Some(-1);
         } else if f.key == b"mode" {
             seen.mark(K_MODE, "$readPreference.mode", dup);
-            let mode = string_value(&f)?.and_then(ReadPrefMode::parse);
+            // A known mode is ASCII: matched on its bytes, with no UTF-8 check; any other
+            // value is read as text (one that is not UTF-8 is an error, as it always was).
+            let text = f.value.get(4..f.value.len().saturating_sub(1));
+            let known = text.filter(|_| f.tag == scan::STRING);
+            let mode = match known.and_then(ReadPrefMode::from_bytes) {
+                Some(mode) => Some(mode),
+                None => string_value(&f)?.and_then(ReadPrefMode::parse),
+            };
             info.read_pref = mode;
             info.read_pref_unknown = mode.is_none();
         }

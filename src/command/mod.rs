@@ -53,7 +53,14 @@ impl ReadPrefMode {
     }
 
     pub fn parse(s: &str) -> Option<ReadPrefMode> {
-        ReadPrefMode::ALL.into_iter().find(|m| m.as_str() == s)
+        ReadPrefMode::from_bytes(s.as_bytes())
+    }
+
+    /// [`ReadPrefMode::parse`] on the name's bytes.
+    pub fn from_bytes(s: &[u8]) -> Option<ReadPrefMode> {
+        ReadPrefMode::ALL
+            .into_iter()
+            .find(|m| m.as_str().as_bytes() == s)
     }
 
     /// A bit for use in a `u8` set of modes.
