@@ -31,7 +31,7 @@ pub struct RewriteSpec {
 /// Returns `body` with the edits of `spec`: `readConcern` and `maxTimeMS` replaced where they
 /// stand, or appended at the end; every other element spliced over unchanged, in order.
 pub fn rewrite_body(body: &RawDocument, spec: &RewriteSpec) -> Result<Vec<u8>, WireError> {
-    let splice = Splice::plan(body.as_bytes(), spec)?;
+    let splice = Splice::plan(body.as_bytes(), spec, None)?;
     let mut out = Vec::with_capacity(splice.len);
     splice.write(&mut out)?;
     Ok(out)
@@ -47,20 +47,53 @@ pub fn rewrite(
     spec: &RewriteSpec,
     max_message_size: usize,
 ) -> Result<Bytes, WireError> {
-    rewrite_into(req, spec, max_message_size, &mut BytesMut::new())
+    rewrite_into(req, spec, None, max_message_size, &mut BytesMut::new())
+}
+
+/// Where a body's first top-level `readConcern`, `maxTimeMS` and `$readPreference` start
+/// (`None`: none), as classification met them (`CommandInfo::places`): a rewrite reads them
+/// there instead of scanning the body again; an offset not holding its key makes it scan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Places {
+    pub read_concern: Option<usize>,
+    pub max_time: Option<usize>,
+    pub read_pref: Option<usize>,
+}
+
+impl Places {
+    /// The elements `spec` replaces, read where they stand; `None` when one is not there.
+    fn read<'b>(&self, body: &'b [u8], spec: &RewriteSpec) -> Option<[Option<Elem<'b>>; 3]> {
+        let at = |place: Option<usize>, wanted: bool, key: &[u8]| match place {
+            Some(start) if wanted => {
+                let e = Elements::resume(body, start).ok()?.next_elem().ok()??;
+                (e.start == start && e.key == key).then_some(Some(e))
+            }
+            _ => Some(None),
+        };
+        Some([
+            at(self.read_concern, spec.available, b"readConcern")?,
+            at(self.max_time, spec.max_time_ms.is_some(), b"maxTimeMS")?,
+            at(self.read_pref, spec.primary, b"$readPreference")?,
+        ])
+    }
 }
 
 /// [`rewrite`], written in `buf` (an uncompressed message; a compressed one is built on its
 /// own). A session passes the same `buf` every time: once the previous rewritten message is
 /// sent and dropped, its allocation is taken back, so a rewrite allocates nothing.
+/// `places`: where the request's fields stand, when its classification said.
 pub fn rewrite_into(
     req: &Request,
     spec: &RewriteSpec,
+    places: Option<&Places>,
     max_message_size: usize,
     buf: &mut BytesMut,
 ) -> Result<Bytes, WireError> {
     match req.parts() {
-        Some(parts) => rewrite_parts(req.header(), &parts, spec, max_message_size, buf),
+        Some(parts) => {
+            let at = (spec, places);
+            rewrite_parts(req.header(), &parts, at, max_message_size, buf)
+        }
         None => Err(WireError::BadInnerOpcode(req.header().op_code)),
     }
 }
@@ -70,7 +103,7 @@ pub fn rewrite_into(
 fn rewrite_parts(
     header: &Header,
     parts: &MsgParts<'_>,
-    spec: &RewriteSpec,
+    (spec, places): (&RewriteSpec, Option<&Places>),
     max_message_size: usize,
     buf: &mut BytesMut,
 ) -> Result<Bytes, WireError> {
@@ -79,7 +112,13 @@ fn rewrite_parts(
         .get(parts.body_range.clone())
         .ok_or(WireError::Truncated("op_msg body"))?;
     let crc = parts.flags & crate::wire::opmsg::CHECKSUM_PRESENT != 0;
-    let layout = Layout::new(body, &parts.body_range, parts.sections_end, crc, spec)?;
+    let layout = Layout::new(
+        body,
+        &parts.body_range,
+        parts.sections_end,
+        crc,
+        (spec, places),
+    )?;
     let Some(compressor) = parts.compressor else {
         let total = fits(HEADER_LEN + layout.payload_len, max_message_size)?;
         buf.clear();
@@ -159,9 +198,9 @@ impl<'b> Layout<'b> {
         body_range: &std::ops::Range<usize>,
         sections_end: usize,
         crc: bool,
-        spec: &RewriteSpec,
+        (spec, places): (&RewriteSpec, Option<&Places>),
     ) -> Result<Layout<'b>, WireError> {
-        let splice = Splice::plan(body, spec)?;
+        let splice = Splice::plan(body, spec, places)?;
         if sections_end < body_range.end {
             return Err(WireError::Truncated("op_msg sections"));
         }
@@ -229,20 +268,33 @@ struct Splice<'b> {
 }
 
 impl<'b> Splice<'b> {
-    fn plan(body: &'b [u8], spec: &RewriteSpec) -> Result<Splice<'b>, WireError> {
-        Self::plan_inner(body, spec).map_err(bad_body)
+    fn plan(
+        body: &'b [u8],
+        spec: &RewriteSpec,
+        places: Option<&Places>,
+    ) -> Result<Splice<'b>, WireError> {
+        let known = places.and_then(|p| p.read(body, spec));
+        Self::plan_inner(body, spec, known).map_err(bad_body)
     }
 
-    fn plan_inner(body: &'b [u8], spec: &RewriteSpec) -> Result<Splice<'b>, Malformed> {
-        let (mut rc, mut mt, mut rp) = (None, None, None);
+    fn plan_inner(
+        body: &'b [u8],
+        spec: &RewriteSpec,
+        known: Option<[Option<Elem<'b>>; 3]>,
+    ) -> Result<Splice<'b>, Malformed> {
+        let [mut rc, mut mt, mut rp] = known.unwrap_or_default();
+        // The body's length and terminator are checked either way; its elements are
+        // scanned only when where they stand is not known.
         let mut elems = Elements::new(body)?;
-        while let Some(e) = elems.next_elem()? {
-            if spec.available && rc.is_none() && e.key == b"readConcern" {
-                rc = Some(e);
-            } else if spec.max_time_ms.is_some() && mt.is_none() && e.key == b"maxTimeMS" {
-                mt = Some(e);
-            } else if spec.primary && rp.is_none() && e.key == b"$readPreference" {
-                rp = Some(e);
+        if known.is_none() {
+            while let Some(e) = elems.next_elem()? {
+                if spec.available && rc.is_none() && e.key == b"readConcern" {
+                    rc = Some(e);
+                } else if spec.max_time_ms.is_some() && mt.is_none() && e.key == b"maxTimeMS" {
+                    mt = Some(e);
+                } else if spec.primary && rp.is_none() && e.key == b"$readPreference" {
+                    rp = Some(e);
+                }
             }
         }
         let mut len = body.len();

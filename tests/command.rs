@@ -8,9 +8,11 @@ use staleguard::command::{
     classify, is_eligible_shape, ClassifyError, CommandInfo, Ns, ReadConcernInfo, ReadPrefMode,
     MAX_PIPELINE_DEPTH,
 };
+use staleguard::rewrite::Places;
 use staleguard::wire::compressed::{self, compress};
 use staleguard::wire::opmsg::CHECKSUM_PRESENT;
 use staleguard::wire::reply::op_msg;
+use staleguard::wire::scan::Elements;
 use staleguard::wire::{inspect_reply, Request};
 use staleguard::wire::{WireError, DEFAULT_MAX_MESSAGE_SIZE};
 
@@ -18,6 +20,23 @@ const MAX: usize = DEFAULT_MAX_MESSAGE_SIZE;
 
 fn ns<'a>(db: &'a str, coll: &'a str) -> Ns<'a> {
     Ns { db, coll }
+}
+
+/// Where a body's first top-level `readConcern`, `maxTimeMS` and `$readPreference` start,
+/// found by a scan of its own.
+fn places_of(body: &RawDocument) -> Places {
+    let mut p = Places::default();
+    let mut elems = Elements::new(body.as_bytes()).unwrap();
+    while let Some(e) = elems.next_elem().unwrap() {
+        let slot = match e.key {
+            b"readConcern" => &mut p.read_concern,
+            b"maxTimeMS" => &mut p.max_time,
+            b"$readPreference" => &mut p.read_pref,
+            _ => continue,
+        };
+        slot.get_or_insert(e.start);
+    }
+    p
 }
 
 fn ts() -> Timestamp {
@@ -47,6 +66,7 @@ fn find_with_secondary_preferred_and_tags() {
             read_pref: Some(ReadPrefMode::SecondaryPreferred),
             read_pref_tags: true,
             unique_ids: true,
+            places: Some(places_of(&body)),
             ..CommandInfo::default()
         }
     );
@@ -135,6 +155,28 @@ fn read_preference_variants() {
         assert_eq!(info.read_pref, mode, "{body:?}");
         assert_eq!(info.read_pref_unknown, unknown, "{body:?}");
     }
+    // A known mode is matched on its bytes; a mode that is not UTF-8 is still an error, and
+    // one that is UTF-8 but unknown is unknown.
+    let body = rawdoc! { "find": "c", "$readPreference": { "mode": "secondarX" } };
+    let at = body
+        .as_bytes()
+        .windows(9)
+        .position(|w| w == b"secondarX")
+        .unwrap();
+    let mut bytes = body.as_bytes().to_vec();
+    bytes[at + 8] = b'Z';
+    let doc = RawDocument::from_bytes(&bytes).unwrap();
+    assert_eq!(classify(doc).unwrap().read_pref, None);
+    assert!(classify(doc).unwrap().read_pref_unknown);
+    bytes[at + 8] = 0xff;
+    let doc = RawDocument::from_bytes(&bytes).unwrap();
+    assert!(matches!(classify(doc), Err(ClassifyError::Malformed(_))));
+    bytes[at..at + 9].copy_from_slice(b"secondary");
+    let doc = RawDocument::from_bytes(&bytes).unwrap();
+    assert_eq!(
+        classify(doc).unwrap().read_pref,
+        Some(ReadPrefMode::Secondary)
+    );
 }
 
 #[test]
@@ -351,6 +393,7 @@ fn explain_wrapping_find_and_aggregate() {
             },
             max_time_ms: Some(10),
             explain: true,
+            places: Some(places_of(&find)),
             ..CommandInfo::default()
         }
     );

@@ -4,7 +4,7 @@ use bson::spec::BinarySubtype;
 use bson::{rawdoc, Binary, Document, RawBsonRef, RawDocument, RawDocumentBuf, Timestamp};
 use bytes::Bytes;
 use staleguard::command::classify;
-use staleguard::rewrite::{rewrite, rewrite_body, RewriteSpec};
+use staleguard::rewrite::{rewrite, rewrite_body, rewrite_into, Places, RewriteSpec};
 use staleguard::wire::compressed::{self, compress, Compressed};
 use staleguard::wire::opmsg::{verify_checksum, OpMsg, CHECKSUM_PRESENT};
 use staleguard::wire::reply::{error_reply, op_msg, op_reply};
@@ -865,20 +865,24 @@ fn rewrites_into_one_buffer_reuse_its_allocation() {
         Request::new(Bytes::copy_from_slice(&msg), DEFAULT_MAX_MESSAGE_SIZE).expect("request");
     let want = open_and_rewrite(&msg, &spec, DEFAULT_MAX_MESSAGE_SIZE).expect("rewrites");
     let mut buf = BytesMut::new();
-    let first = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    let first =
+        rewrite_into(&req, &spec, None, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
     assert_eq!(first, want);
     let at = first.as_ptr();
     // Still held (not sent yet): the next one needs memory of its own.
-    let second = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    let second =
+        rewrite_into(&req, &spec, None, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
     assert_eq!(second, want);
     assert_ne!(second.as_ptr(), at);
     drop(first);
     drop(second);
-    let again = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    let again =
+        rewrite_into(&req, &spec, None, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
     assert_eq!(again, want);
     let at = again.as_ptr();
     drop(again);
-    let reused = rewrite_into(&req, &spec, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
+    let reused =
+        rewrite_into(&req, &spec, None, DEFAULT_MAX_MESSAGE_SIZE, &mut buf).expect("rewrites");
     assert_eq!(reused, want);
     assert_eq!(
         reused.as_ptr(),
@@ -907,6 +911,7 @@ fn a_large_rewrite_does_not_stay_in_the_reused_buffer() {
     let out = rewrite_into(
         &open(&large),
         &AVAILABLE,
+        None,
         DEFAULT_MAX_MESSAGE_SIZE,
         &mut buf,
     )
@@ -918,6 +923,7 @@ fn a_large_rewrite_does_not_stay_in_the_reused_buffer() {
     let out = rewrite_into(
         &open(&small),
         &AVAILABLE,
+        None,
         DEFAULT_MAX_MESSAGE_SIZE,
         &mut buf,
     )
@@ -926,10 +932,77 @@ fn a_large_rewrite_does_not_stay_in_the_reused_buffer() {
     let out = rewrite_into(
         &open(&small),
         &AVAILABLE,
+        None,
         DEFAULT_MAX_MESSAGE_SIZE,
         &mut buf,
     )
     .unwrap();
     assert!(buf.capacity() < 16 * 1024);
     assert!(!out.is_empty());
+}
+
+/// What the relay does for a governed read: the rewrite reads its fields where
+/// classification found them (`CommandInfo::places`) instead of scanning the body; the bytes
+/// are those of the scan, with every field present or absent, repeated, or first; a place
+/// that does not hold its field makes the rewrite scan.
+#[test]
+fn rewrite_at_classified_places_writes_the_scanned_bytes() {
+    let bodies = [
+        rawdoc! { "find": "c", "filter": {}, "$db": "d" },
+        rawdoc! {
+            "find": "c", "maxTimeMS": 5, "readConcern": { "level": "local" },
+            "$readPreference": { "mode": "secondary" }, "$db": "d",
+        },
+        rawdoc! {
+            "find": "c", "$readPreference": { "mode": "nearest", "tags": [{ "a": "b" }] },
+            "readConcern": { "level": "local", "afterClusterTime": ts() },
+            "maxTimeMS": 5.0, "readConcern": { "level": "majority" }, "maxTimeMS": 7_i64,
+            "$readPreference": { "mode": "secondary" }, "$db": "d",
+        },
+        rawdoc! { "maxTimeMS": 5, "find": "c", "maxTimeMS": 6, "$db": "d" },
+        rawdoc! { "$readPreference": { "mode": "secondary" }, "find": "c", "$db": "d" },
+        rawdoc! { "explain": { "find": "c", "maxTimeMS": 3 }, "maxTimeMS": 4, "$db": "d" },
+        rawdoc! { "aggregate": "c", "pipeline": [], "cursor": {}, "$db": "d" },
+    ];
+    let specs = [
+        AVAILABLE,
+        BOTH,
+        PRIMARY,
+        RewriteSpec {
+            max_time_ms: Some(250),
+            primary: true,
+            ..AVAILABLE
+        },
+        RewriteSpec {
+            max_time_ms: Some(250),
+            ..RewriteSpec::default()
+        },
+    ];
+    let mut placed_bodies = 0;
+    for body in &bodies {
+        let req = open(&op_msg(9, 0, 0, body), MAX).unwrap();
+        let info = classify(body).unwrap();
+        // A command key that is one of the fields leaves the places unknown.
+        let first = body.iter().next().unwrap().unwrap().0;
+        let field_first = ["maxTimeMS", "readConcern", "$readPreference"].contains(&first.as_str());
+        assert_eq!(info.places.is_none(), field_first, "{body:?}");
+        placed_bodies += usize::from(info.places.is_some());
+        for spec in &specs {
+            let scanned = rewrite(&req, spec, MAX).unwrap();
+            let mut buf = bytes::BytesMut::new();
+            let at = info.places.as_ref();
+            let placed = rewrite_into(&req, spec, at, MAX, &mut buf).unwrap();
+            assert_eq!(placed, scanned, "{body:?} {spec:?}");
+            let Some(p) = info.places else { continue };
+            let off = |o: Option<usize>| o.map(|o| o + 1);
+            let wrong = Places {
+                read_concern: off(p.read_concern),
+                max_time: off(p.max_time),
+                read_pref: off(p.read_pref),
+            };
+            let fallback = rewrite_into(&req, spec, Some(&wrong), MAX, &mut buf).unwrap();
+            assert_eq!(fallback, scanned, "{body:?} {spec:?}");
+        }
+    }
+    assert_eq!(placed_bodies, 5);
 }

@@ -9,13 +9,16 @@ use std::fmt;
 
 use bson::RawDocument;
 
+use crate::rewrite::Places;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
+mod fields;
 mod ids;
 mod max_time;
 mod walk;
 
+use self::fields::{read_concern, read_preference, string_value};
 use self::walk::Walk;
 
 /// `$readPreference.mode`; a missing `$readPreference` means `Primary` (drivers never send
@@ -50,7 +53,14 @@ impl ReadPrefMode {
     }
 
     pub fn parse(s: &str) -> Option<ReadPrefMode> {
-        ReadPrefMode::ALL.into_iter().find(|m| m.as_str() == s)
+        ReadPrefMode::from_bytes(s.as_bytes())
+    }
+
+    /// [`ReadPrefMode::parse`] on the name's bytes.
+    pub fn from_bytes(s: &[u8]) -> Option<ReadPrefMode> {
+        ReadPrefMode::ALL
+            .into_iter()
+            .find(|m| m.as_str().as_bytes() == s)
     }
 
     /// A bit for use in a `u8` set of modes.
@@ -192,6 +202,9 @@ pub struct CommandInfo<'a> {
     /// keeps `_id` as stored, or an `aggregate` whose every stage is on the allow-list of
     /// stages that keep `_id` (see `ids.rs`). Only such reads count orphans.
     pub unique_ids: bool,
+    /// Where the body's first top-level `readConcern`, `maxTimeMS` and `$readPreference`
+    /// stand, for a rewrite (`None` when the command key is one of them: the rewrite scans).
+    pub places: Option<Places>,
 }
 
 impl<'a> CommandInfo<'a> {
@@ -285,21 +298,26 @@ fn classify_from<'a>(
     // The command key is met already: it is the first.
     let mut seen = Seen(K_COMMAND);
     let mut dup = None;
+    let mut places = Places::default();
     while let Some(e) = elems.next_elem()? {
         match e.key {
             b"$db" => {
+                // One UTF-8 check for both.
+                let db = string_value(&e)?;
                 if seen.0 & K_DB == 0 {
-                    info.first_db = string_value(&e)?;
+                    info.first_db = db;
                 }
                 seen.mark(K_DB, "$db", &mut dup);
-                info.db = string_value(&e)?;
+                info.db = db;
             }
             b"$readPreference" => {
+                places.read_pref.get_or_insert(e.start);
                 seen.mark(K_READ_PREF, "$readPreference", &mut dup);
                 read_preference(&e, &mut info, &mut dup)?;
             }
             b"speculativeAuthenticate" => info.speculative_auth = true,
             b"readConcern" => {
+                places.read_concern.get_or_insert(e.start);
                 seen.mark(K_READ_CONCERN, "readConcern", &mut dup);
                 info.read_concern = read_concern(&e, &mut dup)?;
             }
@@ -313,6 +331,7 @@ fn classify_from<'a>(
             }
             b"txnNumber" => info.txn_number = true,
             b"maxTimeMS" => {
+                places.max_time.get_or_insert(e.start);
                 seen.mark(K_MAX_TIME, "maxTimeMS", &mut dup);
                 info.max_time_ms = max_time::parse(&e);
                 info.max_time_invalid = info.max_time_ms.is_none();
@@ -326,6 +345,11 @@ fn classify_from<'a>(
             _ => {}
         }
     }
+    let placed = !matches!(
+        first.key,
+        b"readConcern" | b"maxTimeMS" | b"$readPreference"
+    );
+    info.places = placed.then_some(places);
     if info.first_db == info.db {
         info.first_db = None;
     }
@@ -385,95 +409,6 @@ fn classify_explained<'a>(
         }
     }
     Ok(pipeline)
-}
-
-fn read_preference<'a>(
-    e: &Elem<'a>,
-    info: &mut CommandInfo<'a>,
-    dup: &mut Option<&'a str>,
-) -> Result<(), ClassifyError> {
-    info.read_pref = None;
-    info.read_pref_unknown = true;
-    info.read_pref_tags = false;
-    info.read_pref_staleness = false;
-    if e.tag != scan::DOCUMENT {
-        return Ok(());
-    }
-    let mut elems = Elements::new(e.value)?;
-    let mut seen = Seen::default();
-    while let Some(f) = elems.next_elem()? {
-        if f.key == b"tags" || f.key == b"tagSets" {
-            info.read_pref_tags |= pins(&f)?;
-        } else if f.key == b"maxStalenessSeconds" {
-            info.read_pref_staleness |= scan::int_value(&f) != Some(-1);
-        } else if f.key == b"mode" {
-            seen.mark(K_MODE, "$readPreference.mode", dup);
-            let mode = string_value(&f)?.and_then(ReadPrefMode::parse);
-            info.read_pref = mode;
-            info.read_pref_unknown = mode.is_none();
-        }
-    }
-    Ok(())
-}
-
-/// A tag-set list that pins a read: anything but an array of empty documents.
-fn pins(e: &Elem<'_>) -> Result<bool, ClassifyError> {
-    if e.tag != scan::ARRAY {
-        return Ok(true);
-    }
-    let mut sets = Elements::new(e.value)?;
-    while let Some(set) = sets.next_elem()? {
-        // An empty document is exactly 5 bytes (length and terminator).
-        if set.tag != scan::DOCUMENT || set.value.len() > 5 {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
-fn read_concern<'a>(
-    e: &Elem<'a>,
-    dup: &mut Option<&'a str>,
-) -> Result<ReadConcernInfo<'a>, ClassifyError> {
-    let mut rc = ReadConcernInfo {
-        present: true,
-        ..ReadConcernInfo::default()
-    };
-    if e.tag != scan::DOCUMENT {
-        rc.malformed = true;
-        return Ok(rc);
-    }
-    let mut elems = Elements::new(e.value)?;
-    let mut seen = Seen::default();
-    while let Some(f) = elems.next_elem()? {
-        match f.key {
-            b"level" => {
-                seen.mark(K_LEVEL, "readConcern.level", dup);
-                match string_value(&f)? {
-                    Some(level) => rc.level = Some(level),
-                    None => rc.malformed = true,
-                }
-            }
-            b"afterClusterTime" => {
-                seen.mark(K_AFTER, "readConcern.afterClusterTime", dup);
-                rc.after_cluster_time = true;
-            }
-            b"atClusterTime" => {
-                seen.mark(K_AT, "readConcern.atClusterTime", dup);
-                rc.at_cluster_time = true;
-            }
-            _ => rc.other_fields = true,
-        }
-    }
-    Ok(rc)
-}
-
-/// The value of a string element, `None` for any other type.
-fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, ClassifyError> {
-    if e.tag != scan::STRING {
-        return Ok(None);
-    }
-    Ok(Some(scan::str_value(e.value)?))
 }
 
 /// A read the policy may act on, before looking at namespaces and read preference: one of

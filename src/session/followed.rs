@@ -31,9 +31,16 @@ use crate::wire::Request;
 /// network to cross).
 pub(super) const SILENT_GRACE: Duration = Duration::from_secs(1);
 
-/// A read whose replies the session judges.
+/// A read whose replies the session judges. Boxed: it moves from the request side into the
+/// pending reads, out at its reply, through the gate and `settle` and back for a resend, and
+/// a move of the box is a pointer's (the state is some 350 bytes; moved by value, it cost a
+/// `memcpy` per move, six or more per round trip).
 #[derive(Debug)]
-pub(super) struct Followed {
+pub(super) struct Followed(Box<State>);
+
+/// What a [`Followed`] knows of its read.
+#[derive(Debug)]
+pub(super) struct State {
     request_id: i32,
     /// Shared with the session's last followed namespace: no allocation per read.
     ns: Arc<str>,
@@ -69,6 +76,20 @@ pub(super) struct Followed {
     limit_ms: Option<i64>,
     /// Answered by staleguard because mongos stayed silent: its late reply is dropped.
     expired: bool,
+}
+
+impl std::ops::Deref for Followed {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Followed {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.0
+    }
 }
 
 /// What the handler does after a followed read's reply (or its end without one).
@@ -112,7 +133,7 @@ impl Followed {
     /// The read as its first attempt goes out.
     pub(super) fn first(f: First<'_>) -> Followed {
         let info = f.info;
-        Followed {
+        Followed(Box::new(State {
             request_id: f.req.request_id(),
             ns: f.ns,
             command: command_name(info.name),
@@ -134,7 +155,7 @@ impl Followed {
             met_len: 0,
             limit_ms: f.limit_ms,
             expired: false,
-        }
+        }))
     }
 
     /// The read as `policy::judge` sees its attempt in flight.
@@ -256,7 +277,8 @@ impl Followed {
             self.permit = None;
         }
         if self.attempt.bounded.is_some() && usize::from(self.met_len) < self.met.len() {
-            self.met[usize::from(self.met_len)] = verdict.met;
+            let n = usize::from(self.met_len);
+            self.met[n] = verdict.met;
             self.met_len += 1;
         }
         match then {

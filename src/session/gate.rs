@@ -82,11 +82,12 @@ pub(super) fn gate_open(req: &mut Request, config: &Config) -> Result<Gate, Sess
             expects_reply: false,
         });
     }
-    Ok(match req.command_name() {
-        Ok(Some(name)) if watch_writes && stall::is_write_command(name) => Gate::Write,
+    // The name as bytes: compared here, read as text when the request is classified.
+    Ok(match req.command_key() {
+        Ok(Some(name)) if watch_writes && stall::is_write_key(name) => Gate::Write,
         // Every other command: a repeated policy-relevant field or a client's own
         // `available` is refused whatever the command (see `policy::resolve`).
-        Ok(Some(name)) if policy_active && !stall::is_write_command(name) => Gate::Read,
+        Ok(Some(name)) if policy_active && !stall::is_write_key(name) => Gate::Read,
         Ok(_) => Gate::Pass {
             expects_reply: true,
         },

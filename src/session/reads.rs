@@ -170,12 +170,12 @@ impl Reads {
             || !self.proofs.is_empty()
     }
 
-    /// Request `next` may start now at mongos: a followed read waiting for that turn begins.
-    pub(super) fn began(&mut self, next: u64) {
+    /// Request `next` may start `now` at mongos: a followed read waiting for that turn
+    /// begins.
+    pub(super) fn began(&mut self, next: u64, now: Instant) {
         if self.pending.is_empty() {
             return;
         }
-        let now = Instant::now();
         for f in &mut self.pending {
             f.begins(next, now);
         }

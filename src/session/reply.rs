@@ -53,16 +53,17 @@ impl Handler {
         }
     }
 
-    /// The reply's place in the turn order: the round trip it ends, and, for a final one,
-    /// the turn it passes to the next request. Returns its place.
-    fn turn(&mut self, more_to_come: bool) -> u64 {
-        if let Some(waited) = self.peers.reply_arrived() {
+    /// The reply's place in the turn order: the round trip it ends (`now`: when it
+    /// arrived), and, for a final one, the turn it passes to the next request. Returns its
+    /// place.
+    fn turn(&mut self, more_to_come: bool, now: Instant) -> u64 {
+        if let Some(waited) = self.peers.reply_arrived(now) {
             self.meter.round_trip(waited);
         }
         let place = self.peers.finals_in() + 1;
         if !more_to_come {
             self.peers.final_in();
-            self.reads.began(place + 1);
+            self.reads.began(place + 1, now);
         }
         place
     }
@@ -104,7 +105,7 @@ impl Handler {
         if followed && head.header.length as usize <= JUDGE_WHOLE {
             return false;
         }
-        let place = self.turn(head.more_to_come());
+        let place = self.turn(head.more_to_come(), Instant::now());
         if !followed {
             self.give_up_passed();
             return true;
@@ -157,7 +158,10 @@ impl Handler {
     /// One whole reply from the upstream.
     fn on_reply(&mut self, msg: Bytes) {
         let reply = Reply::new(msg);
-        let place = self.turn(reply.more_to_come());
+        // One reading of the clock for the reply: its round trip, the next read's start,
+        // the time its read is judged at.
+        let now = Instant::now();
+        let place = self.turn(reply.more_to_come(), now);
         if self.reads.none() {
             return self.send_to_client(reply);
         }
@@ -167,7 +171,7 @@ impl Handler {
             (Arrival::Read, Some(f)) => {
                 let status = self.status(&f, &reply);
                 let frame = reply.frame().clone();
-                if !self.end(f, status, Instant::now(), false, Some(frame)) {
+                if !self.end(f, status, now, false, Some(frame)) {
                     self.send_to_client(reply)
                 }
             }
@@ -380,7 +384,7 @@ impl Handler {
         let out = if *spec == RewriteSpec::default() {
             f.original().frame().clone()
         } else {
-            match rewrite::rewrite_into(f.original(), spec, max, &mut self.rewrite_buf) {
+            match rewrite::rewrite_into(f.original(), spec, None, max, &mut self.rewrite_buf) {
                 Ok(out) => out,
                 Err(e) => {
                     tracing::warn!(ns = %f.ns(), error = %e, "cannot rewrite for the next rung, returning the error");

@@ -223,9 +223,7 @@ impl Handler {
         let Governed { req, info, ns, .. } = g;
         if let Some(permit) = self.claim_ladder(ns) {
             let attempt = decision.attempt();
-            if let (Some(out), Some(attempt)) =
-                (self.edited(&decision, req, ns, info.name), attempt)
-            {
+            if let (Some(out), Some(attempt)) = (self.edited(&decision, req, ns, info), attempt) {
                 tracing::debug!(ns = %ns, command = info.name, "breaker open: read sent to the primary (ladder)");
                 self.follow(out, g, attempt, Some(permit), written(&decision));
                 return;
@@ -253,10 +251,7 @@ impl Handler {
     /// followed for the orphan estimate; as it arrived when the rewrite fails.
     fn send_available(&mut self, decision: &Decision, g: Governed<'_, '_>) {
         let Governed { req, info, ns, .. } = g;
-        match (
-            self.edited(decision, req, ns, info.name),
-            decision.attempt(),
-        ) {
+        match (self.edited(decision, req, ns, info), decision.attempt()) {
             (Some(out), Some(attempt)) => {
                 self.meter.preemptive_rewrite(ns);
                 tracing::debug!(ns = %ns, command = info.name, kind = "preemptive", dropped_after_cluster_time = info.read_concern.after_cluster_time, "read rewritten to readConcern available");
@@ -278,7 +273,7 @@ impl Handler {
             Some(h) => h.attempt(attempt),
             None => attempt,
         };
-        let (out, attempt) = match self.edited(decision, req, ns, info.name) {
+        let (out, attempt) = match self.edited(decision, req, ns, info) {
             Some(out) => (out, attempt),
             None => (req.frame().clone(), attempt.unedited()),
         };
@@ -350,14 +345,15 @@ impl Handler {
         decision: &Decision,
         req: &Request,
         ns: &str,
-        command: &str,
+        info: &CommandInfo<'_>,
     ) -> Option<Bytes> {
         let spec = policy::rewrite_spec(decision)?;
         let max = self.config.max_message_size;
-        match rewrite::rewrite_into(req, &spec, max, &mut self.rewrite_buf) {
+        let places = info.places.as_ref();
+        match rewrite::rewrite_into(req, &spec, places, max, &mut self.rewrite_buf) {
             Ok(out) => {
                 if !spec.available {
-                    tracing::debug!(ns = %ns, command, max_time_ms = spec.max_time_ms, "maxTimeMS capped");
+                    tracing::debug!(ns = %ns, command = info.name, max_time_ms = spec.max_time_ms, "maxTimeMS capped");
                 }
                 Some(out)
             }

@@ -38,8 +38,8 @@ use crate::state::LiveConfig;
 
 pub use composite::{shard_target, Conditions, Rule, RuleState, ShardReading};
 pub use passive::{
-    client_key, is_write_command, stalled as passive_stalled, Needs, PassiveSample, SessionWrites,
-    UpstreamWrites, WriteTracker,
+    client_key, is_write_command, is_write_key, stalled as passive_stalled, Needs, PassiveSample,
+    SessionWrites, UpstreamWrites, WriteTracker,
 };
 
 pub use watch::{Evidence, Observation, Signal, SignalKind, StallWatch};

@@ -34,9 +34,14 @@ pub const MIN_CONNECTIONS: u32 = 2;
 /// Commands whose reply says a write finished (`moreToCome` writes get none and are not
 /// counted). `findandmodify` is the legacy spelling drivers still accept.
 pub fn is_write_command(name: &str) -> bool {
+    is_write_key(name.as_bytes())
+}
+
+/// [`is_write_command`] on the name's bytes (`wire::Request::command_key`).
+pub fn is_write_key(name: &[u8]) -> bool {
     matches!(
         name,
-        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+        b"insert" | b"update" | b"delete" | b"findAndModify" | b"findandmodify" | b"bulkWrite"
     )
 }
 

@@ -146,6 +146,7 @@ mod prefix_tests {
             // Opening it afterwards goes on from the prefix to the same whole message.
             req.inflate(48_000_000).unwrap();
             assert_eq!(req.command_name().unwrap(), Some("insert"));
+            assert_eq!(req.command_key().unwrap(), Some(&b"insert"[..]));
             assert_eq!(req.parts().unwrap().payload, &payload[..]);
         }
         // Snappy cannot stop early: past `inline` it is not peeked at.

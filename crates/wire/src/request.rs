@@ -318,10 +318,27 @@ impl Request {
 
     /// The command name (the body's first key); `None` without a body or for an empty one.
     pub fn command_name(&self) -> Result<Option<&str>, Malformed> {
-        Ok(match self.scan_body()? {
-            Some((first, _)) => Some(scan::key_str(first.key)?),
+        Ok(match self.command_key()? {
+            Some(key) => Some(scan::key_str(key)?),
             None => None,
         })
+    }
+
+    /// The command name's bytes, from where the message was opened (its UTF-8 was checked
+    /// then, or the body's first element is an error here); `None` without a body or for an
+    /// empty one. What a caller that only compares the name needs: no scan, no second
+    /// UTF-8 check.
+    pub fn command_key(&self) -> Result<Option<&[u8]>, Malformed> {
+        let Some((payload, layout)) = self.payload() else {
+            return Ok(None);
+        };
+        let Some(first) = layout.first? else {
+            return Ok(None);
+        };
+        let body = payload
+            .get(layout.body.clone())
+            .ok_or(Malformed("op_msg body"))?;
+        Ok(Some(first.elem(body)?.key))
     }
 
     /// The body's first element and a scanner positioned after it, so that classification
