@@ -134,6 +134,16 @@ struct Handler {
     pieces: Option<Box<arrival::Pieces>>,
 }
 
+impl Handler {
+    /// A session gone quiet (nothing in flight) lets go of what it keeps for the next
+    /// request: the rewrite buffer, the namespace key, the followed reads' lists.
+    fn trim(&mut self) {
+        self.rewrite_buf = BytesMut::new();
+        self.ns_buf = String::new();
+        self.reads.trim();
+    }
+}
+
 impl Session {
     pub fn new(
         shared: Arc<SessionHandles>,

@@ -277,9 +277,9 @@ impl Session {
         }
     }
 
-    /// A session gone quiet lets go of its buffers (read buffers, outbox slots): an idle
-    /// connection pair holds little more than its task. The next message after it costs one
-    /// small read more.
+    /// A session gone quiet lets go of its buffers (read buffers, outbox slots, the
+    /// followed reads' lists, the rewrite buffer): an idle connection pair holds little more
+    /// than its task. The next message after it costs one small read more.
     fn trim<CR, UR>(
         &mut self,
         cr: &mut FramedRead<CR, StreamCodec>,
@@ -293,6 +293,7 @@ impl Session {
         cr.decoder_mut().idle();
         ur.decoder_mut().idle();
         self.h.peers.trim();
+        self.h.trim();
         self.life.trimmed();
     }
 
