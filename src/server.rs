@@ -209,6 +209,9 @@ async fn accept_loop(
     let refusing = Arc::new(Semaphore::new(REFUSING));
     // `stop` asks sessions to finish what is in flight; `kill` ends them outright.
     let kill = CancellationToken::new();
+    if let Some(cores) = cores.as_mut() {
+        cores.signals(&stop, &kill);
+    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -225,18 +228,26 @@ async fn accept_loop(
                         }
                     };
                     let id = shared.ids.next_conn();
-                    // Child tokens: a session polls its own (each poll locks the token's
-                    // node), not one node every session shares.
-                    let sess = Box::new(session::Session::new(shared.sessions.clone(), peer, id, stop.child_token(), kill.child_token()));
-                    let client = Client { shared: shared.clone(), kill: kill.clone(), slot, sess };
+                    let new = |signals: (CancellationToken, CancellationToken)| {
+                        let (s, k) = signals;
+                        let sess = Box::new(session::Session::new(shared.sessions.clone(), peer, id, s, k));
+                        Client { shared: shared.clone(), kill: kill.clone(), slot, sess }
+                    };
                     let Some(cores) = cores.as_mut() else {
+                        // Child tokens: a session polls its own (each poll locks the
+                        // token's node; sessions move between the runtime's workers), not
+                        // one node every session shares.
+                        let client = new((stop.child_token(), kill.child_token()));
                         tracker.spawn(client.serve(Socket::Here(socket)));
                         continue;
                     };
+                    // The session thread's own children of the stop and the kill (`Core`).
+                    let core = cores.next();
+                    let client = new((core.stop.clone(), core.kill.clone()));
                     // The socket leaves this runtime's reactor and joins the session thread's.
                     match socket.into_std() {
                         Ok(socket) => {
-                            tracker.spawn_on(client.serve(Socket::Moved(socket)), cores.next());
+                            tracker.spawn_on(client.serve(Socket::Moved(socket)), core.handle);
                         }
                         Err(e) => tracing::error!(client.addr = %peer, error = %e, "closing client: cannot hand it to a session thread"),
                     }
