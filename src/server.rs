@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::{FutureExt, OptionFuture};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -208,6 +209,9 @@ async fn accept_loop(
     let refusing = Arc::new(Semaphore::new(REFUSING));
     // `stop` asks sessions to finish what is in flight; `kill` ends them outright.
     let kill = CancellationToken::new();
+    if let Some(cores) = cores.as_mut() {
+        cores.signals(&stop, &kill);
+    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -224,18 +228,26 @@ async fn accept_loop(
                         }
                     };
                     let id = shared.ids.next_conn();
-                    // Child tokens: a session polls its own (each poll locks the token's
-                    // node), not one node every session shares.
-                    let sess = Box::new(session::Session::new(shared.sessions.clone(), peer, id, stop.child_token(), kill.child_token()));
-                    let client = Client { shared: shared.clone(), kill: kill.clone(), slot, sess, peer, id };
+                    let new = |signals: (CancellationToken, CancellationToken)| {
+                        let (s, k) = signals;
+                        let sess = Box::new(session::Session::new(shared.sessions.clone(), peer, id, s, k));
+                        Client { shared: shared.clone(), kill: kill.clone(), slot, sess }
+                    };
                     let Some(cores) = cores.as_mut() else {
-                        tracker.spawn(client.serve(socket));
+                        // Child tokens: a session polls its own (each poll locks the
+                        // token's node; sessions move between the runtime's workers), not
+                        // one node every session shares.
+                        let client = new((stop.child_token(), kill.child_token()));
+                        tracker.spawn(client.serve(Socket::Here(socket)));
                         continue;
                     };
+                    // The session thread's own children of the stop and the kill (`Core`).
+                    let core = cores.next();
+                    let client = new((core.stop.clone(), core.kill.clone()));
                     // The socket leaves this runtime's reactor and joins the session thread's.
                     match socket.into_std() {
                         Ok(socket) => {
-                            tracker.spawn_on(client.serve_moved(socket), cores.next());
+                            tracker.spawn_on(client.serve(Socket::Moved(socket)), core.handle);
                         }
                         Err(e) => tracing::error!(client.addr = %peer, error = %e, "closing client: cannot hand it to a session thread"),
                     }
@@ -281,42 +293,50 @@ struct Client {
     /// The connection's place under `max_connections`, held until its session ends.
     slot: ClientSlot,
     sess: Box<session::Session>,
-    peer: SocketAddr,
-    id: u64,
+}
+
+/// An accepted client's socket: registered with this runtime's reactor, or (the per-core
+/// layout) to be registered with that of the session thread its task runs on.
+enum Socket {
+    Here(TcpStream),
+    Moved(std::net::TcpStream),
 }
 
 impl Client {
-    /// The session task: the TLS handshake when `[tls]` is set, then the session.
-    async fn serve(self, socket: TcpStream) {
+    /// The session task: the TLS handshake when `[tls]` is set, then the session. Two
+    /// stages, chained (`then`): what only the handshake needs is gone once the session
+    /// runs, and the session's state is the task's for the connection's whole life (an
+    /// `async fn` would also hold its arguments twice, `Session::run`).
+    fn serve(self, socket: Socket) -> impl std::future::Future<Output = ()> {
         let Client {
             shared,
             kill,
             slot,
             sess,
-            peer,
-            id,
         } = self;
-        let _slot = slot;
-        // The kill also ends a TLS handshake still under way.
-        let stream = tokio::select! {
-            // Boxed: a TLS handshake's state is freed once it is done.
-            s = Box::pin(handshake(&shared, socket, peer, id)) => s,
-            _ = kill.cancelled() => None,
-        };
-        if let Some(stream) = stream {
-            sess.run(stream).await;
-        }
-    }
-
-    /// [`Client::serve`] for a socket accepted on another runtime: registered with the
-    /// reactor of the runtime this runs on first.
-    async fn serve_moved(self, socket: std::net::TcpStream) {
-        match TcpStream::from_std(socket) {
-            Ok(socket) => self.serve(socket).await,
-            Err(e) => {
-                tracing::error!(client.addr = %self.peer, error = %e, "closing client: cannot register it on its session thread")
+        let (peer, id) = (sess.peer(), sess.id());
+        let opened = async move {
+            let socket = match socket {
+                Socket::Here(s) => s,
+                Socket::Moved(s) => match TcpStream::from_std(s) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!(client.addr = %peer, error = %e, "closing client: cannot register it on its session thread");
+                        return None;
+                    }
+                },
+            };
+            // The kill also ends a TLS handshake still under way.
+            tokio::select! {
+                // Boxed: a TLS handshake's state is freed once it is done.
+                s = Box::pin(handshake(&shared, socket, peer, id)) => s,
+                _ = kill.cancelled() => None,
             }
-        }
+        };
+        opened
+            .then(move |stream| OptionFuture::from(stream.map(|s| sess.run(s))))
+            // The connection's place is given back once its session is over.
+            .map(move |_| drop(slot))
     }
 }
 

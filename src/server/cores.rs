@@ -14,9 +14,22 @@ use tokio_util::sync::CancellationToken;
 /// The running session threads; dropping this ends them.
 pub(super) struct Cores {
     handles: Vec<Handle>,
+    /// Per thread, the children of the stop and of the kill its sessions wait on
+    /// ([`Cores::signals`]).
+    signals: Vec<(CancellationToken, CancellationToken)>,
     next: usize,
     /// Cancelled on drop: each thread leaves its runtime, dropping what still runs there.
     end: CancellationToken,
+}
+
+/// A session thread, as a connection handed to it sees it.
+pub(super) struct Core<'a> {
+    pub(super) handle: &'a Handle,
+    /// What its sessions wait on: a child of the proxy's stop and of its kill, one per
+    /// thread (a node's lock is taken from its own thread only, and a session costs no
+    /// node of its own).
+    pub(super) stop: &'a CancellationToken,
+    pub(super) kill: &'a CancellationToken,
 }
 
 impl Cores {
@@ -27,6 +40,7 @@ impl Cores {
         let end = CancellationToken::new();
         let mut cores = Cores {
             handles: Vec::with_capacity(n),
+            signals: Vec::new(),
             next: 0,
             end: end.clone(),
         };
@@ -52,11 +66,24 @@ impl Cores {
         Ok(cores)
     }
 
-    /// The thread the next connection goes to.
-    pub(super) fn next(&mut self) -> &Handle {
+    /// The sessions of each thread wait on a child of `stop` and of `kill` of their
+    /// thread's own.
+    pub(super) fn signals(&mut self, stop: &CancellationToken, kill: &CancellationToken) {
+        self.signals = (self.handles.iter())
+            .map(|_| (stop.child_token(), kill.child_token()))
+            .collect();
+    }
+
+    /// The thread the next connection goes to (after [`Cores::signals`]).
+    pub(super) fn next(&mut self) -> Core<'_> {
         let i = self.next % self.handles.len();
         self.next = self.next.wrapping_add(1);
-        &self.handles[i]
+        let (stop, kill) = &self.signals[i];
+        Core {
+            handle: &self.handles[i],
+            stop,
+            kill,
+        }
     }
 }
 

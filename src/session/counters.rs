@@ -72,7 +72,7 @@ impl Meter {
 
     /// A governed request and what was decided for it.
     pub(super) fn request(&mut self, command: &str, decision: &str) {
-        self.counters.request(command, decision);
+        self.counters.request(&self.metrics, command, decision);
     }
 
     /// A read on `ns` rewritten to `available` before it was sent.
@@ -162,7 +162,7 @@ struct Counters {
     refusal: u32,
     answered: u32,
     /// Governed requests by (command, decision).
-    requests: [[u32; REQUEST_SLOTS.1]; REQUEST_SLOTS.0],
+    requests: RequestCounts,
     /// Something above is not flushed yet.
     dirty: bool,
 }
@@ -183,9 +183,9 @@ impl Counters {
     }
 
     /// A governed request and what was decided for it.
-    fn request(&mut self, command: &str, decision: &str) {
+    fn request(&mut self, metrics: &Metrics, command: &str, decision: &str) {
         if let Some((c, d)) = Metrics::request_slot(command, decision) {
-            self.requests[c][d] += 1;
+            self.requests.add(metrics, c, d);
             self.dirty = true;
         }
     }
@@ -237,14 +237,7 @@ impl Counters {
     fn flush(&mut self, metrics: &Metrics) {
         self.dirty = false;
         self.flush_hot();
-        for (c, row) in self.requests.iter_mut().enumerate() {
-            for (d, n) in row.iter_mut().enumerate() {
-                if *n > 0 {
-                    metrics.add_requests(c, d, *n as u64);
-                    *n = 0;
-                }
-            }
-        }
+        self.requests.flush(metrics);
         if let Some(h) = &self.latency {
             h.flush(&mut self.batch);
         }
@@ -302,5 +295,88 @@ impl Counters {
                 *n = 0;
             }
         }
+    }
+}
+
+/// Kinds of (command, decision) a session counts between two flushes before it flushes
+/// early: a connection sends few kinds of command.
+const KINDS: usize = 4;
+
+/// Governed requests by (command, decision) since the last flush: the few kinds met, each
+/// with its place in the metrics' table (`Metrics::request_slot`), instead of a count for
+/// each of the table's places in every session.
+#[derive(Default)]
+struct RequestCounts {
+    /// (command, decision, requests).
+    kinds: [(u8, u8, u32); KINDS],
+    len: u8,
+}
+
+impl RequestCounts {
+    fn add(&mut self, metrics: &Metrics, c: usize, d: usize) {
+        // The table has fewer places than a byte counts (checked below).
+        let (c, d) = (c as u8, d as u8);
+        let len = usize::from(self.len);
+        if let Some(k) = self.kinds[..len].iter_mut().find(|k| k.0 == c && k.1 == d) {
+            k.2 += 1;
+            return;
+        }
+        if len == KINDS {
+            self.flush(metrics);
+        }
+        self.kinds[usize::from(self.len)] = (c, d, 1);
+        self.len += 1;
+    }
+
+    fn flush(&mut self, metrics: &Metrics) {
+        for &(c, d, n) in &self.kinds[..usize::from(self.len)] {
+            metrics.add_requests(usize::from(c), usize::from(d), u64::from(n));
+        }
+        self.len = 0;
+    }
+}
+
+const _: () = assert!(REQUEST_SLOTS.0 <= 256 && REQUEST_SLOTS.1 <= 256);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::CommandDecision;
+
+    fn count(m: &Metrics, command: &'static str, decision: &'static str) -> u64 {
+        m.requests
+            .get_or_create(&CommandDecision { command, decision })
+            .get()
+    }
+
+    /// More kinds than the session keeps between flushes: the early flush loses nothing,
+    /// and each count reaches its own series.
+    #[test]
+    fn request_counts_reach_the_metrics_whatever_the_kinds() {
+        let m = Metrics::new();
+        let mut c = Counters::default();
+        let kinds = [
+            ("find", "track"),
+            ("find", "forward"),
+            ("aggregate", "track"),
+            ("getMore", "forward"),
+            ("insert", "forward"),
+            ("find", "track"),
+        ];
+        for _ in 0..3 {
+            for (command, decision) in kinds {
+                c.request(&m, command, decision);
+            }
+        }
+        assert!(c.is_dirty());
+        c.flush(&m);
+        assert_eq!(count(&m, "find", "track"), 6);
+        for (command, decision) in &kinds[1..5] {
+            assert_eq!(count(&m, command, decision), 3, "{command} {decision}");
+        }
+        // Flushed counts are not added twice.
+        c.flush(&m);
+        assert_eq!(count(&m, "find", "track"), 6);
+        assert!(size_of::<RequestCounts>() <= 40);
     }
 }

@@ -43,6 +43,7 @@ mod request;
 mod upload;
 mod witness;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -111,6 +112,12 @@ pub struct Session {
     h: Handler,
 }
 
+/// The client's stream as the session task holds it.
+enum Halves {
+    Plain(tokio::net::TcpStream),
+    Split(tokio::io::ReadHalf<Stream>, tokio::io::WriteHalf<Stream>),
+}
+
 /// What the session owns and hands each message to: a request (`request.rs`), a reply
 /// (`reply.rs`).
 struct Handler {
@@ -132,6 +139,16 @@ struct Handler {
     rewrite_buf: BytesMut,
     /// A large reply to a followed read or write, judged as it passes in pieces.
     pieces: Option<Box<arrival::Pieces>>,
+}
+
+impl Handler {
+    /// A session gone quiet (nothing in flight) lets go of what it keeps for the next
+    /// request: the rewrite buffer, the namespace key, the followed reads' lists.
+    fn trim(&mut self) {
+        self.rewrite_buf = BytesMut::new();
+        self.ns_buf = String::new();
+        self.reads.trim();
+    }
 }
 
 impl Session {
@@ -168,57 +185,159 @@ impl Session {
         }
     }
 
-    /// Relays `client` until either side ends. The session is on the heap (boxed by the
-    /// caller): every stage below moves a pointer, not the session, so an idle connection's
-    /// task does not hold several copies of it.
-    pub async fn run(self: Box<Self>, client: Stream) {
-        let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
-        let relay = std::pin::pin!(self.relay(client).instrument(span));
-        relay::counting_polls(relay).await
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
     }
 
-    async fn relay(self: Box<Self>, client: Stream) {
-        match client {
-            // Plain TCP keeps its lock-free owned halves.
-            Stream::Plain(c) => {
-                let (cr, cw) = c.into_split();
-                self.open(cr, cw).await
+    /// The connection's id.
+    pub fn id(&self) -> u64 {
+        self.h.id
+    }
+
+    /// Relays `client` until either side ends. The session is on the heap (boxed by the
+    /// caller), and every stage below borrows it: an idle connection's task holds no copy
+    /// of it.
+    ///
+    /// None of the stages is an `async fn`: an `async fn` keeps its arguments twice in its
+    /// state (as given, and as the locals its body uses), and whatever a session's task
+    /// holds while it waits, every idle connection holds for its whole life.
+    pub fn run(mut self: Box<Self>, client: Stream) -> impl Future<Output = ()> {
+        // Plain TCP is split into lock-free halves borrowed from the stream, which the task
+        // holds (owned halves would share it through an allocation); TLS into halves that
+        // share it.
+        let mut client = match client {
+            Stream::Plain(c) => Halves::Plain(c),
+            tls => {
+                let (r, w) = tokio::io::split(tls);
+                Halves::Split(r, w)
             }
-            c => {
-                let (cr, cw) = tokio::io::split(c);
-                self.open(cr, cw).await
-            }
+        };
+        async move {
+            let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
+            // The stages below borrow the session and the client's halves.
+            let relay = async {
+                match &mut client {
+                    Halves::Plain(c) => {
+                        let (cr, cw) = c.split();
+                        self.open(cr, cw).await
+                    }
+                    Halves::Split(cr, cw) => self.open(cr, cw).await,
+                }
+            };
+            let mut relay = std::pin::pin!(relay.instrument(span));
+            std::future::poll_fn(|cx| {
+                relay::count_poll();
+                relay.as_mut().poll(cx)
+            })
+            .await
         }
     }
 
     /// Waits for the client's first message, then dials its upstream (a client that never
     /// sends one costs no upstream connection) and relays.
-    async fn open<CR, CW>(mut self: Box<Self>, cr: CR, cw: CW)
+    // Not an `async fn` (see `Session::run`).
+    #[allow(clippy::manual_async_fn)]
+    fn open<'a, CR, CW>(&'a mut self, cr: CR, mut cw: CW) -> impl Future<Output = ()> + 'a
+    where
+        CR: AsyncRead + Unpin + 'a,
+        CW: AsyncWrite + Unpin + 'a,
+    {
+        async move {
+            let max = self.h.config.max_message_size;
+            let mut cr =
+                FramedRead::with_capacity(cr, relay::request_codec(max), relay::READ_BUFFER);
+            let Some(first) = self.first_message(&mut cr).await else {
+                return;
+            };
+            // Boxed: dialing (TCP, maybe TLS) happens once, and its state need not be part
+            // of the session's task for the connection's whole life.
+            let Some(mut upstream) = Box::pin(self.dial()).await else {
+                return;
+            };
+            // Each branch waits once (`Session::relay_with`): a local kept across one wait
+            // shares its room in the task with the other branch's.
+            if let Stream::Plain(u) = &mut upstream {
+                let (ur, uw) = u.split();
+                self.relay_with(first, &mut cr, &mut cw, ur, uw).await
+            } else {
+                let (ur, uw) = tokio::io::split(upstream);
+                self.relay_with(first, &mut cr, &mut cw, ur, uw).await
+            }
+            self.h.meter.disconnected();
+        }
+    }
+
+    /// The relay with the upstream's halves, starting with `first` (`start`).
+    // Not an `async fn` (see `Session::run`).
+    #[allow(clippy::manual_async_fn)]
+    pub(super) fn relay_with<'a, CR, CW, UR, UW>(
+        &'a mut self,
+        first: Incoming,
+        cr: &'a mut FramedRead<CR, StreamCodec>,
+        cw: &'a mut CW,
+        ur: UR,
+        mut uw: UW,
+    ) -> impl Future<Output = ()> + 'a
+    where
+        CR: AsyncRead + Unpin + 'a,
+        CW: AsyncWrite + Unpin + 'a,
+        UR: AsyncRead + Unpin + 'a,
+        UW: AsyncWrite + Unpin + 'a,
+    {
+        async move {
+            if self.start(first, cr, cw, &mut uw).await {
+                let max = self.h.config.max_message_size;
+                let mut ur =
+                    FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
+                self.relay_framed(cr, cw, &mut ur, &mut uw).await;
+            }
+        }
+    }
+
+    /// The relay starts with `first`, a request (or the head of a large one) read before
+    /// the upstream was dialed; false when that ended the session.
+    pub(super) async fn start<CR, CW, UW>(
+        &mut self,
+        first: Incoming,
+        cr: &mut FramedRead<CR, StreamCodec>,
+        cw: &mut CW,
+        uw: &mut UW,
+    ) -> bool
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
+        UW: AsyncWrite + Unpin,
     {
-        let max = self.h.config.max_message_size;
-        let mut cr = FramedRead::with_capacity(cr, relay::request_codec(max), relay::READ_BUFFER);
-        let Some(first) = self.first_message(&mut cr).await else {
-            return;
+        self.set_tick();
+        let handled = match self.on_client_item(first, cr) {
+            Ok(Some(aside)) => Box::pin(self.aside(aside)).await,
+            done => done.map(|_| ()),
         };
-        // A stop past its deadline also ends a session still dialing its upstream.
-        // Boxed: dialing (TCP, maybe TLS) happens once, and its state need not be part
-        // of the session's task for the connection's whole life.
-        let Session { life, h, .. } = &mut *self;
+        let Err(e) = handled else {
+            return true;
+        };
+        self.finish(Err(e), true);
+        Box::pin(self.close(cw, uw)).await;
+        false
+    }
+
+    /// Dials the client's upstream; `None` when none is reachable, or when the stop's
+    /// deadline passes first (it also ends a session still dialing).
+    async fn dial(&mut self) -> Option<Stream> {
+        let Session { life, h, .. } = self;
         let connected = tokio::select! {
-            c = Box::pin(h.shared.upstreams.connect(&h.config, &h.shared.metrics)) => c,
+            c = h.shared.upstreams.connect(&h.config, &h.shared.metrics) => c,
             _ = life.killed() => {
                 tracing::debug!("shutdown deadline passed while connecting upstream");
-                return;
+                return None;
             }
         };
         let (upstream, router) = match connected {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::error!(error = %e, "closing client: no upstream reachable");
-                return;
+                return None;
             }
         };
         tracing::debug!(upstream = %router.addr, "paired");
@@ -226,20 +345,7 @@ impl Session {
         self.h.reads.paired(router.ladder.clone());
         self.h.reads.writes.client(self.peer.ip());
         self.h.upstream = router.addr.clone();
-        let max = self.h.config.max_message_size;
-        let this = match upstream {
-            Stream::Plain(u) => {
-                let (ur, uw) = u.into_split();
-                let ur = FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
-                self.relay_framed(cr, cw, ur, uw, Some(first)).await
-            }
-            u => {
-                let (ur, uw) = tokio::io::split(u);
-                let ur = FramedRead::with_capacity(ur, relay::reply_codec(max), relay::READ_BUFFER);
-                self.relay_framed(cr, cw, ur, uw, Some(first)).await
-            }
-        };
-        this.h.meter.disconnected();
+        Some(upstream)
     }
 
     /// The client's whole first message (or the head of a large one, which waits for the
@@ -331,5 +437,31 @@ mod tests {
         assert!(!SessionError::ClientProtocol(WireError::Truncated("x")).is_client_close(true));
         let upstream = SessionError::UpstreamIo(Error::new(ErrorKind::ConnectionReset, "x"));
         assert!(!upstream.is_client_close(true));
+    }
+
+    /// What an idle connection pair holds for its session: the session (boxed) and its
+    /// task's state, which is as large as the largest state the task may wait in. Before
+    /// issue 31 they were 1,488 and 1,976 bytes here (an `async fn` at each stage held its
+    /// arguments twice, the writes waited on held a gather list each).
+    #[tokio::test]
+    async fn an_idle_session_is_small() {
+        use crate::config::Config;
+        use crate::handles::Handles;
+        let config = Config::for_upstreams("127.0.0.1:0", vec!["127.0.0.1:1".into()]);
+        let shared = Arc::new(Handles::new(Arc::new(config)));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let c = tokio::net::TcpStream::connect(l.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (stop, kill) = (CancellationToken::new(), CancellationToken::new());
+        let peer = "127.0.0.1:9".parse().expect("addr");
+        let s = Box::new(Session::new(shared.sessions.clone(), peer, 1, stop, kill));
+        let task = s.run(Stream::Plain(c));
+        let (session, task) = (size_of::<Session>(), size_of_val(&task));
+        eprintln!("session {session} bytes, its task's state {task} bytes");
+        assert!(session <= 1024, "the session is {session} bytes");
+        assert!(task <= 1024, "the session's task state is {task} bytes");
     }
 }

@@ -4,12 +4,14 @@
 //! direction that feeds it, never the loop, the other direction or a stop.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use futures::FutureExt;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWrite;
 use tokio::time::Instant;
 
 /// Past this many bytes waiting, the relay reads nothing more that could add to them (the
@@ -51,18 +53,34 @@ impl Outbox {
     }
 
     /// One step: one write of the oldest messages, or a flush once all is written.
-    /// Cancel-safe: dropped before it completes, it has written nothing.
-    pub(super) async fn step<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+    /// Cancel-safe: dropped before it completes, it has written nothing. Its state is two
+    /// references: the relay waits on a step per peer in every turn, and whatever a step
+    /// holds across a wait (a gather list of `GATHER` slices) would be part of every
+    /// session's task for the connection's whole life.
+    pub(super) fn step<'a, W: AsyncWrite + Unpin>(
+        &'a mut self,
+        w: &'a mut W,
+    ) -> impl Future<Output = io::Result<()>> + 'a {
+        std::future::poll_fn(move |cx| self.poll_step(w, cx))
+    }
+
+    /// [`Outbox::step`], polled.
+    fn poll_step<W: AsyncWrite + Unpin>(
+        &mut self,
+        w: &mut W,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        let w = Pin::new(w);
         let n = match self.queue.len() {
             0 => {
-                w.flush().await?;
+                ready!(w.poll_flush(cx))?;
                 self.unflushed = false;
                 self.progress += 1;
-                return Ok(());
+                return Poll::Ready(Ok(()));
             }
             // One message (the common case): a plain `send`, which costs the kernel less
             // than `writev` (no iovec import, no VFS layer).
-            1 => w.write(self.queue[0].chunk()).await?,
+            1 => ready!(w.poll_write(cx, self.queue[0].chunk()))?,
             // Several (pipelined requests, a burst of replies): one `writev` for as many as
             // fit in `GATHER`.
             _ => {
@@ -72,17 +90,17 @@ impl Outbox {
                     *slot = io::IoSlice::new(msg.chunk());
                     k += 1;
                 }
-                w.write_vectored(&slices[..k]).await?
+                ready!(w.poll_write_vectored(cx, &slices[..k]))?
             }
         };
         if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+            return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
         }
         self.bytes -= n;
         self.unflushed = true;
         self.progress += 1;
         self.consume(n);
-        Ok(())
+        Poll::Ready(Ok(()))
     }
 
     /// How long bytes have waited here with none taken by the peer, as seen by successive
@@ -136,10 +154,11 @@ impl Outbox {
     /// loop turn that produced it. Polling with a no-op waker is fine here, because the loop
     /// polls every pending write with its own waker right after.
     pub(super) fn write_now<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+        let mut cx = Context::from_waker(Waker::noop());
         while !self.is_idle() {
-            match self.step(w).now_or_never() {
-                Some(done) => done?,
-                None => break,
+            match self.poll_step(w, &mut cx) {
+                Poll::Ready(done) => done?,
+                Poll::Pending => break,
             }
         }
         Ok(())

@@ -137,6 +137,13 @@ impl Reads {
     }
 
     pub(super) fn follow(&mut self, f: Followed) {
+        // Room for one at first (a driver sends one request at a time on a connection),
+        // not the four a first `push` makes: a `Followed` is large, and what a quiet
+        // session lets go of (`trim`) is a hole in the heap that only a smaller allocation
+        // can use again. A pipelining client grows the list once per busy spell.
+        if self.pending.capacity() == 0 {
+            self.pending.reserve_exact(1);
+        }
         self.pending.push(f);
     }
 
@@ -255,11 +262,11 @@ impl Reads {
     }
 
     /// The next answer to a parked read's question (pending forever when none can come).
-    pub(super) async fn next_answer(&mut self) -> Option<Answer> {
-        match self.answers.as_mut() {
-            Some((_, rx)) => rx.recv().await,
-            None => std::future::pending().await,
-        }
+    pub(super) fn next_answer(&mut self) -> impl std::future::Future<Output = Option<Answer>> + '_ {
+        std::future::poll_fn(move |cx| match self.answers.as_mut() {
+            Some((_, rx)) => rx.poll_recv(cx),
+            None => std::task::Poll::Pending,
+        })
     }
 
     /// The parked read an answer with `token` is for.
@@ -314,6 +321,24 @@ impl Reads {
             self.ids = IdSet::default();
         }
         r
+    }
+
+    /// A session gone quiet lets go of all the room its lists and its scratch set keep
+    /// (what stays empty costs nothing; the next read makes room again, once).
+    pub(super) fn trim(&mut self) {
+        self.shrink_idle();
+        if self.pending.is_empty() {
+            self.pending = Vec::new();
+        }
+        if self.parked.is_empty() {
+            self.parked = Vec::new();
+        }
+        if self.proofs.is_empty() {
+            self.proofs = Vec::new();
+        }
+        self.writes.trim();
+        self.ids = IdSet::default();
+        self.last_ns = None;
     }
 
     /// Lets go of the room a burst of pipelined reads or writes left once they are empty

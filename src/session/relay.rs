@@ -49,15 +49,9 @@ std::thread_local! {
     static POLLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Polls `relay` (a session's task), counting each poll in `POLLS`.
-pub(super) async fn counting_polls<F: std::future::Future>(
-    mut relay: std::pin::Pin<&mut F>,
-) -> F::Output {
-    std::future::poll_fn(move |cx| {
-        POLLS.with(|p| p.set(p.get().wrapping_add(1)));
-        relay.as_mut().poll(cx)
-    })
-    .await
+/// A session's task is polled: counted in `POLLS` (its caller polls the relay next).
+pub(super) fn count_poll() {
+    POLLS.with(|p| p.set(p.get().wrapping_add(1)));
 }
 
 /// The events handled in the current poll of the session's task.
@@ -93,13 +87,25 @@ enum Event {
     Answer(Option<crate::confirm::Answer>),
 }
 
-/// What a turn comes to: `Ok(None)` goes on; `Ok(Some(why))` ends the session as it should,
-/// `Err` as it should not.
-type Turn = Result<Option<&'static str>, SessionError>;
+/// What a turn comes to: `Done(None)` goes on, `Done(Some(why))` ends the session as it
+/// should (an `Err` as it should not); `Aside`: a request waits for its decompression first.
+enum Handled {
+    Done(Option<&'static str>),
+    Aside(Box<Aside>),
+}
+
+/// What a request leaves to do after its turn: a large compressed request is decompressed
+/// off the workers first (`Session::aside`), and the batched metrics flushed after it when
+/// they were due (`flush_due`). Handed on boxed: what a turn hands back is kept in the
+/// session's task while the aside is waited for.
+pub(super) struct Aside {
+    req: Request,
+    flush_due: bool,
+}
 
 impl Session {
     /// Relays until either side ends, the client misbehaves, or the proxy stops.
-    pub async fn pump<CR, CW, UR, UW>(self, cr: CR, cw: CW, ur: UR, uw: UW)
+    pub async fn pump<CR, CW, UR, UW>(mut self, cr: CR, mut cw: CW, ur: UR, mut uw: UW)
     where
         CR: AsyncRead + Unpin,
         CW: AsyncWrite + Unpin,
@@ -107,144 +113,161 @@ impl Session {
         UW: AsyncWrite + Unpin,
     {
         let max = self.h.config.max_message_size;
-        let cr = FramedRead::with_capacity(cr, request_codec(max), READ_BUFFER);
-        let ur = FramedRead::with_capacity(ur, reply_codec(max), READ_BUFFER);
-        Box::new(self).relay_framed(cr, cw, ur, uw, None).await;
+        let mut cr = FramedRead::with_capacity(cr, request_codec(max), READ_BUFFER);
+        let mut ur = FramedRead::with_capacity(ur, reply_codec(max), READ_BUFFER);
+        self.set_tick();
+        self.relay_framed(&mut cr, &mut cw, &mut ur, &mut uw).await;
     }
 
-    /// The relay over framed readers; `first` is a request (or the head of a large one)
-    /// read before the upstream was dialed. Gives the session back once it is over.
-    pub(super) async fn relay_framed<CR, CW, UR, UW>(
-        mut self: Box<Self>,
-        mut cr: FramedRead<CR, StreamCodec>,
-        mut cw: CW,
-        mut ur: FramedRead<UR, StreamCodec>,
-        mut uw: UW,
-        first: Option<Incoming>,
-    ) -> Box<Self>
-    where
-        CR: AsyncRead + Unpin,
-        CW: AsyncWrite + Unpin,
-        UR: AsyncRead + Unpin,
-        UW: AsyncWrite + Unpin,
-    {
+    /// The deadlines are looked at on the relay's tick from now on.
+    pub(super) fn set_tick(&mut self) {
         let tick = life::limits_tick(&self.h.config.limits);
         self.life.set_tick(tick, Instant::now());
-        if let Some(first) = first {
-            if let Err(e) = self.on_client_item(first, &mut cr).await {
-                self.finish(Err(e), true);
-                Box::pin(self.close(&mut cw, &mut uw)).await;
-                return self;
-            }
-        }
-        // Each peer's read side is polled again only after it gave something or rang: a
-        // turn does not take the other socket's readiness lock for nothing.
-        let (mut client_ear, mut upstream_ear) = (Ear::default(), Ear::default());
-        let mut burst = Burst::default();
-        let end: Result<&str, SessionError> = loop {
-            let streaming = ur.decoder().is_streaming();
-            if let Some(why) = self.over(streaming || cr.decoder().is_streaming()) {
-                break Ok(why);
-            }
-            let (read_client, read_upstream) = self.reading(streaming);
-            // The followed reads' deadlines (mongos silent past a read's limit) are looked
-            // at on the lifecycle's timer while there are any.
-            self.life.watch_reads(self.h.reads.watching());
-            let asking = self.h.reads.asking();
-            let Session { life, h, held, .. } = &mut *self;
-            let (p, reads) = (&mut h.peers, &mut h.reads);
-            let waiting = held.is_waiting();
-            // Biased, in this order: the lifecycle (one load of its bell until something
-            // rang, so a kill or a deadline is seen in the next turn even in a burst);
-            // writes; replies before new requests (finishing work before taking more; each
-            // side is bounded by its outbox's room, so neither waits long).
-            let event = tokio::select! {
-                biased;
-                w = life.wake() => Event::Life(w),
-                w = p.to_upstream.step(&mut uw), if !p.to_upstream.is_idle() => {
-                    Event::Wrote(w.map_err(SessionError::UpstreamIo))
+    }
+
+    /// The relay over framed readers, until either side ends, the client misbehaves, or
+    /// the proxy stops.
+    ///
+    /// Not an `async fn`, and everything borrowed: an `async fn` keeps its arguments twice
+    /// in its state (as given, and as the locals its body uses), and state a session's
+    /// task holds while it waits is held by every idle connection for its whole life.
+    #[allow(clippy::manual_async_fn)]
+    pub(super) fn relay_framed<'a, CR, CW, UR, UW>(
+        &'a mut self,
+        cr: &'a mut FramedRead<CR, StreamCodec>,
+        cw: &'a mut CW,
+        ur: &'a mut FramedRead<UR, StreamCodec>,
+        uw: &'a mut UW,
+    ) -> impl std::future::Future<Output = ()> + 'a
+    where
+        CR: AsyncRead + Unpin + 'a,
+        CW: AsyncWrite + Unpin + 'a,
+        UR: AsyncRead + Unpin + 'a,
+        UW: AsyncWrite + Unpin + 'a,
+    {
+        async move {
+            // Each peer's read side is polled again only after it gave something or rang: a
+            // turn does not take the other socket's readiness lock for nothing.
+            let (mut client_ear, mut upstream_ear) = (Ear::default(), Ear::default());
+            let mut burst = Burst::default();
+            let end: Result<&str, SessionError> = loop {
+                let streaming = ur.decoder().is_streaming();
+                if let Some(why) = self.over(streaming || cr.decoder().is_streaming()) {
+                    break Ok(why);
                 }
-                w = p.to_client.step(&mut cw), if !p.to_client.is_idle() => {
-                    Event::Wrote(w.map_err(SessionError::ClientIo))
+                let (read_client, read_upstream) = self.reading(streaming);
+                // The followed reads' deadlines (mongos silent past a read's limit) are
+                // looked at on the lifecycle's timer while there are any.
+                self.life.watch_reads(self.h.reads.watching());
+                let asking = self.h.reads.asking();
+                let Session { life, h, held, .. } = &mut *self;
+                let (p, reads) = (&mut h.peers, &mut h.reads);
+                let waiting = held.is_waiting();
+                // Biased, in this order: the lifecycle (one load of its bell until something
+                // rang, so a kill or a deadline is seen in the next turn even in a burst);
+                // writes; replies before new requests (finishing work before taking more;
+                // each side is bounded by its outbox's room, so neither waits long).
+                let event = tokio::select! {
+                    biased;
+                    w = life.wake() => Event::Life(w),
+                    w = p.to_upstream.step(uw), if !p.to_upstream.is_idle() => {
+                        Event::Wrote(w.map_err(SessionError::UpstreamIo))
+                    }
+                    w = p.to_client.step(cw), if !p.to_client.is_idle() => {
+                        Event::Wrote(w.map_err(SessionError::ClientIo))
+                    }
+                    rep = upstream_ear.next(ur), if read_upstream => Event::Reply(rep),
+                    answer = reads.next_answer(), if asking => Event::Answer(answer),
+                    req = client_ear.next(cr), if read_client => Event::Request(req),
+                    ok = held.acquired(), if waiting => Event::Held(ok),
+                };
+                // The rare turn that waits (a decompression set aside) is boxed: its state is
+                // not part of every session's task. (One expression: what a turn comes to is
+                // not kept across the waits below.)
+                match match self.handle(event, cr, ur) {
+                    Ok(Handled::Aside(aside)) => Box::pin(self.aside(aside)).await.map(|()| None),
+                    Ok(Handled::Done(why)) => Ok(why),
+                    Err(e) => Err(e),
+                } {
+                    Ok(None) => {}
+                    Ok(Some(why)) => break Ok(why),
+                    Err(e) => break Err(e),
                 }
-                rep = upstream_ear.next(&mut ur), if read_upstream => Event::Reply(rep),
-                answer = reads.next_answer(), if asking => Event::Answer(answer),
-                req = client_ear.next(&mut cr), if read_client => Event::Request(req),
-                ok = held.acquired(), if waiting => Event::Held(ok),
+                self.life.counted(self.h.meter.is_dirty());
+                if let Err(e) = self.h.peers.write_now(cw, uw) {
+                    break Err(e);
+                }
+                if self.held.holds() {
+                    self.release_held(cr.decoder());
+                }
+                if burst.full() {
+                    tokio::task::yield_now().await;
+                }
             };
-            match self.handle(event, &mut cr, &mut ur).await {
-                Ok(None) => {}
-                Ok(Some(why)) => break Ok(why),
-                Err(e) => break Err(e),
+            // A peer closed for not reading gets nothing more: a close that waited to write
+            // to it would hold the session until the stop's deadline. What was held for the
+            // other one goes too (its requests or replies cannot be finished).
+            let not_reading = matches!(end, Ok("write_timeout" | "upstream_write_timeout"));
+            self.finish(end, cr.read_buffer().is_empty());
+            self.held.release();
+            if not_reading {
+                self.h.peers.discard();
+                return;
             }
-            self.life.counted(self.h.meter.is_dirty());
-            if let Err(e) = self.h.peers.write_now(&mut cw, &mut uw) {
-                break Err(e);
-            }
-            if self.held.holds() {
-                self.release_held(cr.decoder());
-            }
-            if burst.full() {
-                tokio::task::yield_now().await;
-            }
-        };
-        // A peer closed for not reading gets nothing more: a close that waited to write to
-        // it would hold the session until the stop's deadline. What was held for the other
-        // one goes too (its requests or replies cannot be finished).
-        let not_reading = matches!(end, Ok("write_timeout" | "upstream_write_timeout"));
-        self.finish(end, cr.read_buffer().is_empty());
-        self.held.release();
-        if not_reading {
-            self.h.peers.discard();
-            return self;
+            // Boxed, like the decompression above: a session's task is as large as the
+            // largest state it may ever wait in, and every idle connection pays for that
+            // size.
+            Box::pin(self.close(cw, uw)).await;
         }
-        // Boxed, like the decompression below: a session's task is as large as the largest
-        // state it may ever wait in, and every idle connection pays for that size.
-        Box::pin(self.close(&mut cw, &mut uw)).await;
-        self
     }
 
     /// Hands what woke the loop to its owner.
-    async fn handle<CR, UR>(
+    fn handle<CR, UR>(
         &mut self,
         event: Event,
         cr: &mut FramedRead<CR, StreamCodec>,
         ur: &mut FramedRead<UR, StreamCodec>,
-    ) -> Turn
+    ) -> Result<Handled, SessionError>
     where
         CR: AsyncRead + Unpin,
         UR: AsyncRead + Unpin,
     {
-        match event {
-            Event::Life(wake) => Ok(self.on_life(wake, cr, ur)),
-            Event::Wrote(w) => w.map(|()| None),
+        let why = match event {
+            Event::Life(wake) => self.on_life(wake, cr, ur),
+            Event::Wrote(w) => return w.map(|()| Handled::Done(None)),
             Event::Reply(Some(Ok(item))) => {
                 self.life.carried();
                 self.h.on_incoming(item, ur.decoder_mut());
-                Ok(None)
+                None
             }
-            Event::Reply(Some(Err(e))) => Err(upstream_err(e)),
+            Event::Reply(Some(Err(e))) => return Err(upstream_err(e)),
             Event::Reply(None) => {
                 self.h.upstream_gone();
-                Ok(Some("upstream closed"))
+                Some("upstream closed")
             }
-            Event::Request(Some(Ok(item))) => self.on_client_item(item, cr).await.map(|()| None),
-            Event::Request(Some(Err(e))) => Err(client_err(e)),
+            Event::Request(Some(Ok(item))) => {
+                return Ok(match self.on_client_item(item, cr)? {
+                    Some(aside) => Handled::Aside(aside),
+                    None => Handled::Done(None),
+                })
+            }
+            Event::Request(Some(Err(e))) => return Err(client_err(e)),
             Event::Request(None) => {
                 self.h.client_gone();
-                Ok(Some("client closed"))
+                Some("client closed")
             }
             Event::Answer(Some(answer)) => {
                 self.h.on_answer(answer);
-                Ok(None)
+                None
             }
-            Event::Answer(None) => Ok(None),
+            Event::Answer(None) => None,
             Event::Held(true) => {
                 cr.decoder_mut().stream(false);
-                Ok(None)
+                None
             }
-            Event::Held(false) => Ok(Some("proxy stopping")),
-        }
+            Event::Held(false) => Some("proxy stopping"),
+        };
+        Ok(Handled::Done(why))
     }
 
     /// What the lifecycle says: the stop (the session drains, `over`), the kill, or the
@@ -277,9 +300,9 @@ impl Session {
         }
     }
 
-    /// A session gone quiet lets go of its buffers (read buffers, outbox slots): an idle
-    /// connection pair holds little more than its task. The next message after it costs one
-    /// small read more.
+    /// A session gone quiet lets go of its buffers (read buffers, outbox slots, the
+    /// followed reads' lists, the rewrite buffer): an idle connection pair holds little more
+    /// than its task. The next message after it costs one small read more.
     fn trim<CR, UR>(
         &mut self,
         cr: &mut FramedRead<CR, StreamCodec>,
@@ -293,6 +316,7 @@ impl Session {
         cr.decoder_mut().idle();
         ur.decoder_mut().idle();
         self.h.peers.trim();
+        self.h.trim();
         self.life.trimmed();
     }
 
@@ -315,28 +339,27 @@ impl Session {
     }
 
     /// One request from the client (the batched metrics flushed every so many: a client
-    /// that never pauses has no round trip to flush on).
-    pub(super) async fn on_request(&mut self, msg: Bytes) -> Result<(), SessionError> {
+    /// that never pauses has no round trip to flush on); a large compressed one is left to
+    /// [`Session::aside`].
+    pub(super) fn on_request(&mut self, msg: Bytes) -> Result<Option<Box<Aside>>, SessionError> {
         let flush_due = self.life.request_read();
-        self.request(msg).await?;
-        if flush_due && self.h.meter.is_dirty() {
+        if let Some(req) = self.h.on_request(msg)? {
+            return Ok(Some(Box::new(Aside { req, flush_due })));
+        }
+        self.flush_if(flush_due);
+        Ok(None)
+    }
+
+    fn flush_if(&mut self, due: bool) {
+        if due && self.h.meter.is_dirty() {
             self.h.meter.flush();
         }
-        Ok(())
     }
 
-    /// One request; a large compressed one is decompressed off the workers first (this
-    /// session waits for it, others do not; the kill still ends the wait).
-    async fn request(&mut self, msg: Bytes) -> Result<(), SessionError> {
-        let Some(req) = self.h.on_request(msg)? else {
-            return Ok(());
-        };
-        Box::pin(self.inflated(req)).await
-    }
-
-    /// The rare path of [`Session::request`], boxed so its state is not part of every
-    /// session's task.
-    async fn inflated(&mut self, req: Request) -> Result<(), SessionError> {
+    /// The rare path of [`Session::on_request`]: a large compressed request decompressed
+    /// off the workers first (this session waits for it, others do not; the kill still ends
+    /// the wait). Boxed by its callers, so its state is not part of every session's task.
+    pub(super) async fn aside(&mut self, aside: Box<Aside>) -> Result<(), SessionError> {
         // The upstream is not read while this session waits (for a slot, too): a write's
         // reply arriving meanwhile is not waiting on the server. The loop's next turn
         // reads it again.
@@ -344,10 +367,14 @@ impl Session {
         let Session { life, h, .. } = self;
         let (slots, max) = (&h.shared.inflate_slots, h.config.max_message_size);
         let opened = tokio::select! {
-            r = gate::inflate_aside(req, slots, max, &h.meter) => r?,
-            _ = life.killed() => return Ok(()),
+            r = gate::inflate_aside(aside.req, slots, max, &h.meter) => Some(r?),
+            _ = life.killed() => None,
         };
-        self.h.on_inflated(opened)
+        if let Some(opened) = opened {
+            self.h.on_inflated(opened)?;
+        }
+        self.flush_if(aside.flush_due);
+        Ok(())
     }
 
     /// The deadlines, on their tick: a message too slow to arrive, a client idle too long,
@@ -384,7 +411,7 @@ impl Session {
 
     /// What is queued still goes out, and both sides are closed, unless the kill comes
     /// first (a peer that does not read cannot hold the session past it).
-    async fn close<C, U>(&mut self, cw: &mut C, uw: &mut U)
+    pub(super) async fn close<C, U>(&mut self, cw: &mut C, uw: &mut U)
     where
         C: AsyncWrite + Unpin,
         U: AsyncWrite + Unpin,
@@ -399,7 +426,7 @@ impl Session {
 
     /// Logs why the session ended and adds its last counts to the shared metrics.
     /// `at_message_boundary`: no part of a next request had arrived.
-    fn finish(&mut self, end: Result<&str, SessionError>, at_message_boundary: bool) {
+    pub(super) fn finish(&mut self, end: Result<&str, SessionError>, at_message_boundary: bool) {
         if !self.h.reads.writes.is_empty() {
             // Not progress: the watch notes it, nothing clears on it.
             self.h.reads.writes.abandon();

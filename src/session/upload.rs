@@ -18,6 +18,7 @@ use tokio::io::AsyncRead;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 
+use super::relay::Aside;
 use super::{Session, SessionError};
 use crate::config::{HELD_FOR_UPSTREAM, HELD_UNIT};
 use crate::stall;
@@ -155,25 +156,24 @@ impl Held {
 impl Session {
     /// What came from the client: a whole request, the head of a large one (streamed or
     /// held whole), or a piece of one going on in pieces.
-    pub(super) async fn on_client_item<CR: AsyncRead + Unpin>(
+    pub(super) fn on_client_item<CR: AsyncRead + Unpin>(
         &mut self,
         item: Incoming,
         cr: &mut FramedRead<CR, StreamCodec>,
-    ) -> Result<(), SessionError> {
+    ) -> Result<Option<Box<Aside>>, SessionError> {
         match item {
-            Incoming::Message(msg) => self.on_request(msg).await,
-            Incoming::Large(head) => self.on_upload_head(&head, cr),
+            Incoming::Message(msg) => return self.on_request(msg),
+            Incoming::Large(head) => self.on_upload_head(&head, cr)?,
             Incoming::Piece(piece) => {
                 self.life.carried();
                 self.h.peers.upload_piece(piece);
-                Ok(())
             }
             Incoming::Last { bytes, .. } => {
                 self.life.carried();
                 self.h.peers.upload_last(bytes);
-                Ok(())
             }
         }
+        Ok(None)
     }
 
     /// The head of a large request (`cr`'s read buffer starts with it): sent on in pieces

@@ -271,6 +271,13 @@ impl WriteTracker {
         }
     }
 
+    /// Lets go of all the list's room, once none waits (a session gone quiet).
+    pub fn trim(&mut self) {
+        if self.writes.is_empty() {
+            self.writes = Vec::new();
+        }
+    }
+
     /// The session's client connected from `ip` (said once, before its first write).
     pub fn client(&mut self, ip: IpAddr) {
         self.client = Some(ip);
