@@ -2,8 +2,8 @@
 //! element scanner's plain walk.
 
 use super::*;
-use crate::{OpCode, HEADER_LEN};
 use crate::testbson::{doc, el, string};
+use crate::{OpCode, HEADER_LEN};
 use bson::{rawdoc, RawDocumentBuf};
 
 fn reply(batch_key: &str, docs: Vec<RawDocumentBuf>) -> RawDocumentBuf {
@@ -218,9 +218,6 @@ fn reference(body: &[u8], cap: usize) -> Result<DupCount, Malformed> {
     count.examined = (seen.len() + count.duplicates as usize) as u32;
     Ok(count)
 }
-
-
-
 
 /// A cursor reply body around batch elements (tag, key, value).
 fn body_of(elems: &[Vec<u8>]) -> Vec<u8> {

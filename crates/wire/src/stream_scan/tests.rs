@@ -5,17 +5,14 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::{StreamScan, CODE_NAME_MAX, STREAM_ID_MAX};
-use crate::testbson::{doc, el, string};
 use crate::dupids::{DupCount, IdSet};
 use crate::status::ReplyStatus;
+use crate::testbson::{doc, el, string};
 use crate::{OpCode, Reply, WireError, HEADER_LEN};
 
 const MAX: usize = 48_000_000;
 
 // --- a small BSON writer (duplicate keys and odd values are the point) -------------------
-
-
-
 
 fn array(docs: &[Vec<u8>]) -> Vec<u8> {
     let elems: Vec<_> = docs
