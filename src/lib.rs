@@ -43,8 +43,10 @@
 //!                   choosing and dialing mongos, their health, their ladder guards
 //! config            TOML → validated Config
 //! policy            the pattern table; decide, judge and the ladder (pure); what a decision means
-//! metrics tls command rewrite logs   every metric name · rustls · classification ·
-//!                   splicing · the pretty log's field formatter (client strings escaped)
+//! metrics tls rewrite logs   every metric name · rustls · splicing (at the places
+//!                   classification found) · the pretty log's field formatter (client
+//!                   strings escaped)
+//! command           classification: one pass over the body, from the opened request
 //! events            the recent past, bounded: the ring of events, the plots' series
 //! wire    sim       the crates below the proxy (protocol; the simulated cluster)
 //! demo              the crate beside it: the incident told with numbers, against sim

@@ -50,15 +50,7 @@ pub fn rewrite(
     rewrite_into(req, spec, None, max_message_size, &mut BytesMut::new())
 }
 
-/// Where a body's first top-level `readConcern`, `maxTimeMS` and `$readPreference` start
-/// (`None`: none), as classification met them (`CommandInfo::places`): a rewrite reads them
-/// there instead of scanning the body again; an offset not holding its key makes it scan.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Places {
-    pub read_concern: Option<usize>,
-    pub max_time: Option<usize>,
-    pub read_pref: Option<usize>,
-}
+pub use crate::command::Places;
 
 impl Places {
     /// The elements `spec` replaces, read where they stand; `None` when one is not there.

@@ -17,8 +17,10 @@ const LAYERS: &[&[&str]] = &[
     // the recent past (a ring of events, the plots' series): everything that makes an event
     // reaches it through `Metrics::recent`
     &["events"],
-    // leaves: every metric name, rustls, classification, splicing, the log field formatter
-    &["metrics", "tls", "command", "rewrite", "logs"],
+    // classification: one pass over the body (and where the fields a rewrite edits stand)
+    &["command"],
+    // leaves: every metric name, rustls, splicing, the log field formatter
+    &["metrics", "tls", "rewrite", "logs"],
     // the pattern table, decide (pure), what a decision means for a request
     &["policy"],
     &["config"],

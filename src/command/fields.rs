@@ -101,3 +101,14 @@ pub(super) fn string_value<'a>(e: &Elem<'a>) -> Result<Option<&'a str>, Classify
     }
     Ok(Some(scan::str_value(e.value)?))
 }
+
+/// Where a body's first top-level `readConcern`, `maxTimeMS` and `$readPreference` start
+/// (`None`: none), as classification met them (`CommandInfo::places`): a rewrite reads them
+/// there instead of scanning the body again (`rewrite.rs`); an offset not holding its key
+/// makes it scan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Places {
+    pub read_concern: Option<usize>,
+    pub max_time: Option<usize>,
+    pub read_pref: Option<usize>,
+}

@@ -9,11 +9,11 @@ use std::fmt;
 
 use bson::RawDocument;
 
-use crate::rewrite::Places;
 use crate::wire::scan::{self, Elem, Elements, Malformed};
 use crate::wire::Request;
 
 mod fields;
+pub use fields::Places;
 mod ids;
 mod max_time;
 mod walk;
