@@ -12,6 +12,24 @@ use crate::config::FleetConfig;
 /// Names tried, with a random suffix, when this instance's own is held by another.
 pub(super) const NAME_TRIES: usize = 8;
 
+/// Holds a key for this process (KEYS: the key; ARGV: this process's token, lease ms): 1
+/// when it is free or already this process's (renewed), 0 when another live process holds
+/// it or the key is of another type. A member's name and the leader's lease both use it.
+pub(super) const CLAIM: &str = r#"
+local found = redis.call('TYPE', KEYS[1]).ok
+if found ~= 'none' and found ~= 'string' then return 0 end
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"#;
+
 /// Why the link failed.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum LinkError {

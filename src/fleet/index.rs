@@ -23,7 +23,7 @@
 use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 
-use super::conn::{within, LinkError};
+use super::conn::{within, LinkError, CLAIM};
 use super::message::{new_id, Message, MAX_PAYLOAD};
 use crate::config::FleetConfig;
 
@@ -100,23 +100,6 @@ for _, f in ipairs(fields) do
   end
 end
 return out
-"#;
-
-/// Holds a name (KEYS: the member key; ARGV: this process's token, lease ms): 1 when it
-/// is free or already this process's (renewed), 0 when another live process holds it.
-const CLAIM: &str = r#"
-local found = redis.call('TYPE', KEYS[1]).ok
-if found ~= 'none' and found ~= 'string' then return 0 end
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
 "#;
 
 /// Lets a name go (KEYS: the member key; ARGV: the token) when this process holds it.

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::{self, within, LinkError};
+use super::conn::{self, within, LinkError, CLAIM};
 use super::Fleet;
 use crate::config::{Config, FleetConfig};
 use crate::metrics::Metrics;
@@ -32,19 +32,6 @@ use crate::state::LiveConfig;
 
 /// Added to the place of a signal read from the leader.
 const FROM_LEADER: &str = " (probed by the fleet's leader)";
-
-const LEASE: &str = r#"
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not v then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"#;
 
 /// A leader's signal as it travels through Redis.
 #[derive(Debug, Serialize, Deserialize)]
@@ -90,7 +77,7 @@ pub(super) async fn run(l: Leading, stop: CancellationToken) {
     let Ok(client) = conn::client(&l.fleet) else {
         return;
     };
-    let script = Script::new(LEASE);
+    let script = Script::new(CLAIM);
     let mut conn: Option<MultiplexedConnection> = None;
     let every = (l.fleet.lease / 3).max(Duration::from_millis(10));
     loop {
