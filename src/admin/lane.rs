@@ -6,9 +6,12 @@
 //! request head (at most [`LANE_HEAD`] bytes) and its answer. A health request is answered by
 //! the same router as on a served connection, with `connection: close`; anything else gets
 //! the bare 503 the cap always gave. When the lane is full, the connection that has waited
-//! longest gets its 503 and leaves: a probe sends its head as soon as it connects, so to push
-//! it out before its head is read an attacker would need [`LANE`] new connections within that
+//! longest gets its 503 and leaves, unless a whole health request already waits unread in
+//! its socket (then it is answered): a probe sends its head as soon as it connects, so to push
+//! it out before its head arrives an attacker would need [`LANE`] new connections within that
 //! moment, and connections that send nothing can only ever take the lane for [`LANE_WAIT`].
+//! A connection whose head is read gives its place up and is answered within what is left
+//! of [`LANE_WAIT`] (at least [`GRACE`]).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -34,6 +37,10 @@ pub const LANE_WAIT: Duration = Duration::from_secs(1);
 pub const LANE_HEAD: usize = 4096;
 /// The most of a health answer's body written (they are a few bytes).
 const MAX_BODY: usize = 4096;
+
+/// The least time a connection whose head is read has for its answer (a pushed-out probe
+/// whose head was waiting, one whose head came at the end of [`LANE_WAIT`]).
+const GRACE: Duration = Duration::from_millis(100);
 
 /// The answer to a connection that is not a health request, written without waiting (a
 /// fresh socket's buffer takes it) before the close.
@@ -92,13 +99,38 @@ impl Lane {
         let app = app.clone();
         let closing = closing.clone();
         tracker.spawn(async move {
-            let _place = place;
             let mut socket = socket;
-            let answered = tokio::select! {
-                a = tokio::time::timeout(LANE_WAIT, answer(&mut socket, &app)) => a.unwrap_or(Answer::TimedOut),
-                _ = leave.cancelled() => Answer::PushedOut,
+            let started = tokio::time::Instant::now();
+            let head = tokio::select! {
+                h = tokio::time::timeout(LANE_WAIT, read_head(&mut socket)) => h.map_err(|_| Answer::TimedOut),
+                _ = leave.cancelled() => Err(Answer::PushedOut),
                 // The proxy stopped: a lane connection is dropped at once.
-                _ = closing.cancelled() => Answer::Stopped,
+                _ = closing.cancelled() => Err(Answer::Stopped),
+            };
+            // Pushed out while its head was not read yet. A whole health request may already
+            // wait in the socket: a probe's head that arrived while this task had not read it
+            // (a loaded machine, a flood of new connections). It is answered; a connection
+            // that sent nothing, or part of a head, leaves with its 503.
+            let head = match head {
+                Err(Answer::PushedOut) if health_head_waiting(&socket) => {
+                    tokio::time::timeout(GRACE, read_head(&mut socket))
+                        .await
+                        .map_err(|_| Answer::PushedOut)
+                }
+                other => other,
+            };
+            // Its head is read (or it leaves): its place is free for the next one, and the
+            // answer below is bounded by time (a health answer is local and small).
+            drop(place);
+            let answered = match head {
+                Err(how) => how,
+                Ok(head) => {
+                    let left = LANE_WAIT.saturating_sub(started.elapsed()).max(GRACE);
+                    tokio::select! {
+                        a = tokio::time::timeout(left, answer(&mut socket, head.as_deref(), &app)) => a.unwrap_or(Answer::TimedOut),
+                        _ = closing.cancelled() => Answer::Stopped,
+                    }
+                }
             };
             if matches!(answered, Answer::TimedOut | Answer::PushedOut) {
                 let _ = socket.try_write(BUSY);
@@ -123,10 +155,11 @@ enum Answer {
     Stopped,
 }
 
-/// Reads the head; answers a health request through `app`, anything else with [`BUSY`].
-async fn answer(socket: &mut TcpStream, app: &Router) -> Answer {
+/// Answers a connection whose request `head` was read (none: too long, or the peer closed
+/// first): a health request through `app`, anything else with [`BUSY`].
+async fn answer(socket: &mut TcpStream, head: Option<&[u8]>, app: &Router) -> Answer {
     let _ = socket.set_nodelay(true);
-    let Some(request) = read_head(socket).await.and_then(|h| health_request(&h)) else {
+    let Some(request) = head.and_then(health_request) else {
         let _ = socket.write_all(BUSY).await;
         let _ = socket.shutdown().await;
         return Answer::Busy;
@@ -178,6 +211,22 @@ async fn read_head(socket: &mut TcpStream) -> Option<Vec<u8>> {
             return None;
         }
     }
+}
+
+/// Whether a whole health request head is waiting, unread, in `socket` (looked at with
+/// `MSG_PEEK`, so nothing is taken from it; never waits).
+fn health_head_waiting(socket: &TcpStream) -> bool {
+    use std::os::fd::AsFd;
+    // A second descriptor of the same socket (it shares the non-blocking flag), for std's
+    // `peek`; closed when it goes out of scope.
+    let Ok(fd) = socket.as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    let mut buf = [0u8; LANE_HEAD + 4];
+    let Ok(n) = std::net::TcpStream::from(fd).peek(&mut buf) else {
+        return false;
+    };
+    find(&buf[..n], b"\r\n\r\n").is_some_and(|end| health_request(&buf[..end]).is_some())
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -236,5 +285,43 @@ mod tests {
             assert_eq!(ok(bad), None, "{bad}");
         }
         assert_eq!(find(b"a\r\n\r\nb", b"\r\n\r\n"), Some(1));
+    }
+
+    /// A pushed-out connection is answered only when a whole health request waits in its
+    /// socket, and looking does not take it from there.
+    #[tokio::test]
+    async fn a_waiting_health_head_is_seen_without_being_taken() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut server, _) = listener.accept().await.expect("accept");
+        let settle = || tokio::time::sleep(Duration::from_millis(50));
+        assert!(!health_head_waiting(&server), "nothing sent");
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x")
+            .await
+            .expect("write");
+        settle().await;
+        assert!(!health_head_waiting(&server), "part of a head");
+        client.write_all(b"\r\n\r\n").await.expect("write");
+        settle().await;
+        assert!(health_head_waiting(&server), "a whole head");
+        assert!(health_head_waiting(&server), "still there");
+        let head = read_head(&mut server).await.expect("head");
+        assert!(health_request(&head).is_some());
+
+        let mut other = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        other
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .expect("write");
+        settle().await;
+        assert!(!health_head_waiting(&server), "not a health request");
     }
 }
