@@ -329,15 +329,9 @@ impl Request {
     /// empty one. What a caller that only compares the name needs: no scan, no second
     /// UTF-8 check.
     pub fn command_key(&self) -> Result<Option<&[u8]>, Malformed> {
-        let Some((payload, layout)) = self.payload() else {
+        let Some((body, first)) = self.first_in_body()? else {
             return Ok(None);
         };
-        let Some(first) = layout.first? else {
-            return Ok(None);
-        };
-        let body = payload
-            .get(layout.body.clone())
-            .ok_or(Malformed("op_msg body"))?;
         Ok(Some(first.elem(body)?.key))
     }
 
@@ -345,6 +339,16 @@ impl Request {
     /// goes on from there without reading the first element again. `None` without a body or
     /// for an empty one.
     pub fn scan_body(&self) -> Result<Option<(Elem<'_>, Elements<'_>)>, Malformed> {
+        let Some((body, first)) = self.first_in_body()? else {
+            return Ok(None);
+        };
+        let elem = first.elem(body)?;
+        Ok(Some((elem, Elements::resume(body, first.end)?)))
+    }
+
+    /// The OP_MSG body and where its first element is; `None` without a body or for an
+    /// empty one.
+    fn first_in_body(&self) -> Result<Option<(&[u8], First)>, Malformed> {
         let Some((payload, layout)) = self.payload() else {
             return Ok(None);
         };
@@ -354,8 +358,7 @@ impl Request {
         let body = payload
             .get(layout.body.clone())
             .ok_or(Malformed("op_msg body"))?;
-        let elem = first.elem(body)?;
-        Ok(Some((elem, Elements::resume(body, first.end)?)))
+        Ok(Some((body, first)))
     }
 
     /// The pieces of the OP_MSG (the wrapped one once inflated) a rewrite needs.
