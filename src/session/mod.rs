@@ -53,7 +53,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::config::Config;
 use crate::handles::SessionHandles;
@@ -214,7 +213,10 @@ impl Session {
             }
         };
         async move {
+            // On every line the session logs (`logs::ConnSpan`: noted for each poll, entered
+            // when something is logged).
             let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
+            let conn = crate::logs::ConnSpan::new(span);
             // The stages below borrow the session and the client's halves.
             let relay = async {
                 match &mut client {
@@ -225,9 +227,10 @@ impl Session {
                     Halves::Split(cr, cw) => self.open(cr, cw).await,
                 }
             };
-            let mut relay = std::pin::pin!(relay.instrument(span));
+            let mut relay = std::pin::pin!(relay);
             std::future::poll_fn(|cx| {
                 relay::count_poll();
+                let _conn = conn.enter();
                 relay.as_mut().poll(cx)
             })
             .await
