@@ -78,6 +78,11 @@ pub(super) struct State {
     expired: bool,
 }
 
+/// The box of a followed read that ended, emptied of what it held (its request, its slot),
+/// kept by the session for its next followed read: a read costs no allocation of its own.
+#[derive(Debug)]
+pub(super) struct Spare(Box<State>);
+
 impl std::ops::Deref for Followed {
     type Target = State;
 
@@ -130,10 +135,10 @@ pub(super) struct First<'a> {
 }
 
 impl Followed {
-    /// The read as its first attempt goes out.
-    pub(super) fn first(f: First<'_>) -> Followed {
+    /// The read as its first attempt goes out, in `spare` when there is one.
+    pub(super) fn first(f: First<'_>, spare: Option<Spare>) -> Followed {
         let info = f.info;
-        Followed(Box::new(State {
+        let state = State {
             request_id: f.req.request_id(),
             ns: f.ns,
             command: command_name(info.name),
@@ -155,7 +160,23 @@ impl Followed {
             met_len: 0,
             limit_ms: f.limit_ms,
             expired: false,
-        }))
+        };
+        match spare {
+            Some(Spare(mut b)) => {
+                *b = state;
+                Followed(b)
+            }
+            None => Followed(Box::new(state)),
+        }
+    }
+
+    /// The read is over: its box, emptied (its request, its slot given back).
+    fn into_spare(self) -> Spare {
+        let mut b = self.0;
+        b.original = Request::default();
+        b.permit = None;
+        b.command = Cow::Borrowed("");
+        Spare(b)
     }
 
     /// The read as `policy::judge` sees its attempt in flight.
@@ -263,11 +284,21 @@ impl Followed {
     /// whatever the verdict says. `claim` asks the upstream's guard for a primary-rung
     /// slot, when the step climbs there.
     pub(super) fn settle(
-        mut self,
+        self,
         verdict: &Verdict<'_>,
         relayed: bool,
         claim: impl FnOnce(&Followed) -> Option<LadderPermit>,
     ) -> Next {
+        self.settle_spare(verdict, relayed, claim).0
+    }
+
+    /// [`Followed::settle`], with the read's box when the step needs the read no more.
+    pub(super) fn settle_spare(
+        mut self,
+        verdict: &Verdict<'_>,
+        relayed: bool,
+        claim: impl FnOnce(&Followed) -> Option<LadderPermit>,
+    ) -> (Next, Option<Spare>) {
         let then = match relayed {
             true => verdict.then.clone().relayed(),
             false => verdict.then.clone(),
@@ -281,14 +312,14 @@ impl Followed {
             self.met[n] = verdict.met;
             self.met_len += 1;
         }
-        match then {
-            Then::Reply => Next::Reply,
-            Then::NoTime(rung) => Next::NoTime(rung),
+        let next = match then {
+            Then::Reply => return (Next::Reply, Some(self.into_spare())),
+            Then::NoTime(rung) => return (Next::NoTime(rung), Some(self.into_spare())),
             Then::FailFast(b) => {
                 let bound = self.policy.open_time_limit;
                 let met = &self.met[..usize::from(self.met_len)];
                 let reply = policy::bounded_fail_reply(&self.ns, b.reason, b.errors, bound, met);
-                Next::FailFast(reply)
+                return (Next::FailFast(reply), Some(self.into_spare()));
             }
             Then::Confirm => Next::Ask(self),
             Then::Silent => {
@@ -318,7 +349,8 @@ impl Followed {
                 None => self.climb(then.refused()),
             },
             climb => self.climb(climb),
-        }
+        };
+        (next, None)
     }
 
     fn climb(mut self, then: Then) -> Next {
@@ -413,7 +445,7 @@ mod tests {
             now,
             at_once: true,
             dry: false,
-        })
+        }, None)
     }
 
     fn first(primary: bool, retry: bool) -> Attempt {

@@ -126,8 +126,9 @@ struct Handler {
     config_generation: u64,
     /// The connection's id (the breakers count a connection's errors once).
     id: u64,
-    /// The upstream this client is paired with (its configured address).
-    upstream: String,
+    /// The upstream this client is paired with (its configured address; a `Box<str>`: the
+    /// session keeps 8 bytes less than with a `String`).
+    upstream: Box<str>,
     peers: Peers,
     reads: Reads,
     meter: Meter,
@@ -173,7 +174,7 @@ impl Session {
                 config,
                 config_generation,
                 id,
-                upstream: String::new(),
+                upstream: Box::default(),
                 peers: Peers::default(),
                 reads: Reads::default(),
                 meter,
@@ -347,7 +348,7 @@ impl Session {
         self.h.meter.connected(&router.addr);
         self.h.reads.paired(router.ladder.clone());
         self.h.reads.writes.client(self.peer.ip());
-        self.h.upstream = router.addr.clone();
+        self.h.upstream = router.addr.as_str().into();
         Some(upstream)
     }
 

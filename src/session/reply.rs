@@ -262,7 +262,10 @@ impl Handler {
             self.meter.answered(f.ns());
         }
         let (ns, request_id) = (f.ns().clone(), f.request_id());
-        let next = f.settle(&verdict, relayed, |f| self.claim_ladder(f.ns()));
+        let (next, spare) = f.settle_spare(&verdict, relayed, |f| self.claim_ladder(f.ns()));
+        if spare.is_some() {
+            self.reads.spare = spare;
+        }
         let failure = match verdict.word {
             Word::Ask(failure) => Some(failure),
             _ => None,

@@ -51,6 +51,23 @@ enum Inner {
     Query(QueryLayout),
 }
 
+impl Default for Request {
+    /// No message: an empty frame, relayed as is. What a kept allocation holds between two
+    /// requests, so that it holds none of their bytes.
+    fn default() -> Request {
+        Request {
+            frame: Bytes::new(),
+            header: Header {
+                length: 0,
+                request_id: 0,
+                response_to: 0,
+                op_code: 0,
+            },
+            state: State::Opaque,
+        }
+    }
+}
+
 impl Clone for Request {
     fn clone(&self) -> Request {
         let state = match &self.state {
