@@ -83,6 +83,55 @@ pub(super) struct State {
 #[derive(Debug)]
 pub(super) struct Spare(Box<State>);
 
+impl State {
+    /// What [`Followed::first`] makes of a new read, written over a spare's (every field
+    /// named: one added to `State` is a compile error here until it is written).
+    fn fill(&mut self, f: First<'_>) {
+        let State {
+            request_id,
+            ns,
+            command,
+            policy,
+            original,
+            started,
+            began,
+            attempt,
+            members,
+            pref,
+            permit,
+            seq,
+            unique_ids,
+            dry,
+            met,
+            met_len,
+            limit_ms,
+            expired,
+        } = self;
+        let info = f.info;
+        *request_id = f.req.request_id();
+        *ns = f.ns;
+        *command = command_name(info.name);
+        *policy = f.policy;
+        *original = f.req.clone();
+        *started = f.now;
+        *began = f.at_once.then_some(f.now);
+        *attempt = f.attempt;
+        *members = Members {
+            tagged: info.read_pref_tags,
+            secondary_answers: info.secondary_answers(),
+        };
+        *pref = info.read_pref;
+        *permit = f.permit;
+        *seq = f.seq;
+        *unique_ids = info.unique_ids;
+        *dry = f.dry;
+        *met = [None; 2];
+        *met_len = 0;
+        *limit_ms = f.limit_ms;
+        *expired = false;
+    }
+}
+
 impl std::ops::Deref for Followed {
     type Target = State;
 
@@ -137,36 +186,38 @@ pub(super) struct First<'a> {
 impl Followed {
     /// The read as its first attempt goes out, in `spare` when there is one.
     pub(super) fn first(f: First<'_>, spare: Option<Spare>) -> Followed {
-        let info = f.info;
-        let state = State {
-            request_id: f.req.request_id(),
-            ns: f.ns,
-            command: command_name(info.name),
-            policy: f.policy,
-            original: f.req.clone(),
-            started: f.now,
-            began: f.at_once.then_some(f.now),
-            attempt: f.attempt,
-            members: Members {
-                tagged: info.read_pref_tags,
-                secondary_answers: info.secondary_answers(),
-            },
-            pref: info.read_pref,
-            permit: f.permit,
-            seq: f.seq,
-            unique_ids: info.unique_ids,
-            dry: f.dry,
-            met: [None; 2],
-            met_len: 0,
-            limit_ms: f.limit_ms,
-            expired: false,
-        };
         match spare {
+            // Written in place, field by field: no state built aside and copied in.
             Some(Spare(mut b)) => {
-                *b = state;
+                b.fill(f);
                 Followed(b)
             }
-            None => Followed(Box::new(state)),
+            None => {
+                let info = f.info;
+                Followed(Box::new(State {
+                    request_id: f.req.request_id(),
+                    ns: f.ns,
+                    command: command_name(info.name),
+                    policy: f.policy,
+                    original: f.req.clone(),
+                    started: f.now,
+                    began: f.at_once.then_some(f.now),
+                    attempt: f.attempt,
+                    members: Members {
+                        tagged: info.read_pref_tags,
+                        secondary_answers: info.secondary_answers(),
+                    },
+                    pref: info.read_pref,
+                    permit: f.permit,
+                    seq: f.seq,
+                    unique_ids: info.unique_ids,
+                    dry: f.dry,
+                    met: [None; 2],
+                    met_len: 0,
+                    limit_ms: f.limit_ms,
+                    expired: false,
+                }))
+            }
         }
     }
 
