@@ -36,30 +36,26 @@ pub fn note_spans() {
     LAZY.store(true, Ordering::Relaxed);
 }
 
-/// A connection's span, as its session's task holds it.
+/// A connection's span, as its session's task holds it (no larger than the span: every
+/// idle connection's task holds it).
 #[derive(Debug)]
-pub struct ConnSpan {
-    span: Span,
-    /// `None`: disabled (its level is off); then a poll costs a load and a branch.
-    id: Option<NonZeroU64>,
-}
+pub struct ConnSpan(Span);
 
 impl ConnSpan {
     pub fn new(span: Span) -> ConnSpan {
-        let id = span.id().map(|id| id.into_non_zero_u64());
-        ConnSpan { span, id }
+        ConnSpan(span)
     }
 
     /// For one poll of the session's task: the span noted as the thread's connection (see
-    /// the module), or entered.
+    /// the module), or entered. A disabled span (its level is off) costs a branch.
     pub fn enter(&self) -> Entered<'_> {
-        let Some(id) = self.id else {
+        let Some(id) = self.0.id() else {
             return Entered::Off;
         };
         if LAZY.load(Ordering::Relaxed) {
-            Entered::Noted(CURRENT.replace(Some(id)))
+            Entered::Noted(CURRENT.replace(Some(id.into_non_zero_u64())))
         } else {
-            Entered::Entered(self.span.enter())
+            Entered::Entered(self.0.enter())
         }
     }
 }
@@ -204,7 +200,7 @@ mod tests {
                 let conn = ConnSpan::new(tracing::info_span!("conn", client.addr = "10.0.0.7:5123", id = 42));
                 {
                     let _in = match note {
-                        true => Entered::Noted(CURRENT.replace(conn.id)),
+                        true => Entered::Noted(CURRENT.replace(conn.0.id().map(|id| id.into_non_zero_u64()))),
                         false => conn.enter(),
                     };
                     tracing::warn!(ns = "shop.orders", "closing client");

@@ -229,7 +229,8 @@ impl Session {
                 }
             };
             let mut relay = std::pin::pin!(relay);
-            std::future::poll_fn(|cx| {
+            // The span moves into the closure: the task holds it once, beside the relay.
+            std::future::poll_fn(move |cx| {
                 relay::count_poll();
                 let _conn = conn.enter();
                 relay.as_mut().poll(cx)
