@@ -424,7 +424,11 @@ impl First {
         let Some(e) = Elements::new(body)?.next_elem()? else {
             return Ok(None);
         };
-        scan::key_str(e.key)?;
+        // Command names are ASCII: checked as such first (a few instructions), as UTF-8
+        // only when they are not.
+        if !e.key.is_ascii() {
+            scan::key_str(e.key)?;
+        }
         Ok(Some(First {
             tag: e.tag,
             key_end: e.start + 1 + e.key.len(),
