@@ -216,10 +216,10 @@ fn init_logs(level: &str, format: LogFormat) {
             ConnScoped(registry.with(logs.fmt_fields(staleguard::logs::EscapedFields))).init()
         }
         // The connection span (client address, id) rides along on every event.
-        LogFormat::Json => ConnScoped(
-            registry.with(logs.json().with_current_span(true).with_span_list(false)),
-        )
-        .init(),
+        LogFormat::Json => {
+            ConnScoped(registry.with(logs.json().with_current_span(true).with_span_list(false)))
+                .init()
+        }
     }
     if note_spans {
         staleguard::logs::note_spans();

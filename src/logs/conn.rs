@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
-use tracing_core::span::Current;
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Metadata, Span, Subscriber};
+use tracing_core::span::Current;
 
 /// The global subscriber is a [`ConnScoped`]: a poll notes its connection's span.
 static LAZY: AtomicBool = AtomicBool::new(false);
@@ -197,10 +197,16 @@ mod tests {
         let log = |note: bool| {
             let buf = Buf::default();
             tracing::dispatcher::with_default(&subscriber(buf.clone()), || {
-                let conn = ConnSpan::new(tracing::info_span!("conn", client.addr = "10.0.0.7:5123", id = 42));
+                let conn = ConnSpan::new(tracing::info_span!(
+                    "conn",
+                    client.addr = "10.0.0.7:5123",
+                    id = 42
+                ));
                 {
                     let _in = match note {
-                        true => Entered::Noted(CURRENT.replace(conn.0.id().map(|id| id.into_non_zero_u64()))),
+                        true => Entered::Noted(
+                            CURRENT.replace(conn.0.id().map(|id| id.into_non_zero_u64())),
+                        ),
                         false => conn.enter(),
                     };
                     tracing::warn!(ns = "shop.orders", "closing client");
@@ -223,8 +229,8 @@ mod tests {
                 .with_ansi(false)
                 .without_time()
                 .with_writer(buf);
-            let filter = tracing_subscriber::filter::Targets::new()
-                .with_default(tracing::Level::INFO);
+            let filter =
+                tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO);
             let s = tracing_subscriber::registry().with(filter).with(fmt);
             Dispatch::new(ConnScoped(s))
         };
@@ -236,7 +242,10 @@ mod tests {
             lines[0].contains("conn{client.addr=\"10.0.0.7:5123\" id=42}: "),
             "{noted}"
         );
-        assert!(lines[0].ends_with("closing client ns=\"shop.orders\""), "{noted}");
+        assert!(
+            lines[0].ends_with("closing client ns=\"shop.orders\""),
+            "{noted}"
+        );
         assert!(lines[1].contains("conn{client.addr=\"10.0.0.7:5123\" id=42}:inner{n=1}: "));
         assert!(!lines[2].contains("conn{"), "{noted}");
 
@@ -247,8 +256,8 @@ mod tests {
                 .with_span_list(false)
                 .without_time()
                 .with_writer(buf);
-            let filter = tracing_subscriber::filter::Targets::new()
-                .with_default(tracing::Level::INFO);
+            let filter =
+                tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO);
             Dispatch::new(ConnScoped(
                 tracing_subscriber::registry().with(filter).with(fmt),
             ))

@@ -484,19 +484,22 @@ mod tests {
     fn followed(policy: NsPolicy, attempt: Attempt, now: Instant) -> Followed {
         let req = find();
         let info = crate::command::classify_request(&req).expect("classified");
-        Followed::first(First {
-            req: &req,
-            info: &info,
-            ns: Arc::from("demo.inventory"),
-            policy: Arc::new(policy),
-            attempt,
-            permit: None,
-            limit_ms: Some(500),
-            seq: 1,
-            now,
-            at_once: true,
-            dry: false,
-        }, None)
+        Followed::first(
+            First {
+                req: &req,
+                info: &info,
+                ns: Arc::from("demo.inventory"),
+                policy: Arc::new(policy),
+                attempt,
+                permit: None,
+                limit_ms: Some(500),
+                seq: 1,
+                now,
+                at_once: true,
+                dry: false,
+            },
+            None,
+        )
     }
 
     fn first(primary: bool, retry: bool) -> Attempt {
