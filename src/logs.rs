@@ -7,10 +7,13 @@
 //! One place covers every event and span: the formatter, not each call site.
 //!
 //! Lines that repeat with traffic (one per read) go through [`sampled!`] (`sampled.rs`), so
-//! the log does not grow with the read rate.
+//! the log does not grow with the read rate. A session's lines carry its connection's span,
+//! entered only when something is logged (`conn.rs`).
 
+mod conn;
 mod sampled;
 
+pub use conn::{note_spans, ConnScoped, ConnSpan, Entered};
 pub(crate) use sampled::sampled;
 pub use sampled::{Site, BURST, WINDOW};
 

@@ -188,8 +188,14 @@ fn init_logs(level: &str, format: LogFormat) {
     // the level is a static per-target filter: it keeps no per-span state, where EnvFilter
     // takes a process-wide lock each time a span is entered or left, that is on every poll
     // of every session's task.
+    // The static filter needs no span entered to decide: sessions' spans are then entered
+    // only when something is logged (`logs::ConnScoped`).
+    let mut note_spans = true;
     let filter: Box<dyn Layer<Registry> + Send + Sync> = match EnvFilter::try_from_default_env() {
-        Ok(f) => f.boxed(),
+        Ok(f) => {
+            note_spans = false;
+            f.boxed()
+        }
         Err(_) => match level.parse::<Targets>() {
             Ok(t) => t.boxed(),
             Err(e) => {
@@ -202,16 +208,21 @@ fn init_logs(level: &str, format: LogFormat) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter);
+    use staleguard::logs::ConnScoped;
     match format {
         // Client-supplied strings (namespaces, command names) reach field values: escaped,
         // so none can forge a line.
-        LogFormat::Pretty => registry
-            .with(logs.fmt_fields(staleguard::logs::EscapedFields))
-            .init(),
+        LogFormat::Pretty => {
+            ConnScoped(registry.with(logs.fmt_fields(staleguard::logs::EscapedFields))).init()
+        }
         // The connection span (client address, id) rides along on every event.
-        LogFormat::Json => registry
-            .with(logs.json().with_current_span(true).with_span_list(false))
-            .init(),
+        LogFormat::Json => {
+            ConnScoped(registry.with(logs.json().with_current_span(true).with_span_list(false)))
+                .init()
+        }
+    }
+    if note_spans {
+        staleguard::logs::note_spans();
     }
 }
 

@@ -280,7 +280,7 @@ fn classify_from<'a>(
     mut elems: Elements<'a>,
 ) -> Result<CommandInfo<'a>, ClassifyError> {
     let mut info = CommandInfo {
-        name: scan::key_str(first.key)?,
+        name: command_name(first.key)?,
         ..CommandInfo::default()
     };
     let mut pipeline = None;
@@ -372,6 +372,18 @@ fn classify_from<'a>(
         }
     }
     Ok(info)
+}
+
+/// The command name: the read commands a policy follows matched on their bytes (no UTF-8
+/// check of a name that is one of them), any other checked.
+fn command_name(key: &[u8]) -> Result<&str, Malformed> {
+    Ok(match key {
+        b"find" => "find",
+        b"aggregate" => "aggregate",
+        b"count" => "count",
+        b"distinct" => "distinct",
+        _ => scan::key_str(key)?,
+    })
 }
 
 /// Reads the inner command of `explain`; returns its `pipeline` element when it is an aggregate.

@@ -78,6 +78,60 @@ pub(super) struct State {
     expired: bool,
 }
 
+/// The box of a followed read that ended, emptied of what it held (its request, its slot),
+/// kept by the session for its next followed read: a read costs no allocation of its own.
+#[derive(Debug)]
+pub(super) struct Spare(Box<State>);
+
+impl State {
+    /// What [`Followed::first`] makes of a new read, written over a spare's (every field
+    /// named: one added to `State` is a compile error here until it is written).
+    fn fill(&mut self, f: First<'_>) {
+        let State {
+            request_id,
+            ns,
+            command,
+            policy,
+            original,
+            started,
+            began,
+            attempt,
+            members,
+            pref,
+            permit,
+            seq,
+            unique_ids,
+            dry,
+            met,
+            met_len,
+            limit_ms,
+            expired,
+        } = self;
+        let info = f.info;
+        *request_id = f.req.request_id();
+        *ns = f.ns;
+        *command = command_name(info.name);
+        *policy = f.policy;
+        *original = f.req.clone();
+        *started = f.now;
+        *began = f.at_once.then_some(f.now);
+        *attempt = f.attempt;
+        *members = Members {
+            tagged: info.read_pref_tags,
+            secondary_answers: info.secondary_answers(),
+        };
+        *pref = info.read_pref;
+        *permit = f.permit;
+        *seq = f.seq;
+        *unique_ids = info.unique_ids;
+        *dry = f.dry;
+        *met = [None; 2];
+        *met_len = 0;
+        *limit_ms = f.limit_ms;
+        *expired = false;
+    }
+}
+
 impl std::ops::Deref for Followed {
     type Target = State;
 
@@ -130,32 +184,50 @@ pub(super) struct First<'a> {
 }
 
 impl Followed {
-    /// The read as its first attempt goes out.
-    pub(super) fn first(f: First<'_>) -> Followed {
-        let info = f.info;
-        Followed(Box::new(State {
-            request_id: f.req.request_id(),
-            ns: f.ns,
-            command: command_name(info.name),
-            policy: f.policy,
-            original: f.req.clone(),
-            started: f.now,
-            began: f.at_once.then_some(f.now),
-            attempt: f.attempt,
-            members: Members {
-                tagged: info.read_pref_tags,
-                secondary_answers: info.secondary_answers(),
-            },
-            pref: info.read_pref,
-            permit: f.permit,
-            seq: f.seq,
-            unique_ids: info.unique_ids,
-            dry: f.dry,
-            met: [None; 2],
-            met_len: 0,
-            limit_ms: f.limit_ms,
-            expired: false,
-        }))
+    /// The read as its first attempt goes out, in `spare` when there is one.
+    pub(super) fn first(f: First<'_>, spare: Option<Spare>) -> Followed {
+        match spare {
+            // Written in place, field by field: no state built aside and copied in.
+            Some(Spare(mut b)) => {
+                b.fill(f);
+                Followed(b)
+            }
+            None => {
+                let info = f.info;
+                Followed(Box::new(State {
+                    request_id: f.req.request_id(),
+                    ns: f.ns,
+                    command: command_name(info.name),
+                    policy: f.policy,
+                    original: f.req.clone(),
+                    started: f.now,
+                    began: f.at_once.then_some(f.now),
+                    attempt: f.attempt,
+                    members: Members {
+                        tagged: info.read_pref_tags,
+                        secondary_answers: info.secondary_answers(),
+                    },
+                    pref: info.read_pref,
+                    permit: f.permit,
+                    seq: f.seq,
+                    unique_ids: info.unique_ids,
+                    dry: f.dry,
+                    met: [None; 2],
+                    met_len: 0,
+                    limit_ms: f.limit_ms,
+                    expired: false,
+                }))
+            }
+        }
+    }
+
+    /// The read is over: its box, emptied (its request, its slot given back).
+    fn into_spare(self) -> Spare {
+        let mut b = self.0;
+        b.original = Request::default();
+        b.permit = None;
+        b.command = Cow::Borrowed("");
+        Spare(b)
     }
 
     /// The read as `policy::judge` sees its attempt in flight.
@@ -263,11 +335,21 @@ impl Followed {
     /// whatever the verdict says. `claim` asks the upstream's guard for a primary-rung
     /// slot, when the step climbs there.
     pub(super) fn settle(
-        mut self,
+        self,
         verdict: &Verdict<'_>,
         relayed: bool,
         claim: impl FnOnce(&Followed) -> Option<LadderPermit>,
     ) -> Next {
+        self.settle_spare(verdict, relayed, claim).0
+    }
+
+    /// [`Followed::settle`], with the read's box when the step needs the read no more.
+    pub(super) fn settle_spare(
+        mut self,
+        verdict: &Verdict<'_>,
+        relayed: bool,
+        claim: impl FnOnce(&Followed) -> Option<LadderPermit>,
+    ) -> (Next, Option<Spare>) {
         let then = match relayed {
             true => verdict.then.clone().relayed(),
             false => verdict.then.clone(),
@@ -281,14 +363,14 @@ impl Followed {
             self.met[n] = verdict.met;
             self.met_len += 1;
         }
-        match then {
-            Then::Reply => Next::Reply,
-            Then::NoTime(rung) => Next::NoTime(rung),
+        let next = match then {
+            Then::Reply => return (Next::Reply, Some(self.into_spare())),
+            Then::NoTime(rung) => return (Next::NoTime(rung), Some(self.into_spare())),
             Then::FailFast(b) => {
                 let bound = self.policy.open_time_limit;
                 let met = &self.met[..usize::from(self.met_len)];
                 let reply = policy::bounded_fail_reply(&self.ns, b.reason, b.errors, bound, met);
-                Next::FailFast(reply)
+                return (Next::FailFast(reply), Some(self.into_spare()));
             }
             Then::Confirm => Next::Ask(self),
             Then::Silent => {
@@ -318,7 +400,8 @@ impl Followed {
                 None => self.climb(then.refused()),
             },
             climb => self.climb(climb),
-        }
+        };
+        (next, None)
     }
 
     fn climb(mut self, then: Then) -> Next {
@@ -401,19 +484,22 @@ mod tests {
     fn followed(policy: NsPolicy, attempt: Attempt, now: Instant) -> Followed {
         let req = find();
         let info = crate::command::classify_request(&req).expect("classified");
-        Followed::first(First {
-            req: &req,
-            info: &info,
-            ns: Arc::from("demo.inventory"),
-            policy: Arc::new(policy),
-            attempt,
-            permit: None,
-            limit_ms: Some(500),
-            seq: 1,
-            now,
-            at_once: true,
-            dry: false,
-        })
+        Followed::first(
+            First {
+                req: &req,
+                info: &info,
+                ns: Arc::from("demo.inventory"),
+                policy: Arc::new(policy),
+                attempt,
+                permit: None,
+                limit_ms: Some(500),
+                seq: 1,
+                now,
+                at_once: true,
+                dry: false,
+            },
+            None,
+        )
     }
 
     fn first(primary: bool, retry: bool) -> Attempt {

@@ -53,7 +53,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::config::Config;
 use crate::handles::SessionHandles;
@@ -127,8 +126,9 @@ struct Handler {
     config_generation: u64,
     /// The connection's id (the breakers count a connection's errors once).
     id: u64,
-    /// The upstream this client is paired with (its configured address).
-    upstream: String,
+    /// The upstream this client is paired with (its configured address; a `Box<str>`: the
+    /// session keeps 8 bytes less than with a `String`).
+    upstream: Box<str>,
     peers: Peers,
     reads: Reads,
     meter: Meter,
@@ -174,7 +174,7 @@ impl Session {
                 config,
                 config_generation,
                 id,
-                upstream: String::new(),
+                upstream: Box::default(),
                 peers: Peers::default(),
                 reads: Reads::default(),
                 meter,
@@ -214,7 +214,10 @@ impl Session {
             }
         };
         async move {
+            // On every line the session logs (`logs::ConnSpan`: noted for each poll, entered
+            // when something is logged).
             let span = tracing::info_span!("conn", client.addr = %self.peer, id = self.h.id);
+            let conn = crate::logs::ConnSpan::new(span);
             // The stages below borrow the session and the client's halves.
             let relay = async {
                 match &mut client {
@@ -225,9 +228,11 @@ impl Session {
                     Halves::Split(cr, cw) => self.open(cr, cw).await,
                 }
             };
-            let mut relay = std::pin::pin!(relay.instrument(span));
-            std::future::poll_fn(|cx| {
+            let mut relay = std::pin::pin!(relay);
+            // The span moves into the closure: the task holds it once, beside the relay.
+            std::future::poll_fn(move |cx| {
                 relay::count_poll();
+                let _conn = conn.enter();
                 relay.as_mut().poll(cx)
             })
             .await
@@ -344,7 +349,7 @@ impl Session {
         self.h.meter.connected(&router.addr);
         self.h.reads.paired(router.ladder.clone());
         self.h.reads.writes.client(self.peer.ip());
-        self.h.upstream = router.addr.clone();
+        self.h.upstream = router.addr.as_str().into();
         Some(upstream)
     }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::followed::Followed;
+use super::followed::{Followed, Spare};
 use crate::config::LadderGuardConfig;
 use crate::confirm::Answer;
 use crate::stall::WriteTracker;
@@ -66,6 +66,8 @@ impl Proof {
 pub(super) struct Reads {
     /// Followed reads waiting for their reply.
     pending: Vec<Followed>,
+    /// The box of the last followed read that ended, for the next (let go of by `trim`).
+    pub(super) spare: Option<Spare>,
     /// Followed reads waiting for the cluster's answer to a question.
     parked: Vec<Parked>,
     /// Where the answers come back, once a question was asked (made on first need). As
@@ -330,6 +332,7 @@ impl Reads {
         if self.pending.is_empty() {
             self.pending = Vec::new();
         }
+        self.spare = None;
         if self.parked.is_empty() {
             self.parked = Vec::new();
         }

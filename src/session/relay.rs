@@ -238,6 +238,10 @@ impl Session {
             Event::Reply(Some(Ok(item))) => {
                 self.life.carried();
                 self.h.on_incoming(item, ur.decoder_mut());
+                // The request it answered may have been the last frame alive of the client's
+                // read buffer: the next request is read into the same allocation.
+                let room = cr.decoder().reclaim_room();
+                crate::wire::codec::reclaim(cr.read_buffer_mut(), room);
                 None
             }
             Event::Reply(Some(Err(e))) => return Err(upstream_err(e)),

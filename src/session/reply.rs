@@ -257,12 +257,18 @@ impl Handler {
         }
         let verdict = self.verdict(&f, ending, at);
         let in_path = matches!(verdict.then, policy::Then::Confirm) && !relayed;
-        self.witnessing().hear(&f, &verdict.word, in_path);
+        // A whole reply's arrival time is now still (its one clock read); the end of one
+        // passed on in pieces came after its head's.
+        let now = if relayed { Instant::now() } else { at };
+        self.witnessing().hear(&f, &verdict.word, in_path, now);
         if answered && matches!(verdict.then, policy::Then::Reply) {
             self.meter.answered(f.ns());
         }
         let (ns, request_id) = (f.ns().clone(), f.request_id());
-        let next = f.settle(&verdict, relayed, |f| self.claim_ladder(f.ns()));
+        let (next, spare) = f.settle_spare(&verdict, relayed, |f| self.claim_ladder(f.ns()));
+        if spare.is_some() {
+            self.reads.spare = spare;
+        }
         let failure = match verdict.word {
             Word::Ask(failure) => Some(failure),
             _ => None,
@@ -466,14 +472,14 @@ impl Handler {
         let half = self.pieces.take().and_then(|p| p.read);
         for f in half.into_iter().chain(self.reads.take_all()) {
             let verdict = policy::judge(&f.read(), ending, now);
-            self.witnessing().hear(&f, &verdict.word, false);
+            self.witnessing().hear(&f, &verdict.word, false, now);
         }
     }
 
     /// A followed read that ended without a reply while the session goes on.
     fn end_without_reply(&mut self, f: Followed, ending: Ending<'_>, now: Instant) {
         let verdict = self.verdict(&f, ending, now);
-        self.witnessing().hear(&f, &verdict.word, false);
+        self.witnessing().hear(&f, &verdict.word, false, now);
         let (ns, request_id) = (f.ns().clone(), f.request_id());
         let next = f.settle(&verdict, false, |_| None);
         self.take_step(next, &ns, request_id, None, None);

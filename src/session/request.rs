@@ -316,7 +316,7 @@ impl Handler {
             true => written,
             false => info.max_time_ms.filter(|&ms| ms > 0),
         };
-        let followed = Followed::first(First {
+        let first = First {
             req,
             info,
             ns: self.reads.ns(ns),
@@ -331,7 +331,8 @@ impl Handler {
             // nothing sent before it is still waiting for its reply.
             at_once: self.peers.all_answered(),
             dry: held.is_some(),
-        });
+        };
+        let followed = Followed::first(first, self.reads.spare.take());
         self.reads.follow(followed);
         self.forward(out, true);
         true

@@ -29,9 +29,9 @@ pub(super) struct Witnessing<'h> {
 impl Witnessing<'_> {
     /// The one evidence gate: what a read said about the cluster reaches its breaker here,
     /// as the word of this connection (which must have proved itself), or as a question to
-    /// the cluster first (`in_path`: the read itself waits on it, see `reply.rs`).
-    pub(super) fn hear(&mut self, f: &Followed, word: &Word<'_>, in_path: bool) {
-        let now = Instant::now();
+    /// the cluster first (`in_path`: the read itself waits on it, see `reply.rs`); `now`:
+    /// the time the caller judged it at (the reply's arrival for a whole reply).
+    pub(super) fn hear(&mut self, f: &Followed, word: &Word<'_>, in_path: bool, now: Instant) {
         let who = self.witness(f);
         let heard = match word {
             Word::Neutral(why) => {

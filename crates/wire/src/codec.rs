@@ -77,6 +77,12 @@ impl MessageCodec {
         }
     }
 
+    /// The room [`reclaim`] takes back between messages; `None` when the allocation is a
+    /// large message's (it goes at the next wait instead).
+    pub fn reclaim_room(&self) -> Option<usize> {
+        (!self.shrink_due).then(|| self.room.min(self.max))
+    }
+
     /// The connection went idle: the room kept between messages goes back to
     /// [`SMALL_ROOM`] (a connection that carried one large message does not keep 8 KiB).
     pub fn idle(&mut self) {
@@ -98,6 +104,20 @@ impl MessageCodec {
             fresh.extend_from_slice(src);
             *src = fresh;
             self.shrink_due = false;
+        }
+    }
+}
+
+/// Between messages, once no frame split off `src` is alive any more: its allocation taken
+/// back whole for `room` bytes (no allocation, no copy), so that the next message is read
+/// into it. A request a followed read keeps alive until its reply is alive still when the
+/// decoder next waits for bytes, and [`Decoder::decode`] then takes a fresh buffer; taken
+/// back after the reply instead, one allocation serves every request.
+pub fn reclaim(src: &mut BytesMut, room: Option<usize>) {
+    if let Some(room) = room {
+        if src.is_empty() && src.capacity() < room {
+            // False (nothing done) while a frame is alive.
+            let _ = src.try_reclaim(room);
         }
     }
 }

@@ -140,6 +140,15 @@ impl StreamCodec {
         !matches!(self.state, State::Framing)
     }
 
+    /// The room `codec::reclaim` takes back between messages; `None` while a large message
+    /// is under way, or when the allocation is a large message's.
+    pub fn reclaim_room(&self) -> Option<usize> {
+        match self.state {
+            State::Framing => self.inner.reclaim_room(),
+            _ => None,
+        }
+    }
+
     /// The connection went idle: the framing keeps only the small room between messages
     /// (see `MessageCodec::idle`).
     pub fn idle(&mut self) {

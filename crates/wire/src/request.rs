@@ -51,6 +51,23 @@ enum Inner {
     Query(QueryLayout),
 }
 
+impl Default for Request {
+    /// No message: an empty frame, relayed as is. What a kept allocation holds between two
+    /// requests, so that it holds none of their bytes.
+    fn default() -> Request {
+        Request {
+            frame: Bytes::new(),
+            header: Header {
+                length: 0,
+                request_id: 0,
+                response_to: 0,
+                op_code: 0,
+            },
+            state: State::Opaque,
+        }
+    }
+}
+
 impl Clone for Request {
     fn clone(&self) -> Request {
         let state = match &self.state {
@@ -329,15 +346,9 @@ impl Request {
     /// empty one. What a caller that only compares the name needs: no scan, no second
     /// UTF-8 check.
     pub fn command_key(&self) -> Result<Option<&[u8]>, Malformed> {
-        let Some((payload, layout)) = self.payload() else {
+        let Some((body, first)) = self.first_in_body()? else {
             return Ok(None);
         };
-        let Some(first) = layout.first? else {
-            return Ok(None);
-        };
-        let body = payload
-            .get(layout.body.clone())
-            .ok_or(Malformed("op_msg body"))?;
         Ok(Some(first.elem(body)?.key))
     }
 
@@ -345,6 +356,16 @@ impl Request {
     /// goes on from there without reading the first element again. `None` without a body or
     /// for an empty one.
     pub fn scan_body(&self) -> Result<Option<(Elem<'_>, Elements<'_>)>, Malformed> {
+        let Some((body, first)) = self.first_in_body()? else {
+            return Ok(None);
+        };
+        let elem = first.elem(body)?;
+        Ok(Some((elem, Elements::resume(body, first.end)?)))
+    }
+
+    /// The OP_MSG body and where its first element is; `None` without a body or for an
+    /// empty one.
+    fn first_in_body(&self) -> Result<Option<(&[u8], First)>, Malformed> {
         let Some((payload, layout)) = self.payload() else {
             return Ok(None);
         };
@@ -354,8 +375,7 @@ impl Request {
         let body = payload
             .get(layout.body.clone())
             .ok_or(Malformed("op_msg body"))?;
-        let elem = first.elem(body)?;
-        Ok(Some((elem, Elements::resume(body, first.end)?)))
+        Ok(Some((body, first)))
     }
 
     /// The pieces of the OP_MSG (the wrapped one once inflated) a rewrite needs.
@@ -404,7 +424,11 @@ impl First {
         let Some(e) = Elements::new(body)?.next_elem()? else {
             return Ok(None);
         };
-        scan::key_str(e.key)?;
+        // Command names are ASCII: checked as such first (a few instructions), as UTF-8
+        // only when they are not.
+        if !e.key.is_ascii() {
+            scan::key_str(e.key)?;
+        }
         Ok(Some(First {
             tag: e.tag,
             key_end: e.start + 1 + e.key.len(),
