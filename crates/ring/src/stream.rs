@@ -94,7 +94,11 @@ impl RingStream {
         })?
     }
 
-    fn write_from(&self, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn write_from(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let key = self.key;
         with(self.ring, |d| {
             let s = &mut d.socks[key];

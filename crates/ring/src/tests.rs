@@ -34,7 +34,10 @@ async fn pair() -> (RingStream, TcpStream) {
     let peer = TcpStream::connect(l.local_addr().expect("addr"));
     let (peer, accepted) = tokio::join!(peer, l.accept());
     let ours = accepted.expect("accept").0.into_std().expect("std");
-    (RingStream::new(ours).expect("onto the ring"), peer.expect("connect"))
+    (
+        RingStream::new(ours).expect("onto the ring"),
+        peer.expect("connect"),
+    )
 }
 
 /// Waits (bounded) until nothing is open on any ring.
@@ -80,7 +83,9 @@ fn large_transfers_both_ways() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     on_ring(|| async {
         let (mut ours, peer) = pair().await;
-        let data: Vec<u8> = (0..40_000_000u32).map(|i| (i * 7 + i / 997) as u8).collect();
+        let data: Vec<u8> = (0..40_000_000u32)
+            .map(|i| (i * 7 + i / 997) as u8)
+            .collect();
         let (mut pr, mut pw) = peer.into_split();
         let sent = data.clone();
         let peer_side = tokio::spawn(async move {
@@ -109,7 +114,10 @@ fn large_transfers_both_ways() {
         };
         let ((), got) = tokio::join!(write, read);
         assert!(got == data, "40 MB came in changed");
-        assert!(peer_side.await.expect("peer") == data, "40 MB went out changed");
+        assert!(
+            peer_side.await.expect("peer") == data,
+            "40 MB went out changed"
+        );
         drop(ours);
         drained().await;
     });
@@ -127,9 +135,11 @@ fn dropped_with_operations_in_flight_drains() {
             let (mut r, mut w) = ours.split();
             // A receive in flight.
             let mut b = [0u8; 1];
-            assert!(tokio::time::timeout(Duration::from_millis(1), r.read(&mut b))
-                .await
-                .is_err());
+            assert!(
+                tokio::time::timeout(Duration::from_millis(1), r.read(&mut b))
+                    .await
+                    .is_err()
+            );
             if i % 2 == 0 {
                 // Sends the peer never reads: more than the socket buffers hold.
                 let big = vec![1u8; 4 << 20];

@@ -100,7 +100,12 @@ fn turn(submit: bool) {
         w.wake();
     }
     let _ = RING.try_with(|r| {
-        if let Some(d) = r.try_borrow_mut().ok().as_deref_mut().and_then(Option::as_mut) {
+        if let Some(d) = r
+            .try_borrow_mut()
+            .ok()
+            .as_deref_mut()
+            .and_then(Option::as_mut)
+        {
             d.put_woken(woken);
         }
     });
