@@ -207,7 +207,9 @@ fn layout_is_per_core_shared_or_uring() {
     let e = one_err("listen = \"127.0.0.1:0\"\nlayout = \"thread-per-core\"\n");
     assert_eq!((e.line, e.key.as_str()), (2, "layout"));
     assert!(
-        e.message.contains("per-core") && e.message.contains("shared") && e.message.contains("uring"),
+        e.message.contains("per-core")
+            && e.message.contains("shared")
+            && e.message.contains("uring"),
         "{}",
         e.message
     );

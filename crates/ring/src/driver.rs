@@ -98,6 +98,11 @@ impl Driver {
         let uring = IoUring::builder()
             // Only this thread submits: the kernel can skip some locking.
             .setup_single_issuer()
+            // A completion does not interrupt the thread while it runs: it is posted at the
+            // thread's next entry into the kernel, and the ring's flags say one waits
+            // (`Driver::submit`). A sleeping thread is still woken.
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .build(ENTRIES)?;
         let bufs = BufRing::register(&uring)?;
         Ok(Driver {
@@ -130,9 +135,14 @@ impl Driver {
         }
     }
 
-    /// Hands the queued entries to the kernel (one `io_uring_enter`), if there are any.
+    /// Hands the queued entries to the kernel (one `io_uring_enter`), if there are any or
+    /// if completions wait to be posted (cooperative task running: the kernel posts them as
+    /// the call returns).
     pub(crate) fn submit(&mut self) {
-        if !self.uring.submission().is_empty() {
+        let mut sq = self.uring.submission();
+        sq.sync();
+        if !sq.is_empty() || sq.taskrun() {
+            drop(sq);
             let _ = self.uring.submit();
         }
     }
