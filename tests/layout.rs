@@ -10,7 +10,7 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, rawdoc, Document, RawDocumentBuf};
@@ -20,11 +20,8 @@ use support::mongos::{FakeMongos, Hooked};
 use support::raw::{self, RawClient};
 use support::within;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// Held by each test for its whole run (a failed test releases it as it unwinds).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// This process's session threads: (thread id, time run so far in ns).
 fn session_threads() -> Vec<(String, u64)> {
@@ -83,7 +80,7 @@ async fn relay_finds(fake: &FakeMongos, layout: Layout) -> staleguard::server::R
 /// other proxy of this binary starts session threads while it counts them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_core_sessions_live_on_session_threads_that_end_with_the_proxy() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     assert!(session_threads().is_empty(), "{:?}", session_threads());
     let fake = FakeMongos::start().await;
     for layout in [Layout::PerCore, Layout::Uring] {
@@ -179,7 +176,7 @@ fn ping(id: i32) -> bytes::Bytes {
 /// exactly the bytes the fake sent, and both sockets of the pair are on the ring.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_relays_byte_for_byte() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let (fake, proxy) = uring_proxy(|_| {}).await;
     let mut conn = RawClient::connect(proxy.local_addr()).await;
     let docs: Vec<RawDocumentBuf> = (0..50)
@@ -226,7 +223,7 @@ async fn uring_relays_byte_for_byte() {
 /// byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_relays_forty_megabytes_each_way() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let (fake, proxy) = uring_proxy(|_| {}).await;
     let blob = |seed: u32| -> Vec<u8> {
         (0..10_000_000u32)
@@ -270,7 +267,7 @@ async fn uring_relays_forty_megabytes_each_way() {
 /// only its own pair; a bystander goes on; nothing is left on the rings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_closes_only_the_pair_that_ended() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let (fake, proxy) = uring_proxy(|_| {}).await;
     fake.set_hook(|cmd| (cmd.get_str("find").ok() == Some("doomed")).then(Hooked::close));
     let mut bystander = RawClient::connect(proxy.local_addr()).await;
@@ -317,7 +314,7 @@ async fn uring_closes_only_the_pair_that_ended() {
 /// 400 connections opened, used and closed, 50 at a time: the rings end with nothing open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_many_connections_leave_nothing_behind() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let (fake, proxy) = uring_proxy(|_| {}).await;
     let addr = proxy.local_addr();
     for round in 0..8 {
@@ -338,7 +335,7 @@ async fn uring_many_connections_leave_nothing_behind() {
 /// closed; the rings end empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_stop_drains_then_closes() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let (fake, proxy) = uring_proxy(|c| c.shutdown_timeout = Duration::from_secs(5)).await;
     fake.set_hook(|cmd| {
         (cmd.get_str("find").ok() == Some("slow"))
