@@ -12,6 +12,7 @@ use std::cell::RefCell;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
@@ -27,10 +28,17 @@ pub(crate) const RECV: u64 = 1;
 pub(crate) const SEND: u64 = 2;
 pub(crate) const CANCEL: u64 = 3;
 
-/// Sockets open on every ring of the process, and operations in flight (tests check that
-/// both come back to zero).
-pub(crate) static SOCKETS: AtomicUsize = AtomicUsize::new(0);
-pub(crate) static OPS: AtomicUsize = AtomicUsize::new(0);
+/// One ring's sockets and operations in flight, as its thread last wrote them (plain
+/// stores to a line of its own: the threads never write a line another one writes).
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct Counts {
+    pub(crate) sockets: AtomicUsize,
+    pub(crate) ops: AtomicUsize,
+}
+
+/// Every ring's counts (tests check they come back to zero: `crate::live`).
+pub(crate) static COUNTS: Mutex<Vec<Arc<Counts>>> = Mutex::new(Vec::new());
 
 thread_local! {
     pub(crate) static RING: RefCell<Option<Driver>> = const { RefCell::new(None) };
@@ -87,6 +95,7 @@ pub(crate) struct Driver {
     pub(crate) id: u64,
     /// Operations of this ring in flight (queued or in the kernel).
     pub(crate) inflight: usize,
+    counts: Arc<Counts>,
 }
 
 /// Spare send buffers kept per thread, and the largest kept.
@@ -105,6 +114,11 @@ impl Driver {
             .setup_taskrun_flag()
             .build(ENTRIES)?;
         let bufs = BufRing::register(&uring)?;
+        let counts = Arc::new(Counts::default());
+        COUNTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(counts.clone());
         Ok(Driver {
             uring,
             socks: Slab::new(),
@@ -114,6 +128,7 @@ impl Driver {
             woken: Vec::new(),
             id,
             inflight: 0,
+            counts,
         })
     }
 
@@ -124,8 +139,8 @@ impl Driver {
             // until the operation's completion (a socket's `out`, the receive buffers), or
             // at nothing (receives select a buffer, cancels name a fd).
             if unsafe { self.uring.submission().push(sqe) }.is_ok() {
-                OPS.fetch_add(1, Ordering::Relaxed);
                 self.inflight += 1;
+                self.counts.ops.store(self.inflight, Ordering::Relaxed);
                 return;
             }
             // Full: hand the queue to the kernel and reap (an EBUSY, completions
@@ -217,8 +232,8 @@ impl Driver {
             let Some(cqe) = self.uring.completion().next() else {
                 return;
             };
-            OPS.fetch_sub(1, Ordering::Relaxed);
             self.inflight -= 1;
+            self.counts.ops.store(self.inflight, Ordering::Relaxed);
             let key = (cqe.user_data() >> 8) as usize;
             let kind = cqe.user_data() & 0xff;
             let (res, flags) = (cqe.result(), cqe.flags());
@@ -313,7 +328,7 @@ impl Driver {
     /// taken), then the fd is closed and the slot freed.
     pub(crate) fn close(&mut self, key: usize) {
         let s = self.socks.remove(key);
-        SOCKETS.fetch_sub(1, Ordering::Relaxed);
+        self.count_sockets();
         if s.write_err.is_none() && !s.shut {
             for part in [&s.out[s.sent..], &s.queued[..]] {
                 if part.is_empty() {
@@ -338,6 +353,11 @@ impl Driver {
         unsafe { libc::close(s.fd) };
         self.recycle(s.out);
         self.recycle(s.queued);
+    }
+
+    /// Publishes the number of sockets open on this ring.
+    pub(crate) fn count_sockets(&self) {
+        (self.counts.sockets).store(self.socks.len(), Ordering::Relaxed);
     }
 
     /// The wakers gathered by the last reaps.

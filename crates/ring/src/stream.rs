@@ -8,12 +8,11 @@
 use std::io;
 use std::os::fd::IntoRawFd;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::driver::{Driver, Sock, RING, SOCKETS};
+use crate::driver::{Driver, Sock, RING};
 
 /// Bytes written and not yet taken by the kernel, per socket, past which a write waits.
 pub const WRITE_BEHIND: usize = 256 * 1024;
@@ -46,11 +45,12 @@ impl RingStream {
         let ring = crate::here().ok_or_else(|| io::Error::other("no io_uring on this thread"))?;
         let fd = socket.into_raw_fd();
         let key = with(ring, |d| {
-            SOCKETS.fetch_add(1, Ordering::Relaxed);
-            d.socks.insert(Sock {
+            let key = d.socks.insert(Sock {
                 fd,
                 ..Sock::default()
-            })
+            });
+            d.count_sockets();
+            key
         })
         .inspect_err(|_| {
             // SAFETY: the fd is ours (just taken from the socket) and nothing else has it.

@@ -11,7 +11,7 @@ use io_uring::types::{SubmitArgs, Timespec};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use crate::driver::{Driver, OPS, RING, SOCKETS};
+use crate::driver::{Driver, COUNTS, RING};
 
 /// How long [`stop`] waits for the operations still in flight.
 const STOP_WAIT: Duration = Duration::from_secs(2);
@@ -27,9 +27,13 @@ pub struct Live {
 
 /// What is open on every ring of the process right now.
 pub fn live() -> Live {
+    let counts = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
     Live {
-        sockets: SOCKETS.load(Ordering::Relaxed),
-        ops: OPS.load(Ordering::Relaxed),
+        sockets: counts
+            .iter()
+            .map(|c| c.sockets.load(Ordering::Relaxed))
+            .sum(),
+        ops: counts.iter().map(|c| c.ops.load(Ordering::Relaxed)).sum(),
     }
 }
 
