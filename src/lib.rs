@@ -66,7 +66,10 @@
 //! of fallback namespaces open while writes are not completing, before reads fail.
 //!
 //! Below everything: `wire` (crate `staleguard-wire`): framing, message views and builders,
-//! the BSON element scanner, request bodies and reply status.
+//! the BSON element scanner, request bodies and reply status; and, with `layout = "uring"`
+//! (Linux), crate `staleguard-ring`: plain TCP sockets driven by one io_uring per session
+//! thread, as tokio streams (`tls::Stream::Ring`), set up by `server`'s session threads. It
+//! holds the workspace's unsafe code; this crate forbids it.
 //!
 //! Beside the proxy, with the `sim` feature (on by default): `sim` (crate `staleguard-sim`) is
 //! a model of a sharded cluster (a mongos front, shards of a primary and two secondaries,

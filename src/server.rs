@@ -124,8 +124,8 @@ pub async fn start(config: Arc<Config>) -> std::io::Result<Running> {
     }
     let from_file = config.source.is_file();
     let cores = match config.layout {
-        Layout::PerCore => Some(
-            Cores::start()
+        Layout::PerCore | Layout::Uring => Some(
+            Cores::start(config.layout == Layout::Uring)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("session threads: {e}")))?,
         ),
         Layout::Shared => None,
@@ -242,12 +242,15 @@ async fn accept_loop(
                         continue;
                     };
                     // The session thread's own children of the stop and the kill (`Core`).
+                    let uring = cores.uring();
                     let core = cores.next();
                     let client = new((core.stop.clone(), core.kill.clone()));
-                    // The socket leaves this runtime's reactor and joins the session thread's.
+                    // The socket leaves this runtime's reactor and joins the session thread's
+                    // (or its io_uring).
+                    let moved = if uring { Socket::Ring } else { Socket::Moved };
                     match socket.into_std() {
                         Ok(socket) => {
-                            tracker.spawn_on(client.serve(Socket::Moved(socket)), core.handle);
+                            tracker.spawn_on(client.serve(moved(socket)), core.handle);
                         }
                         Err(e) => tracing::error!(client.addr = %peer, error = %e, "closing client: cannot hand it to a session thread"),
                     }
@@ -296,10 +299,12 @@ struct Client {
 }
 
 /// An accepted client's socket: registered with this runtime's reactor, or (the per-core
-/// layout) to be registered with that of the session thread its task runs on.
+/// layout) to be registered with that of the session thread its task runs on, or (the uring
+/// layout) to be put on that thread's io_uring unless `[tls]` is on.
 enum Socket {
     Here(TcpStream),
     Moved(std::net::TcpStream),
+    Ring(std::net::TcpStream),
 }
 
 impl Client {
@@ -318,7 +323,17 @@ impl Client {
         let opened = async move {
             let socket = match socket {
                 Socket::Here(s) => s,
-                Socket::Moved(s) => match TcpStream::from_std(s) {
+                // `[tls]` on or off needs a restart: what the handshake would see.
+                Socket::Ring(s) if shared.config.load().tls.is_none() => {
+                    return match Stream::on_ring(s) {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            tracing::error!(client.addr = %peer, error = %e, "closing client: cannot put it on its session thread's io_uring");
+                            None
+                        }
+                    };
+                }
+                Socket::Moved(s) | Socket::Ring(s) => match TcpStream::from_std(s) {
                     Ok(s) => s,
                     Err(e) => {
                         tracing::error!(client.addr = %peer, error = %e, "closing client: cannot register it on its session thread");

@@ -304,6 +304,9 @@ pub enum Stream {
     Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     /// Upstream-facing TLS (we are the client).
     Client(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// Plain TCP on the session thread's io_uring (`layout = "uring"`).
+    #[cfg(target_os = "linux")]
+    Ring(staleguard_ring::RingStream),
 }
 
 impl fmt::Debug for Stream {
@@ -312,6 +315,8 @@ impl fmt::Debug for Stream {
             Stream::Plain(s) => ("plain", s),
             Stream::Server(s) => ("tls-server", s.get_ref().0),
             Stream::Client(s) => ("tls-client", s.get_ref().0),
+            #[cfg(target_os = "linux")]
+            Stream::Ring(_) => return f.debug_struct("Stream").field("kind", &"ring").finish(),
         };
         f.debug_struct("Stream")
             .field("kind", &kind)
@@ -322,7 +327,27 @@ impl fmt::Debug for Stream {
 
 impl Stream {
     pub fn is_tls(&self) -> bool {
-        !matches!(self, Stream::Plain(_))
+        matches!(self, Stream::Server(_) | Stream::Client(_))
+    }
+
+    /// A plain TCP stream moved onto this session thread's io_uring (`layout = "uring"`);
+    /// TLS streams stay as they are.
+    pub fn onto_ring(self) -> io::Result<Stream> {
+        match self {
+            Stream::Plain(s) => Stream::on_ring(s.into_std()?),
+            other => Ok(other),
+        }
+    }
+
+    /// `socket` on this session thread's io_uring (`layout = "uring"`; Linux only).
+    pub fn on_ring(socket: std::net::TcpStream) -> io::Result<Stream> {
+        #[cfg(target_os = "linux")]
+        return Ok(Stream::Ring(staleguard_ring::RingStream::new(socket)?));
+        #[cfg(not(target_os = "linux"))]
+        {
+            drop(socket);
+            Err(io::ErrorKind::Unsupported.into())
+        }
     }
 }
 
@@ -336,6 +361,8 @@ impl AsyncRead for Stream {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            #[cfg(target_os = "linux")]
+            Stream::Ring(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -350,6 +377,8 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            #[cfg(target_os = "linux")]
+            Stream::Ring(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -358,6 +387,8 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            #[cfg(target_os = "linux")]
+            Stream::Ring(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -366,6 +397,8 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Server(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::Client(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            #[cfg(target_os = "linux")]
+            Stream::Ring(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

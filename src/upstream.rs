@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use tokio::net::TcpStream;
 
-use crate::config::Config;
+use crate::config::{Config, Layout};
 use crate::metrics::Metrics;
 use crate::tls::{Stream, UpstreamTls};
 
@@ -257,6 +257,14 @@ impl Upstreams {
             )
             .await
             {
+                // `layout = "uring"`: a plain socket goes onto the session thread's ring.
+                Ok(s) if config.layout == Layout::Uring => match s.onto_ring() {
+                    Ok(s) => return Ok((s, Arc::clone(u))),
+                    Err(e) => {
+                        tracing::error!(upstream = %u.addr, error = %e, "cannot put the upstream connection on io_uring, skipped");
+                        attempts.push(format!("{}: io_uring: {e}", u.addr));
+                    }
+                },
                 Ok(s) => return Ok((s, Arc::clone(u))),
                 Err(e) => {
                     if matches!(e, DialError::Tls(_)) {

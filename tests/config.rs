@@ -200,13 +200,16 @@ fn from_policies_builds_the_same_lookup() {
 // ----------------------------------------------------------------------------- layout
 
 #[test]
-fn layout_is_per_core_or_shared() {
+fn layout_is_per_core_shared_or_uring() {
     assert_eq!(ok("layout = \"shared\"\n").layout, Layout::Shared);
     assert_eq!(ok("layout = \"per-core\"\n").layout, Layout::PerCore);
+    assert_eq!(ok("layout = \"uring\"\n").layout, Layout::Uring);
     let e = one_err("listen = \"127.0.0.1:0\"\nlayout = \"thread-per-core\"\n");
     assert_eq!((e.line, e.key.as_str()), (2, "layout"));
     assert!(
-        e.message.contains("per-core") && e.message.contains("shared"),
+        e.message.contains("per-core")
+            && e.message.contains("shared")
+            && e.message.contains("uring"),
         "{}",
         e.message
     );

@@ -1,17 +1,27 @@
-//! `layout`: with `per-core` every session runs on a session thread, one per core, and those
-//! threads end with the proxy; `shared` (the default) starts none. Both relay for the
-//! official driver.
+//! `layout`: with `per-core` (the default) and `uring` every session runs on a session
+//! thread, one per core, and those threads end with the proxy; `shared` starts none. All
+//! three relay for the official driver. `uring` (plain sockets on one io_uring per session
+//! thread) is also driven through raw sockets: byte for byte, 40 MB each way, clients and
+//! upstreams closing, many connections, the stop; after each, nothing is left on the rings
+//! (`staleguard_ring::live`).
+//!
+//! The tests of this file run one at a time (`SERIAL`): they count the process's session
+//! threads and the sockets on its rings.
 
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::{doc, Document};
+use bson::{doc, rawdoc, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use staleguard::config::{Config, Layout};
-use support::mongos::FakeMongos;
+use support::mongos::{FakeMongos, Hooked};
+use support::raw::{self, RawClient};
 use support::within;
+
+/// Held by each test for its whole run (a failed test releases it as it unwinds).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// This process's session threads: (thread id, time run so far in ns).
 fn session_threads() -> Vec<(String, u64)> {
@@ -66,16 +76,26 @@ async fn relay_finds(fake: &FakeMongos, layout: Layout) -> staleguard::server::R
     proxy
 }
 
-/// One test for both layouts, so that no other proxy of this binary starts session threads
-/// while it counts them.
+/// One test for the three layouts (and the others of this file wait, `SERIAL`), so that no
+/// other proxy of this binary starts session threads while it counts them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_core_sessions_live_on_session_threads_that_end_with_the_proxy() {
+    let _serial = SERIAL.lock().await;
     assert!(session_threads().is_empty(), "{:?}", session_threads());
     let fake = FakeMongos::start().await;
+    for layout in [Layout::PerCore, Layout::Uring] {
+        threads_end_with_the_proxy(&fake, layout).await;
+    }
+    let proxy = relay_finds(&fake, Layout::Shared).await;
+    assert!(session_threads().is_empty(), "{:?}", session_threads());
+    proxy.shutdown().await;
+}
 
+/// `layout`'s sessions run on its session threads, which end with the proxy.
+async fn threads_end_with_the_proxy(fake: &FakeMongos, layout: Layout) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let before = Instant::now();
-    let proxy = relay_finds(&fake, Layout::PerCore).await;
+    let proxy = relay_finds(fake, layout).await;
     let threads = session_threads();
     let names: Vec<String> = (0..cores).map(|i| format!("sg-session-{i}")).collect();
     assert_eq!(
@@ -101,8 +121,242 @@ async fn per_core_sessions_live_on_session_threads_that_end_with_the_proxy() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert_eq!(
+        rings_hold(),
+        (0, 0),
+        "{layout:?}: sockets and operations left on rings"
+    );
+}
 
-    let proxy = relay_finds(&fake, Layout::Shared).await;
-    assert!(session_threads().is_empty(), "{:?}", session_threads());
-    proxy.shutdown().await;
+/// Sockets open on the process's io_uring rings, and operations in flight.
+fn rings_hold() -> (usize, usize) {
+    let live = staleguard_ring::live();
+    (live.sockets, live.ops)
+}
+
+/// Waits (bounded) until the rings hold `sockets` sockets.
+async fn rings_settle(sockets: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rings_hold().0 != sockets {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: rings hold {:?}, expected {sockets} sockets",
+            rings_hold()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A fake mongos with a `layout = "uring"` proxy in front of it.
+async fn uring_proxy(
+    config: impl FnOnce(&mut Config),
+) -> (FakeMongos, staleguard::server::Running) {
+    let fake = FakeMongos::start().await;
+    let mut cfg = Config::for_upstreams("127.0.0.1:0", vec![fake.addr().to_string()]);
+    cfg.layout = Layout::Uring;
+    config(&mut cfg);
+    let proxy = staleguard::server::start(Arc::new(cfg))
+        .await
+        .expect("proxy starts with io_uring");
+    (fake, proxy)
+}
+
+/// Stops the proxy; then nothing is left on the rings.
+async fn stop(proxy: staleguard::server::Running) {
+    within("stop", proxy.shutdown()).await;
+    rings_settle(0, "after the stop").await;
+    assert_eq!(rings_hold(), (0, 0));
+}
+
+fn ping(id: i32) -> bytes::Bytes {
+    raw::msg(id, 0, &rawdoc! { "ping": 1, "$db": "admin" })
+}
+
+/// Known messages over one raw connection: the fake gets exactly these bytes and the client
+/// exactly the bytes the fake sent, and both sockets of the pair are on the ring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_relays_byte_for_byte() {
+    let _serial = SERIAL.lock().await;
+    let (fake, proxy) = uring_proxy(|_| {}).await;
+    let mut conn = RawClient::connect(proxy.local_addr()).await;
+    let docs: Vec<RawDocumentBuf> = (0..50)
+        .map(|i| rawdoc! { "_id": i, "v": "x".repeat(i as usize) })
+        .collect();
+    let messages = vec![
+        raw::query(100, "admin.$cmd", &rawdoc! { "isMaster": 1 }),
+        raw::msg(
+            101,
+            0,
+            &rawdoc! { "hello": 1, "helloOk": true, "$db": "admin" },
+        ),
+        raw::msg_with_sequence(
+            102,
+            0,
+            &rawdoc! { "insert": "b4b", "$db": "app" },
+            "documents",
+            &docs,
+        ),
+        raw::msg(
+            103,
+            0,
+            &rawdoc! { "find": "b4b", "batchSize": 10, "$db": "app" },
+        ),
+        raw::msg(104, 0, &rawdoc! { "count": "b4b", "$db": "app" }),
+        raw::msg(105, 0, &rawdoc! { "noSuchCommand": 1, "$db": "admin" }),
+    ];
+    let mut replies = Vec::new();
+    for m in &messages {
+        let reply = conn.roundtrip(m).await;
+        assert_eq!(raw::header(&reply).response_to, raw::header(m).request_id);
+        replies.push(reply);
+    }
+    assert_eq!(rings_hold().0, 2, "client and upstream sockets on the ring");
+    assert_eq!(fake.received(), messages, "client → mongos");
+    assert_eq!(fake.sent(), replies, "mongos → client");
+    assert_eq!(raw::body(&replies[4]).get_i32("n").ok(), Some(50));
+    drop(conn);
+    rings_settle(0, "client gone").await;
+    stop(proxy).await;
+}
+
+/// 40 MB to mongos (an insert's document sequence) and 40 MB back (a reply's body), both
+/// byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_relays_forty_megabytes_each_way() {
+    let _serial = SERIAL.lock().await;
+    let (fake, proxy) = uring_proxy(|_| {}).await;
+    let blob = |seed: u32| -> Vec<u8> {
+        (0..10_000_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+            .collect()
+    };
+    let docs: Vec<RawDocumentBuf> = (0..4)
+        .map(|i| rawdoc! { "_id": i, "blob": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: blob(i as u32) } })
+        .collect();
+    let insert = raw::msg_with_sequence(
+        1,
+        0,
+        &rawdoc! { "insert": "big", "$db": "app" },
+        "documents",
+        &docs,
+    );
+    assert!(insert.len() > 40_000_000);
+    let mut conn = RawClient::connect(proxy.local_addr()).await;
+    let reply = conn.roundtrip(&insert).await;
+    assert_eq!(raw::body(&reply).get_i32("n").ok(), Some(4));
+    assert!(
+        fake.received()[0] == insert,
+        "40 MB request changed on the way"
+    );
+    let body = rawdoc! { "ok": 1.0, "blob": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: [blob(7), blob(8), blob(9), blob(10)].concat() } };
+    fake.set_hook(move |cmd| {
+        (cmd.get_str("find").ok() == Some("big")).then(|| Hooked::reply(body.clone()))
+    });
+    let big = conn
+        .roundtrip(&raw::msg(2, 0, &rawdoc! { "find": "big", "$db": "app" }))
+        .await;
+    assert!(big.len() > 40_000_000, "{} bytes", big.len());
+    assert!(fake.sent()[1] == big, "40 MB reply changed on the way");
+    assert_eq!(raw::header(&conn.roundtrip(&ping(3)).await).response_to, 3);
+    drop(conn);
+    rings_settle(0, "client gone").await;
+    stop(proxy).await;
+}
+
+/// A client that leaves halfway through a message, and an upstream that closes: each closes
+/// only its own pair; a bystander goes on; nothing is left on the rings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_closes_only_the_pair_that_ended() {
+    let _serial = SERIAL.lock().await;
+    let (fake, proxy) = uring_proxy(|_| {}).await;
+    fake.set_hook(|cmd| (cmd.get_str("find").ok() == Some("doomed")).then(Hooked::close));
+    let mut bystander = RawClient::connect(proxy.local_addr()).await;
+    assert_eq!(
+        raw::header(&bystander.roundtrip(&ping(1)).await).response_to,
+        1
+    );
+
+    // Half a message, then gone (the pair exists: a first message dialed the upstream).
+    let mut leaver = RawClient::connect(proxy.local_addr()).await;
+    assert_eq!(
+        raw::header(&leaver.roundtrip(&ping(5)).await).response_to,
+        5
+    );
+    let half = raw::msg(
+        6,
+        0,
+        &rawdoc! { "find": "c", "filter": { "x": "y".repeat(100_000) }, "$db": "app" },
+    );
+    leaver.send(&half[..half.len() / 2]).await;
+    rings_settle(4, "two pairs").await;
+    drop(leaver);
+    rings_settle(2, "the leaver's pair closed").await;
+
+    // The upstream closes: its client is closed, with no reply.
+    let mut victim = RawClient::connect(proxy.local_addr()).await;
+    victim
+        .send(&raw::msg(9, 0, &rawdoc! { "find": "doomed", "$db": "app" }))
+        .await;
+    assert!(
+        victim.expect_closed().await.is_empty(),
+        "no reply, just a close"
+    );
+    rings_settle(2, "the victim's pair closed").await;
+
+    assert_eq!(
+        raw::header(&bystander.roundtrip(&ping(2)).await).response_to,
+        2
+    );
+    drop(bystander);
+    stop(proxy).await;
+}
+
+/// 400 connections opened, used and closed, 50 at a time: the rings end with nothing open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_many_connections_leave_nothing_behind() {
+    let _serial = SERIAL.lock().await;
+    let (fake, proxy) = uring_proxy(|_| {}).await;
+    let addr = proxy.local_addr();
+    for round in 0..8 {
+        let clients = (0..50).map(|i| async move {
+            let mut c = RawClient::connect(addr).await;
+            let id = round * 100 + i;
+            assert_eq!(raw::header(&c.roundtrip(&ping(id)).await).response_to, id);
+        });
+        futures::future::join_all(clients).await;
+    }
+    rings_settle(0, "every client gone").await;
+    assert_eq!(rings_hold(), (0, 0));
+    assert_eq!(fake.received().len(), 400);
+    stop(proxy).await;
+}
+
+/// The stop: a request in flight is answered, then its connection closed; idle ones are
+/// closed; the rings end empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_stop_drains_then_closes() {
+    let _serial = SERIAL.lock().await;
+    let (fake, proxy) = uring_proxy(|c| c.shutdown_timeout = Duration::from_secs(5)).await;
+    fake.set_hook(|cmd| {
+        (cmd.get_str("find").ok() == Some("slow"))
+            .then(|| Hooked::delay(Duration::from_millis(300)))
+    });
+    let mut idle = RawClient::connect(proxy.local_addr()).await;
+    assert_eq!(raw::header(&idle.roundtrip(&ping(1)).await).response_to, 1);
+    let mut busy = RawClient::connect(proxy.local_addr()).await;
+    busy.send(&raw::msg(2, 0, &rawdoc! { "find": "slow", "$db": "app" }))
+        .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stopping = tokio::spawn(proxy.shutdown());
+    let answered = busy.expect_closed().await;
+    assert_eq!(
+        answered.len(),
+        1,
+        "the request in flight is answered before the close"
+    );
+    assert_eq!(raw::header(&answered[0]).response_to, 2);
+    assert!(idle.expect_closed().await.is_empty());
+    within("stop", stopping).await.expect("stopped");
+    rings_settle(0, "after the stop").await;
+    assert_eq!(rings_hold(), (0, 0));
 }

@@ -271,6 +271,54 @@ async fn upstream_tls_with_a_client_certificate() {
     proxy.shutdown().await;
 }
 
+/// `layout = "uring"`: a TLS leg stays on epoll while the plain one goes on the session
+/// thread's io_uring; both arrangements relay for the driver.
+#[tokio::test]
+async fn uring_layout_with_tls_on_either_leg() {
+    let pki = Pki::new();
+    let fake = FakeMongos::start().await;
+    fake.set_await_cap(Duration::from_millis(100));
+    // Client-facing TLS, plain upstream.
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nlayout = \"uring\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n[tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n",
+        fake.addr()
+    );
+    let mut c = load(&pki, &text).unwrap_or_else(|e| panic!("{e:?}"));
+    c.health_interval = None;
+    let proxy = start(c).await;
+    let client = driver(format!(
+        "mongodb://{}/?tls=true&tlsCAFile={}&serverSelectionTimeoutMS=5000",
+        proxy.local_addr(),
+        path(&pki.ca)
+    ))
+    .await;
+    round_trip(&client, "uring-client-tls").await;
+    client.shutdown().await;
+    proxy.shutdown().await;
+    // Plain client, upstream TLS.
+    let front = tls_front(&pki, fake.addr()).await;
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nupstreams = [\"{}\"]\nlayout = \"uring\"\n\
+         [admin]\nlisten = \"127.0.0.1:0\"\n[upstream_tls]\nca = \"ca.pem\"\nserver_name = \"localhost\"\n\
+         cert = \"client.pem\"\nkey = \"client.key\"\n",
+        front.addr
+    );
+    let mut c = load(&pki, &text).unwrap_or_else(|e| panic!("{e:?}"));
+    c.health_interval = None;
+    let proxy = start(c).await;
+    let client = driver(format!(
+        "mongodb://{}/?serverSelectionTimeoutMS=5000",
+        proxy.local_addr()
+    ))
+    .await;
+    round_trip(&client, "uring-upstream-tls").await;
+    assert!(front.handshakes.load(Ordering::SeqCst) >= 1);
+    assert_eq!(fake.documents("shop.items").len(), 2);
+    client.shutdown().await;
+    proxy.shutdown().await;
+}
+
 #[tokio::test]
 async fn upstream_tls_with_the_wrong_ca_fails_on_the_upstream_side() {
     let pki = Pki::new();

@@ -5,7 +5,8 @@
 //!   ├─ --role upstream         fast fake mongos (own process) <┼─ direct
 //!   ├─ --role forwarder        copy_bidirectional floor       <┼─ floor
 //!   ├─ haproxy -f <tmp cfg>    tcp mode, nbthread = cores     <┼─ haproxy
-//!   └─ staleguard run          the release binary             <┴─ staleguard, -governed, -rewrite
+//!   ├─ staleguard run          the release binary             <┼─ staleguard, -governed, -rewrite
+//!   └─ staleguard run          a second one, layout = "uring" <┴─ staleguard-governed-uring
 //! ```
 //!
 //! For each connection count, rounds of every target in turn (rotated each round); medians
@@ -226,6 +227,7 @@ struct Fleet {
     floor_percore: Option<Proc>,
     haproxy: Option<Proc>,
     staleguard: Option<Proc>,
+    staleguard_uring: Option<Proc>,
     tmp: tempfile::TempDir,
     notes: Vec<String>,
 }
@@ -379,6 +381,21 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
             upstream.addr,
             opts,
             "staleguard",
+            opts.sg_layout.as_deref(),
+        )?)
+    } else {
+        None
+    };
+    // Governed reads through a second staleguard with `layout = "uring"`, measured in the
+    // same rounds as the first (whatever `E2E_SG_LAYOUT` gives it): the two layouts side by
+    // side, under the same load.
+    let staleguard_uring = if wants("staleguard-governed-uring") {
+        Some(start_staleguard(
+            tmp.path(),
+            upstream.addr,
+            opts,
+            "staleguard-uring",
+            Some("uring"),
         )?)
     } else {
         None
@@ -390,6 +407,7 @@ fn start_fleet(opts: &Opts) -> Result<Fleet, String> {
         floor_percore,
         haproxy,
         staleguard,
+        staleguard_uring,
         tmp,
         notes,
     })
@@ -430,12 +448,10 @@ fn start_staleguard(
     upstream: SocketAddr,
     opts: &Opts,
     name: &str,
+    layout: Option<&str>,
 ) -> Result<Proc, String> {
     let port = procs::free_port()?;
-    let layout = opts
-        .sg_layout
-        .as_ref()
-        .map_or(String::new(), |l| format!("layout = \"{l}\"\n"));
+    let layout = layout.map_or(String::new(), |l| format!("layout = \"{l}\"\n"));
     // Passthrough traffic goes to an unlisted namespace; the rewrite run to the fallback one,
     // whose breaker stays open for the whole benchmark once opened; the governed run to a
     // second fallback namespace that never fails (breaker closed: every read tracked).
@@ -556,6 +572,7 @@ fn targets(opts: &Opts, fleet: &Fleet) -> Vec<Target> {
             "haproxy" => (fleet.haproxy.as_ref(), false),
             "staleguard" | "staleguard-governed" => (fleet.staleguard.as_ref(), false),
             "staleguard-rewrite" => (fleet.staleguard.as_ref(), true),
+            "staleguard-governed-uring" => (fleet.staleguard_uring.as_ref(), false),
             other => panic!("unknown target {other} (E2E_TARGETS)"),
         };
         if name != "direct" && proc.is_none() {
@@ -567,7 +584,7 @@ fn targets(opts: &Opts, fleet: &Fleet) -> Vec<Target> {
             cpu_pid: proc.map(|p| p.pid()),
             request: if rewrite {
                 fallback.clone()
-            } else if name == "staleguard-governed" {
+            } else if name.starts_with("staleguard-governed") {
                 governed.clone()
             } else {
                 pass.clone()
@@ -657,7 +674,9 @@ fn memory_runs(
     let starters: Vec<(&str, Starter)> = vec![
         (
             "staleguard",
-            Box::new(|| start_staleguard(&dir, up, opts, "staleguard-mem")),
+            Box::new(|| {
+                start_staleguard(&dir, up, opts, "staleguard-mem", opts.sg_layout.as_deref())
+            }),
         ),
         ("floor", Box::new(|| start_floor(up))),
         // maxconn leaves HAProxy inside the descriptor limit (two per pair).

@@ -153,7 +153,7 @@ type Check = (
 /// From this reply size up, the tables show bytes per second and the targets judge them.
 const LARGE_REPLY: usize = 64 * 1024;
 
-const ORDER: [&str; 8] = [
+const ORDER: [&str; 9] = [
     "direct",
     "floor",
     "floor-percore",
@@ -161,6 +161,7 @@ const ORDER: [&str; 8] = [
     "haproxy",
     "staleguard",
     "staleguard-governed",
+    "staleguard-governed-uring",
     "staleguard-rewrite",
 ];
 

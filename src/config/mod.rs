@@ -92,8 +92,8 @@ pub struct Config {
     /// `shutdown_timeout`: how long a graceful stop waits for connections to finish.
     /// Default 10s; zero stops at once. Reloads.
     pub shutdown_timeout: Duration,
-    /// `layout`: how client sessions are spread over threads. Default `shared`. Needs a
-    /// restart.
+    /// `layout`: how client sessions are spread over threads (`per-core`, `shared`,
+    /// `uring`). Default `per-core`. Needs a restart.
     pub layout: Layout,
     /// `[admin] listen`: address of the HTTP admin endpoint. Default `127.0.0.1:9187` in a
     /// file (`[admin] enabled = false` turns it off), none in [`Config::for_upstreams`].
@@ -301,6 +301,10 @@ pub enum Layout {
     /// Every session on the one multi-threaded runtime, moved between its workers by work
     /// stealing.
     Shared,
+    /// `PerCore`, with each session thread's plain TCP sockets (clients and upstreams; TLS
+    /// ones stay on epoll) driven by one io_uring per thread (crate `staleguard-ring`).
+    /// Linux only; the proxy does not start when the ring cannot be set up.
+    Uring,
 }
 
 impl Layout {
@@ -309,6 +313,7 @@ impl Layout {
         match self {
             Layout::PerCore => "per-core",
             Layout::Shared => "shared",
+            Layout::Uring => "uring",
         }
     }
 }

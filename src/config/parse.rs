@@ -119,15 +119,22 @@ fn validate(raw: RawConfig, path: &Path, ctx: &mut Ctx) -> Option<Config> {
             duration(ctx, v, "shutdown_timeout", Duration::ZERO)
         });
     let layout = raw.layout.as_ref().map_or(Some(Layout::default()), |v| {
-        let layout = [Layout::PerCore, Layout::Shared]
+        let layout = [Layout::PerCore, Layout::Shared, Layout::Uring]
             .into_iter()
             .find(|l| l.name() == v.get_ref());
         if layout.is_none() {
             ctx.err(
                 v,
                 "layout",
-                format!("`{}`: expected \"per-core\" or \"shared\"", v.get_ref()),
+                format!(
+                    "`{}`: expected \"per-core\", \"shared\" or \"uring\"",
+                    v.get_ref()
+                ),
             );
+        }
+        if layout == Some(Layout::Uring) && !cfg!(target_os = "linux") {
+            ctx.err(v, "layout", "\"uring\" needs Linux (io_uring)".to_string());
+            return None;
         }
         layout
     });

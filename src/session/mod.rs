@@ -114,7 +114,24 @@ pub struct Session {
 /// The client's stream as the session task holds it.
 enum Halves {
     Plain(tokio::net::TcpStream),
+    #[cfg(target_os = "linux")]
+    Ring(staleguard_ring::RingStream),
     Split(tokio::io::ReadHalf<Stream>, tokio::io::WriteHalf<Stream>),
+}
+
+/// The upstream's stream when it is on the session thread's io_uring (`layout = "uring"`).
+#[cfg(target_os = "linux")]
+fn ring(s: &mut Stream) -> Option<&mut staleguard_ring::RingStream> {
+    match s {
+        Stream::Ring(r) => Some(r),
+        _ => None,
+    }
+}
+
+/// (No io_uring off Linux: never.)
+#[cfg(not(target_os = "linux"))]
+fn ring(_: &mut Stream) -> Option<&mut tokio::net::TcpStream> {
+    None
 }
 
 /// What the session owns and hands each message to: a request (`request.rs`), a reply
@@ -208,6 +225,8 @@ impl Session {
         // share it.
         let mut client = match client {
             Stream::Plain(c) => Halves::Plain(c),
+            #[cfg(target_os = "linux")]
+            Stream::Ring(c) => Halves::Ring(c),
             tls => {
                 let (r, w) = tokio::io::split(tls);
                 Halves::Split(r, w)
@@ -222,6 +241,11 @@ impl Session {
             let relay = async {
                 match &mut client {
                     Halves::Plain(c) => {
+                        let (cr, cw) = c.split();
+                        self.open(cr, cw).await
+                    }
+                    #[cfg(target_os = "linux")]
+                    Halves::Ring(c) => {
                         let (cr, cw) = c.split();
                         self.open(cr, cw).await
                     }
@@ -263,6 +287,9 @@ impl Session {
             // Each branch waits once (`Session::relay_with`): a local kept across one wait
             // shares its room in the task with the other branch's.
             if let Stream::Plain(u) = &mut upstream {
+                let (ur, uw) = u.split();
+                self.relay_with(first, &mut cr, &mut cw, ur, uw).await
+            } else if let Some(u) = ring(&mut upstream) {
                 let (ur, uw) = u.split();
                 self.relay_with(first, &mut cr, &mut cw, ur, uw).await
             } else {

@@ -1,0 +1,191 @@
+//! The ring's streams against plain tokio sockets on loopback, on a runtime set up as a
+//! session thread's is (`on_thread_park` hands submissions over, one driver task).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::{live, park, start, stop, Live, RingStream};
+
+/// The counts are the process's: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `f` on a current-thread runtime with a ring, then tears both down.
+fn on_ring<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(park)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let driver = start().expect("io_uring available");
+        tokio::spawn(driver);
+        f().await;
+    });
+    drop(rt);
+    stop();
+}
+
+/// A connected pair: (ours on the ring, the peer as a plain tokio socket).
+async fn pair() -> (RingStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let peer = TcpStream::connect(l.local_addr().expect("addr"));
+    let (peer, accepted) = tokio::join!(peer, l.accept());
+    let ours = accepted.expect("accept").0.into_std().expect("std");
+    (
+        RingStream::new(ours).expect("onto the ring"),
+        peer.expect("connect"),
+    )
+}
+
+/// Waits (bounded) until nothing is open on any ring.
+async fn drained() {
+    for _ in 0..200 {
+        if live() == (Live { sockets: 0, ops: 0 }) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("ring not drained: {:?}", live());
+}
+
+#[test]
+fn echoes_both_ways_and_reports_eof() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let (mut ours, mut peer) = pair().await;
+        let (mut r, mut w) = ours.split();
+        w.write_all(b"hello").await.expect("write");
+        w.flush().await.expect("flush");
+        let mut got = [0u8; 5];
+        peer.read_exact(&mut got).await.expect("peer reads");
+        assert_eq!(&got, b"hello");
+        peer.write_all(b"world!").await.expect("peer writes");
+        let mut got = [0u8; 6];
+        r.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"world!");
+        // The peer closes: end of stream, then our shutdown reaches it.
+        peer.shutdown().await.expect("peer shutdown");
+        let mut rest = Vec::new();
+        assert_eq!(r.read_to_end(&mut rest).await.expect("eof"), 0);
+        w.shutdown().await.expect("shutdown");
+        assert_eq!(peer.read(&mut [0u8; 1]).await.expect("peer eof"), 0);
+        drop(ours);
+        drained().await;
+    });
+}
+
+/// 40 MB each way at once: write-behind is bounded, reads go through the shared buffers.
+#[test]
+fn large_transfers_both_ways() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let (mut ours, peer) = pair().await;
+        let data: Vec<u8> = (0..40_000_000u32)
+            .map(|i| (i * 7 + i / 997) as u8)
+            .collect();
+        let (mut pr, mut pw) = peer.into_split();
+        let sent = data.clone();
+        let peer_side = tokio::spawn(async move {
+            let w = async {
+                pw.write_all(&sent).await.expect("peer writes");
+                pw.shutdown().await.expect("peer shutdown");
+            };
+            let r = async {
+                let mut got = Vec::new();
+                pr.read_to_end(&mut got).await.expect("peer reads");
+                got
+            };
+            tokio::join!(w, r).1
+        });
+        let (mut r, mut w) = ours.split();
+        let write = async {
+            for chunk in data.chunks(1 << 20) {
+                w.write_all(chunk).await.expect("write");
+            }
+            w.shutdown().await.expect("shutdown");
+        };
+        let read = async {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.expect("read");
+            got
+        };
+        let ((), got) = tokio::join!(write, read);
+        assert!(got == data, "40 MB came in changed");
+        assert!(
+            peer_side.await.expect("peer") == data,
+            "40 MB went out changed"
+        );
+        drop(ours);
+        drained().await;
+    });
+}
+
+/// Streams dropped with a receive in flight and with sends the peer does not take: every
+/// operation is cancelled, every slot freed, every fd closed (the peer sees the close).
+#[test]
+fn dropped_with_operations_in_flight_drains() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let mut peers = Vec::new();
+        for i in 0..50 {
+            let (mut ours, peer) = pair().await;
+            let (mut r, mut w) = ours.split();
+            // A receive in flight.
+            let mut b = [0u8; 1];
+            assert!(
+                tokio::time::timeout(Duration::from_millis(1), r.read(&mut b))
+                    .await
+                    .is_err()
+            );
+            if i % 2 == 0 {
+                // Sends the peer never reads: more than the socket buffers hold.
+                let big = vec![1u8; 4 << 20];
+                let _ = tokio::time::timeout(Duration::from_millis(50), w.write_all(&big)).await;
+            }
+            drop(ours);
+            peers.push(peer);
+        }
+        drained().await;
+        for mut p in peers {
+            let mut sink = Vec::new();
+            // Each closed: the peer reads whatever was taken, then the end.
+            tokio::time::timeout(Duration::from_secs(5), p.read_to_end(&mut sink))
+                .await
+                .expect("closed")
+                .ok();
+        }
+    });
+}
+
+/// A socket shut down by the peer while we write: the error comes back, not a hang.
+#[test]
+fn write_error_surfaces() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let (mut ours, peer) = pair().await;
+        drop(peer);
+        let (_, mut w) = ours.split();
+        let mut failed = false;
+        for _ in 0..100 {
+            if w.write_all(&[0u8; 64 * 1024]).await.is_err() || w.flush().await.is_err() {
+                failed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(failed, "writing to a closed peer never failed");
+        drop(ours);
+        drained().await;
+    });
+}
+
+#[test]
+fn off_ring_threads_are_refused() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let s = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+    assert!(RingStream::new(s).is_err(), "no ring on this thread");
+}
