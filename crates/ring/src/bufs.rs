@@ -1,7 +1,9 @@
 //! The ring's provided receive buffers: `COUNT` buffers of `SIZE` bytes in one allocation,
 //! offered to the kernel through a registered buffer ring (`IORING_REGISTER_PBUF_RING`).
 //! A receive picks a free buffer only when bytes arrive, so an idle socket pins none; the
-//! stream copies the bytes out and hands the buffer straight back ([`BufRing::give_back`]).
+//! driver copies the bytes out into the socket's own inbox at the completion and hands the
+//! buffer straight back ([`BufRing::give_back`]), so a socket whose session does not read
+//! pins none either.
 
 use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 use std::io;

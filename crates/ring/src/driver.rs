@@ -52,8 +52,13 @@ pub(crate) struct Sock {
     pub(crate) ops: u8,
     // The read side.
     pub(crate) recv: bool,
-    /// A buffer received and not yet taken: (buffer id, length, bytes taken).
-    pub(crate) ready: Option<(u16, u32, u32)>,
+    /// Bytes received and not yet taken by the stream (`inbox[taken..]`). A receive's bytes
+    /// are copied here from the ring's shared buffer at its completion, and the buffer goes
+    /// straight back: a connection whose session does not read (a client that stalls its
+    /// own replies) holds its own bytes, at most one receive's, never one of the thread's
+    /// buffers that every other connection's receives need.
+    pub(crate) inbox: Vec<u8>,
+    pub(crate) taken: usize,
     pub(crate) eof: bool,
     pub(crate) read_err: Option<i32>,
     /// Its receive found no free buffer: re-armed when one is given back.
@@ -87,7 +92,7 @@ pub(crate) struct Driver {
     pub(crate) bufs: BufRing,
     /// Sockets whose receive found no buffer, in the order they asked.
     starved: Vec<usize>,
-    /// Send buffers not in use, kept for the next sends (bounded).
+    /// Send and receive buffers not in use, kept for the next ones (bounded).
     spare: Vec<Vec<u8>>,
     /// Wakers of one reap, woken once the ring is no longer borrowed.
     woken: Vec<Waker>,
@@ -198,7 +203,7 @@ impl Driver {
         self.push(&sqe);
     }
 
-    /// A send buffer: a spare one if any.
+    /// A send or receive buffer: a spare one if any.
     pub(crate) fn buffer(&mut self) -> Vec<u8> {
         self.spare.pop().unwrap_or_default()
     }
@@ -263,7 +268,15 @@ impl Driver {
             return;
         }
         match (res, bid) {
-            (n, Some(bid)) if n > 0 => s.ready = Some((bid, n as u32, 0)),
+            (n, Some(bid)) if n > 0 => {
+                let mut inbox = std::mem::take(&mut s.inbox);
+                if inbox.capacity() == 0 {
+                    inbox = self.buffer();
+                }
+                inbox.extend_from_slice(self.bufs.bytes(bid, n as usize));
+                self.socks[key].inbox = inbox;
+                self.give_back(bid);
+            }
             (0, _) => s.eof = true,
             (e, _) if -e == libc::ENOBUFS => {
                 s.starved = true;
@@ -277,6 +290,7 @@ impl Driver {
             }
             (e, _) => s.read_err = Some(if e < 0 { -e } else { libc::EIO }),
         }
+        let s = &mut self.socks[key];
         if let Some(w) = s.reader.take() {
             self.woken.push(w);
         }
@@ -353,6 +367,7 @@ impl Driver {
         unsafe { libc::close(s.fd) };
         self.recycle(s.out);
         self.recycle(s.queued);
+        self.recycle(s.inbox);
     }
 
     /// Publishes the number of sockets open on this ring.

@@ -1,6 +1,7 @@
 //! [`RingStream`]: a TCP socket driven by its thread's ring, as tokio's `AsyncRead` and
-//! `AsyncWrite`. Reads copy from the receive buffer the kernel picked (none is held while
-//! idle); writes copy into the socket's send buffer and return at once (write-behind), up to
+//! `AsyncWrite`. Reads copy from the socket's inbox, where the driver copied a receive's
+//! bytes out of the thread's shared buffer the kernel picked (an idle socket holds no
+//! buffer, a stalled one only its own bytes); writes copy into the socket's send buffer and return at once (write-behind), up to
 //! [`WRITE_BEHIND`] bytes not yet taken by the kernel, past which a write waits. A send's
 //! error comes back from the next write or flush; a flush waits until the kernel has taken
 //! every byte written.
@@ -68,15 +69,16 @@ impl RingStream {
         let key = self.key;
         with(self.ring, |d| {
             let s = &mut d.socks[key];
-            if let Some((bid, len, taken)) = s.ready {
-                let got = &d.bufs.bytes(bid, len as usize)[taken as usize..];
+            if s.taken < s.inbox.len() {
+                let got = &s.inbox[s.taken..];
                 let n = got.len().min(buf.remaining());
                 buf.put_slice(&got[..n]);
-                if n == got.len() {
-                    s.ready = None;
-                    d.give_back(bid);
-                } else {
-                    s.ready = Some((bid, len, taken + n as u32));
+                s.taken += n;
+                if s.taken == s.inbox.len() {
+                    // All taken: an idle socket keeps no buffer.
+                    s.taken = 0;
+                    let done = std::mem::take(&mut s.inbox);
+                    d.recycle(done);
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -193,11 +195,8 @@ impl Drop for RingStream {
             s.dropped = true;
             s.reader = None;
             s.writer = None;
-            let ready = s.ready.take();
-            let busy = s.recv || s.send;
-            if let Some((bid, _, _)) = ready {
-                d.give_back(bid);
-            }
+            let (inbox, busy) = (std::mem::take(&mut s.inbox), s.recv || s.send);
+            d.recycle(inbox);
             if busy {
                 // The slot and its buffers go when the last completion arrives.
                 d.cancel(key);

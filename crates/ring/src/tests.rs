@@ -160,6 +160,41 @@ fn dropped_with_operations_in_flight_drains() {
     });
 }
 
+/// More connections than the thread has receive buffers (256) receive bytes their sessions
+/// never read: another connection's receive is still answered at once. (Before the driver
+/// copied a receive out of the shared buffer, each such socket held one, and the 257th
+/// receive on the thread waited for a buffer that never came back.)
+#[test]
+fn stalled_readers_do_not_starve_the_others() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let mut stalled = Vec::new();
+        for _ in 0..270 {
+            let (mut ours, mut peer) = pair().await;
+            // A receive in flight, then never read again.
+            let (mut r, _) = ours.split();
+            let mut b = [0u8; 1];
+            let _ = tokio::time::timeout(Duration::from_millis(1), r.read(&mut b)).await;
+            peer.write_all(&[7u8; 1000]).await.expect("peer writes");
+            stalled.push((ours, peer));
+        }
+        // Their receives complete (the thread parks and reaps).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (mut ours, mut peer) = pair().await;
+        let (mut r, _) = ours.split();
+        peer.write_all(b"ping").await.expect("peer writes");
+        let mut got = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(2), r.read_exact(&mut got))
+            .await
+            .expect("a receive starved by connections that do not read")
+            .expect("read");
+        assert_eq!(&got, b"ping");
+        drop(ours);
+        drop(stalled);
+        drained().await;
+    });
+}
+
 /// A socket shut down by the peer while we write: the error comes back, not a hang.
 #[test]
 fn write_error_surfaces() {
