@@ -17,6 +17,38 @@ pub use conn::{note_spans, ConnScoped, ConnSpan, Entered};
 pub(crate) use sampled::sampled;
 pub use sampled::{Site, BURST, WINDOW};
 
+/// What a test's subscriber wrote (the log tests here and in `conn.rs`).
+#[cfg(test)]
+#[derive(Clone, Default)]
+struct LogBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+#[cfg(test)]
+impl LogBuf {
+    fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        String::from_utf8(bytes).expect("utf-8")
+    }
+}
+
+#[cfg(test)]
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        (self.0.lock().unwrap_or_else(|p| p.into_inner())).extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogBuf {
+    type Writer = LogBuf;
+    fn make_writer(&'a self) -> LogBuf {
+        self.clone()
+    }
+}
+
 use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
@@ -128,31 +160,7 @@ mod tests {
 
     #[test]
     fn events_and_spans_are_escaped() {
-        use std::sync::{Arc, Mutex};
-        use tracing_subscriber::fmt::MakeWriter;
-
-        #[derive(Clone, Default)]
-        struct Buf(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        impl<'a> MakeWriter<'a> for Buf {
-            type Writer = Buf;
-            fn make_writer(&'a self) -> Buf {
-                self.clone()
-            }
-        }
-
-        let buf = Buf::default();
+        let buf = super::LogBuf::default();
         let subscriber = tracing_subscriber::fmt()
             .with_ansi(false)
             .fmt_fields(EscapedFields)
@@ -165,7 +173,7 @@ mod tests {
             let coll = "x\nFORGED field";
             tracing::info!(ns = %coll, name = "q\nFORGED str", "trigger {}", "m\nFORGED message");
         });
-        let out = String::from_utf8(buf.0.lock().expect("lock").clone()).expect("utf-8");
+        let out = buf.text();
         assert_eq!(out.lines().count(), 1, "{out}");
         assert!(!out.lines().any(|l| l.starts_with("FORGED")), "{out}");
         assert!(out.contains("conn{peer=shop.x\\nFORGED span}"), "{out}");

@@ -161,35 +161,9 @@ impl<S: Subscriber> Subscriber for ConnScoped<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-    use tracing_subscriber::fmt::MakeWriter;
     use tracing_subscriber::layer::SubscriberExt;
 
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("lock").extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Buf {
-        type Writer = Buf;
-        fn make_writer(&'a self) -> Buf {
-            self.clone()
-        }
-    }
-
-    impl Buf {
-        fn text(&self) -> String {
-            String::from_utf8(self.0.lock().expect("lock").clone()).expect("utf-8")
-        }
-    }
+    use crate::logs::LogBuf as Buf;
 
     /// What a session logs, written by `S` with its span noted (as the binary's
     /// subscriber), and entered (as any other).
