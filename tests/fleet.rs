@@ -680,19 +680,27 @@ async fn the_fleet_budget_holds_primary_rung_reads_across_instances() {
         .map(|i| readers(i.listen, PAYMENTS, 4, stop.clone()))
         .collect();
     let primary = "staleguard_ladder_attempts_total{namespace=\"pay.transactions\",rung=\"primary\",result=\"answered\"}";
-    // Let every instance climb, then count the fleet's primary-rung reads over 6 s.
+    let unanswered = "staleguard_fleet_budget_total{result=\"unanswered\"}";
+    // Let every instance climb, then count the fleet's primary-rung reads over about 6 s.
+    // The span counted is from the first figure read to the last (on a loaded machine the
+    // admin calls themselves take a while), and the budget is per second of Redis's clock,
+    // so a span of T seconds touches at most floor(T) + 2 of its seconds.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut before = 0.0;
+    let t0 = Instant::now();
+    let (mut before, mut aside) = (0.0, 0.0);
     for i in &fleet.instances {
         before += metric(i.admin, primary).await;
+        aside -= metric(i.admin, unanswered).await;
     }
-    let t0 = Instant::now();
+    let inner = Instant::now();
     tokio::time::sleep(Duration::from_secs(6)).await;
     let mut each = Vec::new();
     for i in &fleet.instances {
         each.push(metric(i.admin, primary).await);
+        aside += metric(i.admin, unanswered).await;
     }
-    let rate = (each.iter().sum::<f64>() - before) / t0.elapsed().as_secs_f64();
+    let (span, inner) = (t0.elapsed().as_secs_f64(), inner.elapsed().as_secs_f64());
+    let counted = each.iter().sum::<f64>() - before;
     stop.cancel();
     for r in reading {
         let _ = r.await;
@@ -713,11 +721,25 @@ async fn the_fleet_budget_holds_primary_rung_reads_across_instances() {
             "every instance climbed to the primary"
         );
     }
-    println!("fleet primary-rung reads: {rate:.1}/s; per instance {each:?}; denied {denied}");
-    assert!(rate <= FLEET_RATE * 1.2, "{rate:.1}/s");
+    let seconds = span.floor() + 2.0;
+    println!(
+        "fleet primary-rung reads: {counted} in {span:.2} s ({:.1}/s), {aside} of them while \
+         Redis did not answer in time; per instance {each:?}; denied {denied}",
+        counted / span
+    );
+    // Reads the local guard let through alone (Redis slow on a loaded machine) are not the
+    // fleet budget's; the rest stay within it, plus a tenth for the spare borrowed before
+    // the next refill reports it.
+    let limit = FLEET_RATE * seconds * 1.1;
+    assert!(
+        counted - aside <= limit,
+        "{} budgeted primary-rung reads in {span:.2} s: over {limit}",
+        counted - aside
+    );
     // Under it, but not starved: grants follow what each instance's reads asked for in the
     // last 100 ms, and starts granted but not used lapse with their second, so a loaded
     // machine (slow debug readers) uses less of it (10.0/s once in a CI clone, 20.9/s alone).
+    let rate = counted / inner;
     assert!(rate >= FLEET_RATE * 0.35, "the budget is used: {rate:.1}/s");
     assert!(denied > 0.0, "the fleet budget refused some");
 }

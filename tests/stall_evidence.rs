@@ -62,15 +62,26 @@ fn raised(proxy: &Running) -> bool {
 }
 
 /// Watches the passive signal for `d`: never raised, and (when given) the writes counted as
-/// waiting never above `max_waiting`.
+/// waiting never above `max_waiting`, unless every one of them is younger than
+/// `stall_after`: a write just sent is in flight for a moment, and on a loaded machine the
+/// relay may take a while to read its reply. A write wrongly counted as waiting is counted
+/// for the whole watch, so it grows past `stall_after` and is seen. A sample taken after
+/// `d` (the task woke late) is not judged.
 async fn never_raised(proxy: &Running, d: Duration, max_waiting: u32, what: &str) {
     let start = Instant::now();
     let mut polls = 0;
     while start.elapsed() < d {
-        if let Some(s) = passive(proxy) {
+        let sample = passive(proxy);
+        if start.elapsed() >= d {
+            break;
+        }
+        if let Some(s) = sample {
             assert!(!s.raised, "{what}: raised {s:#?}");
-            let waiting = s.evidence.writes_in_flight.unwrap_or(0);
-            assert!(waiting <= max_waiting, "{what}: {s:#?}");
+            let e = &s.evidence;
+            let waiting = e.writes_in_flight.unwrap_or(0);
+            let young = e.oldest_write_seconds.unwrap_or(0.0) < STALL_AFTER.as_secs_f64()
+                && e.connections_waiting.unwrap_or(0) == 0;
+            assert!(waiting <= max_waiting || young, "{what}: {s:#?}");
             polls += 1;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -197,9 +208,10 @@ async fn writers_from_two_addresses_raise_it_in_time_and_clients_giving_up_do_no
     b.send(&insert(1, "demo", "orders")).await;
     until("raised", 3 * STALL_AFTER, || raised(&rig.proxy)).await;
     let took = sent.elapsed();
-    // A tick late at most, plus scheduling slack on a shared machine.
+    // A tick late at most, plus scheduling slack on a loaded machine (the test binary runs
+    // its tests side by side on two cores); the precise figure is the page's and the log's.
     assert!(
-        took <= STALL_AFTER + TICK + Duration::from_millis(200),
+        took <= STALL_AFTER + 2 * TICK + Duration::from_millis(500),
         "raised after {took:?}"
     );
     assert!(took >= STALL_AFTER, "not before stall_after: {took:?}");
@@ -273,8 +285,10 @@ async fn an_answered_write_clears_it_at_once() {
     rig.sim.cluster().resume_primary("shardA").expect("resume");
     let _ = a.recv().await;
     until("cleared", 2 * STALL_AFTER, || !raised(&rig.proxy)).await;
+    // At once, not after `clear_after` without the rule holding (which is how it clears
+    // when no write is answered); the slack is a loaded machine's.
     assert!(
-        resumed.elapsed() <= 2 * TICK + Duration::from_millis(300),
+        resumed.elapsed() < CLEAR_AFTER - TICK,
         "cleared {:?} after the answer",
         resumed.elapsed()
     );
@@ -323,6 +337,8 @@ async fn an_insert_behind_an_awaitable_hello_is_not_waiting() {
         },
     );
     let mut clients = Vec::new();
+    // From before the first hello is sent: no hello is answered within HELLO_WAIT of it.
+    let sent = Instant::now();
     for _ in 0..3 {
         let mut c = RawClient::connect(proxy.local_addr()).await;
         let mut both = hello.to_vec();
@@ -330,10 +346,9 @@ async fn an_insert_behind_an_awaitable_hello_is_not_waiting() {
         c.send(&both).await;
         clients.push(c);
     }
-    let sent = Instant::now();
     never_raised(
         &proxy,
-        HELLO_WAIT - Duration::from_millis(500),
+        (HELLO_WAIT - Duration::from_millis(500)).saturating_sub(sent.elapsed()),
         0,
         "inserts behind awaitable hellos",
     )
