@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, rawdoc, Document, RawDocumentBuf};
 use futures::TryStreamExt;
 use staleguard::config::{Config, Layout};
-use support::mongos::{FakeMongos, Hooked};
+use support::mongos::{known_messages, FakeMongos, Hooked};
 use support::raw::{self, RawClient};
 use support::within;
 
@@ -179,31 +179,7 @@ async fn uring_relays_byte_for_byte() {
     let _serial = SERIAL.lock().await;
     let (fake, proxy) = uring_proxy(|_| {}).await;
     let mut conn = RawClient::connect(proxy.local_addr()).await;
-    let docs: Vec<RawDocumentBuf> = (0..50)
-        .map(|i| rawdoc! { "_id": i, "v": "x".repeat(i as usize) })
-        .collect();
-    let messages = vec![
-        raw::query(100, "admin.$cmd", &rawdoc! { "isMaster": 1 }),
-        raw::msg(
-            101,
-            0,
-            &rawdoc! { "hello": 1, "helloOk": true, "$db": "admin" },
-        ),
-        raw::msg_with_sequence(
-            102,
-            0,
-            &rawdoc! { "insert": "b4b", "$db": "app" },
-            "documents",
-            &docs,
-        ),
-        raw::msg(
-            103,
-            0,
-            &rawdoc! { "find": "b4b", "batchSize": 10, "$db": "app" },
-        ),
-        raw::msg(104, 0, &rawdoc! { "count": "b4b", "$db": "app" }),
-        raw::msg(105, 0, &rawdoc! { "noSuchCommand": 1, "$db": "admin" }),
-    ];
+    let messages = known_messages();
     let mut replies = Vec::new();
     for m in &messages {
         let reply = conn.roundtrip(m).await;
@@ -214,6 +190,7 @@ async fn uring_relays_byte_for_byte() {
     assert_eq!(fake.received(), messages, "client → mongos");
     assert_eq!(fake.sent(), replies, "mongos → client");
     assert_eq!(raw::body(&replies[4]).get_i32("n").ok(), Some(50));
+    assert_eq!(raw::body(&replies[7]).get_i32("code").ok(), Some(59));
     drop(conn);
     rings_settle(0, "client gone").await;
     stop(proxy).await;

@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 use mongodb::Client;
 use staleguard::wire::opmsg::{verify_checksum, CHECKSUM_PRESENT, EXHAUST_ALLOWED, MORE_TO_COME};
 use staleguard::wire::OpCode;
-use support::mongos::{wrap_compressed, FakeMongos, Hooked};
+use support::mongos::{known_messages, FakeMongos, Hooked};
 use support::raw::{self, RawClient};
 use support::tap::Tap;
 use support::within;
@@ -450,40 +450,7 @@ async fn unacknowledged_write() {
 async fn byte_for_byte_raw() {
     let env = Env::start().await;
     let mut conn = env.raw().await;
-    let messages = vec![
-        raw::query(100, "admin.$cmd", &rawdoc! { "isMaster": 1 }),
-        raw::msg(
-            101,
-            0,
-            &rawdoc! { "hello": 1, "helloOk": true, "$db": "admin" },
-        ),
-        raw::msg_with_sequence(
-            102,
-            0,
-            &rawdoc! { "insert": "b4b", "$db": "app" },
-            "documents",
-            &raw_docs(50),
-        ),
-        raw::msg(
-            103,
-            CHECKSUM_PRESENT,
-            &rawdoc! { "find": "b4b", "batchSize": 10, "$db": "app" },
-        ),
-        wrap_compressed(
-            3,
-            &raw::msg(104, 0, &rawdoc! { "count": "b4b", "$db": "app" }),
-        ),
-        wrap_compressed(
-            1,
-            &raw::msg(
-                105,
-                0,
-                &rawdoc! { "find": "b4b", "filter": { "_id": 7 }, "$db": "app" },
-            ),
-        ),
-        wrap_compressed(2, &raw::msg(106, 0, &rawdoc! { "ping": 1, "$db": "admin" })),
-        raw::msg(107, 0, &rawdoc! { "noSuchCommand": 1, "$db": "admin" }),
-    ];
+    let messages = known_messages();
     let mut replies = Vec::new();
     for m in &messages {
         let reply = conn.roundtrip(m).await;

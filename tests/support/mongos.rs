@@ -460,6 +460,58 @@ impl Conn {
     }
 }
 
+/// Known messages for the byte-for-byte tests (requests 100-107, one at a time): a legacy
+/// isMaster, a hello, an insert of 50 documents as a document sequence, a find with a
+/// checksum, three compressed ones (snappy, zlib, zstd) and a command mongos does not know.
+/// Reply 4 (the count) says `n: 50`, reply 7 is error 59.
+pub fn known_messages() -> Vec<Bytes> {
+    let docs: Vec<RawDocumentBuf> = (0..50)
+        .map(|i| bson::rawdoc! { "_id": i, "v": format!("value {i}") })
+        .collect();
+    let msg = |id: i32, flags: u32, body: &RawDocument| super::raw::msg(id, flags, body);
+    vec![
+        super::raw::query(100, "admin.$cmd", &bson::rawdoc! { "isMaster": 1 }),
+        msg(
+            101,
+            0,
+            &bson::rawdoc! { "hello": 1, "helloOk": true, "$db": "admin" },
+        ),
+        super::raw::msg_with_sequence(
+            102,
+            0,
+            &bson::rawdoc! { "insert": "b4b", "$db": "app" },
+            "documents",
+            &docs,
+        ),
+        msg(
+            103,
+            CHECKSUM_PRESENT,
+            &bson::rawdoc! { "find": "b4b", "batchSize": 10, "$db": "app" },
+        ),
+        wrap_compressed(
+            3,
+            &msg(104, 0, &bson::rawdoc! { "count": "b4b", "$db": "app" }),
+        ),
+        wrap_compressed(
+            1,
+            &msg(
+                105,
+                0,
+                &bson::rawdoc! { "find": "b4b", "filter": { "_id": 7 }, "$db": "app" },
+            ),
+        ),
+        wrap_compressed(
+            2,
+            &msg(106, 0, &bson::rawdoc! { "ping": 1, "$db": "admin" }),
+        ),
+        msg(
+            107,
+            0,
+            &bson::rawdoc! { "noSuchCommand": 1, "$db": "admin" },
+        ),
+    ]
+}
+
 /// Wraps a whole message in OP_COMPRESSED with compressor `id` (same requestID/responseTo).
 pub fn wrap_compressed(id: u8, msg: &[u8]) -> Bytes {
     let header = Header::parse(msg).expect("a whole message");
