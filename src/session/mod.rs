@@ -64,6 +64,16 @@ use counters::Meter;
 use life::{Life, Wake};
 use peers::Peers;
 use reads::Reads;
+
+/// What a session reads a peer through (a client's or an upstream's read side, on any
+/// transport): the one bound every stage of the session puts on it.
+pub trait Inbound: AsyncRead + Unpin {}
+impl<T: AsyncRead + Unpin + ?Sized> Inbound for T {}
+
+/// What a session writes a peer through.
+pub trait Outbound: AsyncWrite + Unpin {}
+impl<T: AsyncWrite + Unpin + ?Sized> Outbound for T {}
+
 /// Why a session ended, and which side caused it.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -269,8 +279,8 @@ impl Session {
     #[allow(clippy::manual_async_fn)]
     fn open<'a, CR, CW>(&'a mut self, cr: CR, mut cw: CW) -> impl Future<Output = ()> + 'a
     where
-        CR: AsyncRead + Unpin + 'a,
-        CW: AsyncWrite + Unpin + 'a,
+        CR: Inbound + 'a,
+        CW: Outbound + 'a,
     {
         async move {
             let max = self.h.config.max_message_size;
@@ -312,10 +322,10 @@ impl Session {
         mut uw: UW,
     ) -> impl Future<Output = ()> + 'a
     where
-        CR: AsyncRead + Unpin + 'a,
-        CW: AsyncWrite + Unpin + 'a,
-        UR: AsyncRead + Unpin + 'a,
-        UW: AsyncWrite + Unpin + 'a,
+        CR: Inbound + 'a,
+        CW: Outbound + 'a,
+        UR: Inbound + 'a,
+        UW: Outbound + 'a,
     {
         async move {
             if self.start(first, cr, cw, &mut uw).await {
@@ -337,9 +347,9 @@ impl Session {
         uw: &mut UW,
     ) -> bool
     where
-        CR: AsyncRead + Unpin,
-        CW: AsyncWrite + Unpin,
-        UW: AsyncWrite + Unpin,
+        CR: Inbound,
+        CW: Outbound,
+        UW: Outbound,
     {
         self.set_tick();
         let handled = match self.on_client_item(first, cr) {
@@ -384,7 +394,7 @@ impl Session {
     /// relay's answer), within `first_message_timeout` of the session's start (and
     /// `message_timeout` once it starts, `idle_timeout` if shorter); `None` when the client
     /// leaves, misbehaves, is too slow or the proxy stops first.
-    async fn first_message<CR: AsyncRead + Unpin>(
+    async fn first_message<CR: Inbound>(
         &mut self,
         cr: &mut FramedRead<CR, StreamCodec>,
     ) -> Option<Incoming> {

@@ -11,8 +11,9 @@ use std::task::{ready, Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use tokio::io::AsyncWrite;
 use tokio::time::Instant;
+
+use super::Outbound;
 
 /// Past this many bytes waiting, the relay reads nothing more that could add to them (the
 /// socket buffers give the slack; this bounds what one session holds on top).
@@ -57,7 +58,7 @@ impl Outbox {
     /// references: the relay waits on a step per peer in every turn, and whatever a step
     /// holds across a wait (a gather list of `GATHER` slices) would be part of every
     /// session's task for the connection's whole life.
-    pub(super) fn step<'a, W: AsyncWrite + Unpin>(
+    pub(super) fn step<'a, W: Outbound>(
         &'a mut self,
         w: &'a mut W,
     ) -> impl Future<Output = io::Result<()>> + 'a {
@@ -65,11 +66,7 @@ impl Outbox {
     }
 
     /// [`Outbox::step`], polled.
-    fn poll_step<W: AsyncWrite + Unpin>(
-        &mut self,
-        w: &mut W,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_step<W: Outbound>(&mut self, w: &mut W, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let w = Pin::new(w);
         let n = match self.queue.len() {
             0 => {
@@ -153,7 +150,7 @@ impl Outbox {
     /// Writes what `w` takes now, without waiting: the common case sends a message in the
     /// loop turn that produced it. Polling with a no-op waker is fine here, because the loop
     /// polls every pending write with its own waker right after.
-    pub(super) fn write_now<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+    pub(super) fn write_now<W: Outbound>(&mut self, w: &mut W) -> io::Result<()> {
         let mut cx = Context::from_waker(Waker::noop());
         while !self.is_idle() {
             match self.poll_step(w, &mut cx) {
@@ -165,7 +162,7 @@ impl Outbox {
     }
 
     /// Writes and flushes everything, waiting as long as it takes (callers bound it).
-    pub(super) async fn drain<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> io::Result<()> {
+    pub(super) async fn drain<W: Outbound>(&mut self, w: &mut W) -> io::Result<()> {
         while !self.is_idle() {
             self.step(w).await?;
         }

@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use super::outbox::Outbox;
-use super::SessionError;
+use super::{Outbound, SessionError};
 
 #[derive(Debug, Default)]
 pub(super) struct Peers {
@@ -185,8 +185,8 @@ impl Peers {
     /// Writes what the handlers queued, as far as the sockets take it now.
     pub(super) fn write_now<C, U>(&mut self, cw: &mut C, uw: &mut U) -> Result<(), SessionError>
     where
-        C: AsyncWrite + Unpin,
-        U: AsyncWrite + Unpin,
+        C: Outbound,
+        U: Outbound,
     {
         self.to_upstream
             .write_now(uw)
@@ -197,8 +197,8 @@ impl Peers {
     /// What is queued goes out, then both sides are closed (the caller bounds the wait).
     pub(super) async fn close<C, U>(&mut self, cw: &mut C, uw: &mut U)
     where
-        C: AsyncWrite + Unpin,
-        U: AsyncWrite + Unpin,
+        C: Outbound,
+        U: Outbound,
     {
         let _ = self.to_client.drain(cw).await;
         let _ = self.to_upstream.drain(uw).await;

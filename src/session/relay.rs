@@ -6,13 +6,12 @@
 //! the peers do, reading or not.
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
 
 use super::bell::Ear;
 use super::life::{self, Limit, Wake};
-use super::{client_err, gate, upstream_err, Session, SessionError};
+use super::{client_err, gate, upstream_err, Inbound, Outbound, Session, SessionError};
 use crate::wire::codec::FrameError;
 use crate::wire::{Incoming, Request, StreamCodec};
 
@@ -107,10 +106,10 @@ impl Session {
     /// Relays until either side ends, the client misbehaves, or the proxy stops.
     pub async fn pump<CR, CW, UR, UW>(mut self, cr: CR, mut cw: CW, ur: UR, mut uw: UW)
     where
-        CR: AsyncRead + Unpin,
-        CW: AsyncWrite + Unpin,
-        UR: AsyncRead + Unpin,
-        UW: AsyncWrite + Unpin,
+        CR: Inbound,
+        CW: Outbound,
+        UR: Inbound,
+        UW: Outbound,
     {
         let max = self.h.config.max_message_size;
         let mut cr = FramedRead::with_capacity(cr, request_codec(max), READ_BUFFER);
@@ -140,10 +139,10 @@ impl Session {
         uw: &'a mut UW,
     ) -> impl std::future::Future<Output = ()> + 'a
     where
-        CR: AsyncRead + Unpin + 'a,
-        CW: AsyncWrite + Unpin + 'a,
-        UR: AsyncRead + Unpin + 'a,
-        UW: AsyncWrite + Unpin + 'a,
+        CR: Inbound + 'a,
+        CW: Outbound + 'a,
+        UR: Inbound + 'a,
+        UW: Outbound + 'a,
     {
         async move {
             // Each peer's read side is polled again only after it gave something or rang: a
@@ -229,8 +228,8 @@ impl Session {
         ur: &mut FramedRead<UR, StreamCodec>,
     ) -> Result<Handled, SessionError>
     where
-        CR: AsyncRead + Unpin,
-        UR: AsyncRead + Unpin,
+        CR: Inbound,
+        UR: Inbound,
     {
         let why = match event {
             Event::Life(wake) => self.on_life(wake, cr, ur),
@@ -417,8 +416,8 @@ impl Session {
     /// first (a peer that does not read cannot hold the session past it).
     pub(super) async fn close<C, U>(&mut self, cw: &mut C, uw: &mut U)
     where
-        C: AsyncWrite + Unpin,
-        U: AsyncWrite + Unpin,
+        C: Outbound,
+        U: Outbound,
     {
         let Session { life, h, .. } = self;
         tokio::select! {

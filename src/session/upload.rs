@@ -14,12 +14,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::io::AsyncRead;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 
 use super::relay::Aside;
-use super::{Session, SessionError};
+use super::{Inbound, Session, SessionError};
 use crate::config::{HELD_FOR_UPSTREAM, HELD_UNIT};
 use crate::stall;
 use crate::wire::body::command_name_in_prefix;
@@ -156,7 +155,7 @@ impl Held {
 impl Session {
     /// What came from the client: a whole request, the head of a large one (streamed or
     /// held whole), or a piece of one going on in pieces.
-    pub(super) fn on_client_item<CR: AsyncRead + Unpin>(
+    pub(super) fn on_client_item<CR: Inbound>(
         &mut self,
         item: Incoming,
         cr: &mut FramedRead<CR, StreamCodec>,
