@@ -512,6 +512,25 @@ pub fn known_messages() -> Vec<Bytes> {
     ]
 }
 
+/// Sends [`known_messages`] over `conn` (to a proxy in front of `fake`), one at a time, and
+/// checks that `fake` got exactly those bytes and the client exactly the bytes `fake` sent,
+/// each reply answering its request. Returns the replies.
+pub async fn known_round_trips(conn: &mut super::raw::RawClient, fake: &FakeMongos) -> Vec<Bytes> {
+    let messages = known_messages();
+    let mut replies = Vec::new();
+    for m in &messages {
+        let reply = conn.roundtrip(m).await;
+        let (got, asked) = (super::raw::header(&reply), super::raw::header(m));
+        assert_eq!(got.response_to, asked.request_id);
+        replies.push(reply);
+    }
+    assert_eq!(fake.received(), messages, "client → mongos");
+    assert_eq!(fake.sent(), replies, "mongos → client");
+    assert_eq!(super::raw::body(&replies[4]).get_i32("n").ok(), Some(50));
+    assert_eq!(super::raw::body(&replies[7]).get_i32("code").ok(), Some(59));
+    replies
+}
+
 /// Wraps a whole message in OP_COMPRESSED with compressor `id` (same requestID/responseTo).
 pub fn wrap_compressed(id: u8, msg: &[u8]) -> Bytes {
     let header = Header::parse(msg).expect("a whole message");
