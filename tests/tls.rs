@@ -190,11 +190,17 @@ async fn rust_driver_over_client_tls() {
         ))
         .await;
     assert!(plain.expect_closed().await.is_empty());
-    let m = get(admin(&proxy), "/metrics", &[]).await.body;
-    assert!(
-        m.contains("staleguard_tls_handshake_failures_total{side=\"client\"} 1"),
-        "{m}"
-    );
+    // Counted just after the socket is dropped (the client may see the close first).
+    let counted = "staleguard_tls_handshake_failures_total{side=\"client\"} 1";
+    let since = std::time::Instant::now();
+    loop {
+        let m = get(admin(&proxy), "/metrics", &[]).await.body;
+        if m.contains(counted) {
+            break;
+        }
+        assert!(since.elapsed() < Duration::from_secs(5), "{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     client.shutdown().await;
     proxy.shutdown().await;
 }
