@@ -464,7 +464,7 @@ impl Conn {
 /// isMaster, a hello, an insert of 50 documents as a document sequence, a find with a
 /// checksum, three compressed ones (snappy, zlib, zstd) and a command mongos does not know.
 /// Reply 4 (the count) says `n: 50`, reply 7 is error 59.
-pub fn known_messages() -> Vec<Bytes> {
+fn known_messages() -> Vec<Bytes> {
     let docs: Vec<RawDocumentBuf> = (0..50)
         .map(|i| bson::rawdoc! { "_id": i, "v": format!("value {i}") })
         .collect();
@@ -514,8 +514,8 @@ pub fn known_messages() -> Vec<Bytes> {
 
 /// Sends [`known_messages`] over `conn` (to a proxy in front of `fake`), one at a time, and
 /// checks that `fake` got exactly those bytes and the client exactly the bytes `fake` sent,
-/// each reply answering its request. Returns the replies.
-pub async fn known_round_trips(conn: &mut super::raw::RawClient, fake: &FakeMongos) -> Vec<Bytes> {
+/// each reply answering its request.
+pub async fn known_round_trips(conn: &mut super::raw::RawClient, fake: &FakeMongos) {
     let messages = known_messages();
     let mut replies = Vec::new();
     for m in &messages {
@@ -528,7 +528,6 @@ pub async fn known_round_trips(conn: &mut super::raw::RawClient, fake: &FakeMong
     assert_eq!(fake.sent(), replies, "mongos → client");
     assert_eq!(super::raw::body(&replies[4]).get_i32("n").ok(), Some(50));
     assert_eq!(super::raw::body(&replies[7]).get_i32("code").ok(), Some(59));
-    replies
 }
 
 /// Wraps a whole message in OP_COMPRESSED with compressor `id` (same requestID/responseTo).
