@@ -51,17 +51,20 @@ pub(crate) struct Sock {
     /// Operations of this socket in flight (receive, send, cancel).
     pub(crate) ops: u8,
     // The read side.
+    /// A receive is armed: one op in flight, across every completion of a multishot
+    /// receive that carries `IORING_CQE_F_MORE`.
     pub(crate) recv: bool,
     /// Bytes received and not yet taken by the stream (`inbox[taken..]`). A receive's bytes
     /// are copied here from the ring's shared buffer at its completion, and the buffer goes
     /// straight back: a connection whose session does not read (a client that stalls its
-    /// own replies) holds its own bytes, at most one receive's, never one of the thread's
-    /// buffers that every other connection's receives need.
+    /// own replies) holds its own bytes, at most [`RECV_LIMIT`] and one buffer's (one
+    /// buffer's with one-shot receives), never one of the thread's buffers that every other
+    /// connection's receives need.
     pub(crate) inbox: Vec<u8>,
     pub(crate) taken: usize,
     pub(crate) eof: bool,
     pub(crate) read_err: Option<i32>,
-    /// Its receive found no free buffer: re-armed when one is given back.
+    /// Its receive found no free buffer: re-armed after the reap (`Driver::rearm_starved`).
     pub(crate) starved: bool,
     pub(crate) reader: Option<Waker>,
     // The write side.
@@ -96,12 +99,20 @@ pub(crate) struct Driver {
     spare: Vec<Vec<u8>>,
     /// Wakers of one reap, woken once the ring is no longer borrowed.
     woken: Vec<Waker>,
+    /// The kernel refused a multishot receive with a limit (older than 6.17): receives are
+    /// one-shot, one buffer each.
+    pub(crate) one_shot: bool,
     /// Identifies the ring (a stream checks it is used on its own thread).
     pub(crate) id: u64,
     /// Operations of this ring in flight (queued or in the kernel).
     pub(crate) inflight: usize,
     counts: Arc<Counts>,
 }
+
+/// Bytes one multishot receive takes in all before it ends (the kernel's limit, the SQE's
+/// `optlen`, Linux 6.17): a socket whose stream does not read holds at most this many plus
+/// one buffer's in its inbox, and the rest stays in the kernel under TCP's flow control.
+pub(crate) const RECV_LIMIT: usize = bufs::SIZE;
 
 /// Spare send buffers kept per thread, and the largest kept.
 const SPARE: usize = 64;
@@ -131,6 +142,7 @@ impl Driver {
             starved: Vec::new(),
             spare: Vec::new(),
             woken: Vec::new(),
+            one_shot: false,
             id,
             inflight: 0,
             counts,
@@ -167,16 +179,29 @@ impl Driver {
         }
     }
 
-    /// Queues a receive for socket `key` (a buffer is picked when bytes arrive).
+    /// Queues a receive for socket `key` (a buffer is picked when bytes arrive): multishot,
+    /// so it stays armed across arrivals (no submission and no poll armed anew per message)
+    /// until it has taken [`RECV_LIMIT`] bytes, fails, meets the end of the stream or finds
+    /// no buffer; one-shot where the kernel has no limit for multishot receives.
     pub(crate) fn arm_recv(&mut self, key: usize) {
         let s = &mut self.socks[key];
         s.recv = true;
         s.ops += 1;
-        let sqe = opcode::Recv::new(types::Fd(s.fd), std::ptr::null_mut(), bufs::SIZE as u32)
-            .buf_group(bufs::GROUP)
-            .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(((key as u64) << 8) | RECV);
+        let data = ((key as u64) << 8) | RECV;
+        let sqe = if self.one_shot {
+            opcode::Recv::new(types::Fd(s.fd), std::ptr::null_mut(), bufs::SIZE as u32)
+                .buf_group(bufs::GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+                .user_data(data)
+        } else {
+            limited(
+                opcode::RecvMulti::new(types::Fd(s.fd), bufs::GROUP)
+                    .build()
+                    .user_data(data),
+                RECV_LIMIT as u32,
+            )
+        };
         self.push(&sqe);
     }
 
@@ -216,9 +241,16 @@ impl Driver {
         }
     }
 
-    /// Gives buffer `bid` back to the kernel, and re-arms a receive that went without.
+    /// Gives buffer `bid` back to the kernel.
     pub(crate) fn give_back(&mut self, bid: u16) {
         self.bufs.give_back(bid);
+    }
+
+    /// Re-arms the receives that found no buffer (after a reap). Every buffer a completion
+    /// reaped so far is back already (bytes are copied out at once), so a receive goes
+    /// without only while the completions that took the buffers wait to be reaped: the
+    /// next reap gives those back.
+    pub(crate) fn rearm_starved(&mut self) {
         while let Some(key) = self.starved.pop() {
             let Some(s) = self.socks.get_mut(key) else {
                 continue;
@@ -226,7 +258,6 @@ impl Driver {
             if s.starved && !s.dropped {
                 s.starved = false;
                 self.arm_recv(key);
-                break;
             }
         }
     }
@@ -237,17 +268,23 @@ impl Driver {
             let Some(cqe) = self.uring.completion().next() else {
                 return;
             };
-            self.inflight -= 1;
-            self.counts.ops.store(self.inflight, Ordering::Relaxed);
             let key = (cqe.user_data() >> 8) as usize;
             let kind = cqe.user_data() & 0xff;
             let (res, flags) = (cqe.result(), cqe.flags());
+            // A multishot receive's completions but its last leave it in flight.
+            let more = cqueue::more(flags);
+            if !more {
+                self.inflight -= 1;
+                self.counts.ops.store(self.inflight, Ordering::Relaxed);
+            }
             let Some(s) = self.socks.get_mut(key) else {
                 continue;
             };
-            s.ops -= 1;
+            if !more {
+                s.ops -= 1;
+            }
             match kind {
-                RECV => self.received(key, res, flags),
+                RECV => self.received(key, res, flags, more),
                 SEND => self.sent(key, res),
                 _ => {}
             }
@@ -257,9 +294,11 @@ impl Driver {
         }
     }
 
-    fn received(&mut self, key: usize, res: i32, flags: u32) {
+    fn received(&mut self, key: usize, res: i32, flags: u32, more: bool) {
         let s = &mut self.socks[key];
-        s.recv = false;
+        if !more {
+            s.recv = false;
+        }
         let bid = cqueue::buffer_select(flags);
         if s.dropped {
             if let Some(bid) = bid {
@@ -280,7 +319,14 @@ impl Driver {
             (0, _) => s.eof = true,
             (e, _) if -e == libc::ENOBUFS => {
                 s.starved = true;
-                self.starved.insert(0, key);
+                self.starved.push(key);
+                return;
+            }
+            // A kernel without the multishot limit (it refuses the SQE's `optlen`): from
+            // now on this ring's receives are one-shot.
+            (e, _) if -e == libc::EINVAL && !self.one_shot => {
+                self.one_shot = true;
+                self.arm_recv(key);
                 return;
             }
             // Interrupted or cancelled while the stream still wants bytes: ask again.
@@ -386,4 +432,16 @@ impl Driver {
             self.woken = woken;
         }
     }
+}
+
+/// `sqe` (a multishot receive) with the kernel's limit on the bytes it takes in all: the
+/// SQE's `optlen`, a `u32` at byte 44, which the io-uring crate does not set.
+fn limited(sqe: squeue::Entry, limit: u32) -> squeue::Entry {
+    const OPTLEN: usize = 44;
+    // SAFETY: `Entry` is `repr(C)` around the kernel's 64-byte `io_uring_sqe`, whose fields
+    // are plain integers (and unions of them): any 64 bytes are a valid value.
+    let mut raw: [u8; 64] = unsafe { std::mem::transmute(sqe) };
+    raw[OPTLEN..OPTLEN + 4].copy_from_slice(&limit.to_ne_bytes());
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<[u8; 64], squeue::Entry>(raw) }
 }

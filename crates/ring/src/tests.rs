@@ -7,25 +7,31 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::driver::{RECV_LIMIT, RING};
 use crate::{live, park, start, stop, Live, RingStream};
 
 /// The counts are the process's: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Runs `f` on a current-thread runtime with a ring, then tears both down.
-fn on_ring<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .on_thread_park(park)
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let driver = start().expect("io_uring available");
-        tokio::spawn(driver);
-        f().await;
-    });
-    drop(rt);
-    stop();
+/// Runs `f` on a current-thread runtime with a ring, then tears both down; twice: with the
+/// multishot receives this kernel has, then with the one-shot receives of a kernel without
+/// their limit.
+fn on_ring<F: std::future::Future<Output = ()>>(f: impl Fn() -> F) {
+    for one_shot in [false, true] {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(park)
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let driver = start().expect("io_uring available");
+            RING.with(|r| r.borrow_mut().as_mut().expect("a ring").one_shot = one_shot);
+            tokio::spawn(driver);
+            f().await;
+        });
+        drop(rt);
+        stop();
+    }
 }
 
 /// A connected pair: (ours on the ring, the peer as a plain tokio socket).
@@ -193,6 +199,54 @@ fn stalled_readers_do_not_starve_the_others() {
         drop(stalled);
         drained().await;
     });
+}
+
+/// A peer that sends far more than its session reads: the socket's multishot receive ends
+/// at its limit, so the rest waits in the kernel (TCP's flow control), and every byte still
+/// arrives, in order, once the session reads again.
+#[test]
+fn an_unread_inbox_is_bounded() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let (mut ours, peer) = pair().await;
+        let data: Vec<u8> = (0..16_000_000u32).map(|i| (i % 251) as u8).collect();
+        let (mut r, _) = ours.split();
+        // A receive armed, then nothing read for a while.
+        let mut first = [0u8; 1];
+        let _ = tokio::time::timeout(Duration::from_millis(1), r.read(&mut first)).await;
+        let sent = data.clone();
+        let (_pr, mut pw) = peer.into_split();
+        let writer = tokio::spawn(async move {
+            pw.write_all(&sent).await.expect("peer writes");
+            pw.shutdown().await.expect("peer shutdown");
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let held = held();
+        assert!(held > 0, "nothing received");
+        assert!(
+            held <= RECV_LIMIT + crate::bufs::SIZE,
+            "an unread socket held {held} bytes (limit {RECV_LIMIT})"
+        );
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).await.expect("read");
+        writer.await.expect("writer");
+        assert!(
+            got == data,
+            "bytes lost or out of order ({} read)",
+            got.len()
+        );
+        drop(ours);
+        drained().await;
+    });
+}
+
+/// Bytes received and not yet read, over every socket of this thread's ring.
+fn held() -> usize {
+    RING.with(|r| {
+        let r = r.borrow();
+        let d = r.as_ref().expect("a ring");
+        d.socks.iter().map(|(_, s)| s.inbox.len() - s.taken).sum()
+    })
 }
 
 /// A socket shut down by the peer while we write: the error comes back, not a hang.

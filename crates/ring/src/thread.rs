@@ -93,6 +93,7 @@ fn turn(submit: bool) {
             d.submit();
         }
         d.reap();
+        d.rearm_starved();
         // What the completions queued (the rest of a partial send, a receive re-armed).
         d.submit();
         Some(d.take_woken())
