@@ -267,6 +267,35 @@ async fn a_client_that_does_not_read_costs_little_and_is_closed() {
     assert!(n > 16_000_000);
 }
 
+/// The same on `layout = "uring"`: the upstream socket's receive stays armed across
+/// messages, but ends at its limit (32 KiB) once the session stops reading, so the reply
+/// still waits in mongos's socket, not in the proxy. Each session thread's receive buffers
+/// (256 of 32 KiB, shared by its connections) are made resident first, by a client on each
+/// thread that reads a whole 16 MB reply: they are the thread's, not the clients'.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_costs_little_and_is_closed_on_uring() {
+    let upstream = sized_upstream().await;
+    let extra = "layout = \"uring\"\nwrite_timeout = \"2s\"";
+    let proxy = Proxy::start(upstream, extra, false).await;
+    // Connections go to the session threads in turn: as many as there are cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut warm = Vec::new();
+    for _ in 0..cores {
+        warm.push(TcpStream::connect(&proxy.addr).await.unwrap());
+    }
+    for (i, s) in warm.iter_mut().enumerate() {
+        assert!(round_trip(s, &request(200 + i as i32, 10, 16_000_000)).await > 16_000_000);
+    }
+    non_readers_cost_little_and_are_closed(&proxy, "a 16 MB reply (uring)", |i| {
+        request(i as i32, 10, 16_000_000)
+    })
+    .await;
+    let mut s = TcpStream::connect(&proxy.addr).await.unwrap();
+    let n = round_trip(&mut s, &request(99, 10, 16_000_000)).await;
+    assert!(n > 16_000_000);
+}
+
 /// A command on `pay.tx` asking for a reply of `reply` bytes: a secondary `find` (a tracked
 /// read of a strict namespace) or an `insert` (a write the stall watch follows). Both
 /// replies are judged; a large one is judged in pieces as it passes.
