@@ -33,7 +33,7 @@ for p in range(passes):
                 h, s = r['haproxy'], r[target]
                 ratios.append(float(s[2]) / float(h[2])); p99s.append(float(s[1]) / float(h[1]))
                 sg.append(float(s[2])); hp.append(float(h[2]))
-                if s[3]: sc.append((float(s[3]), float(s[4]) + float(s[5]), float(h[3]), float(h[4]) + float(h[5])))
+                if s[3]: sc.append((float(s[3]), float(h[3]), float(s[4]) + float(s[5]), float(h[4]) + float(h[5])))
         if not ratios:
             print(f'pass {p+1} {b}: no result\n{out.stderr[-1500:]}', flush=True); continue
         med = statistics.median
