@@ -296,7 +296,7 @@ fn run(path: PathBuf) -> ExitCode {
         let running = match staleguard::server::start(Arc::new(cfg)).await {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!(error = %e, "cannot listen");
+                tracing::error!(error = %e, "cannot start");
                 return ExitCode::FAILURE;
             }
         };

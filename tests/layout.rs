@@ -3,7 +3,8 @@
 //! three relay for the official driver. `uring` (plain sockets on one io_uring per session
 //! thread) is also driven through raw sockets: byte for byte, 40 MB each way, clients and
 //! upstreams closing, many connections, the stop; after each, nothing is left on the rings
-//! (`staleguard_ring::live`).
+//! (`staleguard_ring::live`). Where the kernel refuses io_uring (a seccomp filter on the
+//! binary), `uring` does not start.
 //!
 //! The tests of this file run one at a time (`SERIAL`): they count the process's session
 //! threads and the sockets on its rings.
@@ -326,4 +327,107 @@ async fn uring_stop_drains_then_closes() {
     within("stop", stopping).await.expect("stopped");
     rings_settle(0, "after the stop").await;
     assert_eq!(rings_hold(), (0, 0));
+}
+
+/// Where io_uring is refused (a container's seccomp profile, as Docker's default one does,
+/// or `kernel.io_uring_disabled`), `layout = "uring"` does not start: the process exits with
+/// an error naming the key, and never listens. The proxy runs as a child whose seccomp
+/// filter fails `io_uring_setup` with EPERM.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn uring_refused_by_the_kernel_stops_the_start_naming_layout() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("uring.toml");
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let addr = listen.local_addr().expect("addr");
+    drop(listen);
+    std::fs::write(
+        &path,
+        format!("listen = \"{addr}\"\nupstreams = [\"127.0.0.1:9\"]\nlayout = \"uring\"\n"),
+    )
+    .expect("config");
+    let filter = no_io_uring_filter();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_staleguard"));
+    cmd.args(["run", "--config"])
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: between fork and exec the closure makes two `prctl` calls (async-signal-safe)
+    // on a filter built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_SECCOMP,
+                    libc::SECCOMP_MODE_FILTER,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("staleguard starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the proxy did not exit with io_uring refused");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("its stderr");
+    println!("{status}: {stderr}");
+    assert!(!status.success(), "it must not start: {stderr}");
+    assert!(
+        stderr.contains("layout = \"uring\"") && stderr.contains("io_uring"),
+        "the error names the key and io_uring: {stderr}"
+    );
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "nothing listens on {addr}"
+    );
+}
+
+/// A seccomp filter (x86_64) that fails `io_uring_setup` with EPERM and allows the rest.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn no_io_uring_filter() -> Vec<libc::sock_filter> {
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    // `struct seccomp_data`: the syscall number at offset 0, the architecture at 4.
+    let (nr, arch) = (0, 4);
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jeq = |k: u32, jt: u8, jf: u8| libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    vec![
+        stmt(load, arch),
+        jeq(AUDIT_ARCH_X86_64, 1, 0),
+        stmt(ret, libc::SECCOMP_RET_ALLOW),
+        stmt(load, nr),
+        jeq(libc::SYS_io_uring_setup as u32, 0, 1),
+        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        stmt(ret, libc::SECCOMP_RET_ALLOW),
+    ]
 }
