@@ -102,6 +102,11 @@ pub(crate) struct Driver {
     /// The kernel refused a multishot receive with a limit (older than 6.17): receives are
     /// one-shot, one buffer each.
     pub(crate) one_shot: bool,
+    /// Tests stand in for a kernel that refuses the limit: multishot receives carry
+    /// `MSG_WAITALL`, which every kernel refuses for them (`EINVAL`), as an older one
+    /// refuses `optlen`.
+    #[cfg(test)]
+    pub(crate) refused: bool,
     /// Identifies the ring (a stream checks it is used on its own thread).
     pub(crate) id: u64,
     /// Operations of this ring in flight (queued or in the kernel).
@@ -143,6 +148,8 @@ impl Driver {
             spare: Vec::new(),
             woken: Vec::new(),
             one_shot: false,
+            #[cfg(test)]
+            refused: false,
             id,
             inflight: 0,
             counts,
@@ -195,12 +202,10 @@ impl Driver {
                 .flags(squeue::Flags::BUFFER_SELECT)
                 .user_data(data)
         } else {
-            limited(
-                opcode::RecvMulti::new(types::Fd(s.fd), bufs::GROUP)
-                    .build()
-                    .user_data(data),
-                RECV_LIMIT as u32,
-            )
+            let multi = opcode::RecvMulti::new(types::Fd(s.fd), bufs::GROUP);
+            #[cfg(test)]
+            let multi = multi.flags(if self.refused { libc::MSG_WAITALL } else { 0 });
+            limited(multi.build().user_data(data), RECV_LIMIT as u32)
         };
         self.push(&sqe);
     }

@@ -13,25 +13,50 @@ use crate::{live, park, start, stop, Live, RingStream};
 /// The counts are the process's: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Runs `f` on a current-thread runtime with a ring, then tears both down; twice: with the
-/// multishot receives this kernel has, then with the one-shot receives of a kernel without
-/// their limit.
+/// How a test's ring receives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Receives {
+    /// Multishot, with the limit (this kernel).
+    Multishot,
+    /// One-shot, as on a kernel that refused the limit.
+    OneShot,
+    /// Multishot first, refused by the kernel (`Driver::refused`): the ring falls back.
+    Refused,
+}
+
+/// Runs `f` on a current-thread runtime with a ring, then tears both down; three times, for
+/// each kind of [`Receives`].
 fn on_ring<F: std::future::Future<Output = ()>>(f: impl Fn() -> F) {
-    for one_shot in [false, true] {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .on_thread_park(park)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let driver = start().expect("io_uring available");
-            RING.with(|r| r.borrow_mut().as_mut().expect("a ring").one_shot = one_shot);
-            tokio::spawn(driver);
-            f().await;
-        });
-        drop(rt);
-        stop();
+    for receives in [Receives::Multishot, Receives::OneShot, Receives::Refused] {
+        on_ring_with(receives, &f);
     }
+}
+
+/// [`on_ring`] for one kind of receives; whether the ring's receives ended up one-shot.
+fn on_ring_with<F: std::future::Future<Output = ()>>(
+    receives: Receives,
+    f: impl Fn() -> F,
+) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .on_thread_park(park)
+        .build()
+        .expect("runtime");
+    let one_shot = rt.block_on(async {
+        let driver = start().expect("io_uring available");
+        RING.with(|r| {
+            let mut r = r.borrow_mut();
+            let d = r.as_mut().expect("a ring");
+            d.one_shot = receives == Receives::OneShot;
+            d.refused = receives == Receives::Refused;
+        });
+        tokio::spawn(driver);
+        f().await;
+        RING.with(|r| r.borrow().as_ref().expect("a ring").one_shot)
+    });
+    drop(rt);
+    stop();
+    one_shot
 }
 
 /// A connected pair: (ours on the ring, the peer as a plain tokio socket).
@@ -247,6 +272,29 @@ fn held() -> usize {
         let d = r.as_ref().expect("a ring");
         d.socks.iter().map(|(_, s)| s.inbox.len() - s.taken).sum()
     })
+}
+
+/// A kernel that refuses the multishot receive's limit: the first receive fails, the ring
+/// turns to one-shot receives and asks again, and no byte is lost; with the limit, the
+/// ring keeps multishot receives.
+#[test]
+fn a_refused_limit_turns_the_ring_to_one_shot_receives() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let exchange = || async {
+        let (mut ours, mut peer) = pair().await;
+        let (mut r, _) = ours.split();
+        peer.write_all(b"first").await.expect("peer writes");
+        let mut got = [0u8; 5];
+        r.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"first");
+        drop(ours);
+        drained().await;
+    };
+    assert!(on_ring_with(Receives::Refused, exchange), "still multishot");
+    assert!(
+        !on_ring_with(Receives::Multishot, exchange),
+        "one-shot without a refusal"
+    );
 }
 
 /// A socket shut down by the peer while we write: the error comes back, not a hang.
