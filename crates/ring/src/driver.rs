@@ -93,7 +93,7 @@ pub(crate) struct Driver {
     pub(crate) uring: IoUring,
     pub(crate) socks: Slab<Sock>,
     pub(crate) bufs: BufRing,
-    /// Sockets whose receive found no buffer, in the order they asked.
+    /// Sockets whose receive found no buffer, re-armed all at once after the reap.
     starved: Vec<usize>,
     /// Send and receive buffers not in use, kept for the next ones (bounded).
     spare: Vec<Vec<u8>>,
@@ -246,11 +246,6 @@ impl Driver {
         }
     }
 
-    /// Gives buffer `bid` back to the kernel.
-    pub(crate) fn give_back(&mut self, bid: u16) {
-        self.bufs.give_back(bid);
-    }
-
     /// Re-arms the receives that found no buffer (after a reap). Every buffer a completion
     /// reaped so far is back already (bytes are copied out at once), so a receive goes
     /// without only while the completions that took the buffers wait to be reaped: the
@@ -307,7 +302,7 @@ impl Driver {
         let bid = cqueue::buffer_select(flags);
         if s.dropped {
             if let Some(bid) = bid {
-                self.give_back(bid);
+                self.bufs.give_back(bid);
             }
             return;
         }
@@ -319,7 +314,7 @@ impl Driver {
                 }
                 inbox.extend_from_slice(self.bufs.bytes(bid, n as usize));
                 self.socks[key].inbox = inbox;
-                self.give_back(bid);
+                self.bufs.give_back(bid);
             }
             (0, _) => s.eof = true,
             (e, _) if -e == libc::ENOBUFS => {

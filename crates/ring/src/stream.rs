@@ -274,8 +274,7 @@ macro_rules! write_impl {
                 true
             }
 
-            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                let _ = cx;
+            fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 let $s = &*self;
                 $e.flush()
             }
