@@ -175,6 +175,16 @@ impl Decoder for MessageCodec {
             // room at most doubles what has arrived (at least MIN_ROOM, so small frames
             // need one allocation and no EAGAIN read), and never exceeds the frame. Never
             // `BytesMut::reserve`, whose own doubling is not bounded by the frame.
+            // While the buffer still has room for a read (`MIN_ROOM`, or the rest of the
+            // frame), it is left as it is: grown at every read, a frame arriving in small
+            // reads (a trickling client, or the 32 KiB receives of `layout = "uring"`)
+            // would be copied whole at each one, quadratic in its size; grown only once
+            // full, it doubles, and each byte is copied a bounded number of times.
+            let missing = len - src.len();
+            let spare = src.capacity() - src.len();
+            if !self.trust_declared && !self.shrink_due && spare >= missing.min(MIN_ROOM) {
+                return Ok(None);
+            }
             let room = if self.trust_declared {
                 len.max(MIN_ROOM).min(self.max.max(len))
             } else {
