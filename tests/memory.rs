@@ -9,6 +9,11 @@
 //! shared by all connections and bounded by the peak, not kept per connection; the figures
 //! with glibc's default are printed by `cargo test --test it memory:: -- --nocapture` too).
 //! `MEMORY_TEST_BIN=path` runs the same measurements on another build of the proxy.
+//!
+//! Each bound is also checked on `layout = "uring"` (the tests ending `_on_uring`; Linux),
+//! after each session thread's receive buffers and spare send buffers, which are the
+//! thread's and not a client's, have been made resident (`Proxy::warm_rings`, and a first
+//! set of pairs for the idle-pair count).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -64,6 +69,9 @@ fn request(id: i32, size: usize, reply: i64) -> Bytes {
     op_msg(id, 0, 0, &body)
 }
 
+/// What a test's `extra` config says to run on io_uring.
+const URING: &str = "layout = \"uring\"";
+
 struct Proxy {
     child: std::process::Child,
     addr: String,
@@ -109,12 +117,39 @@ impl Proxy {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        Proxy {
+        let proxy = Proxy {
             child,
             addr,
             admin: format!("127.0.0.1:{admin_port}"),
             _dir: dir,
+        };
+        if extra.contains(URING) {
+            proxy.warm_rings().await;
         }
+        proxy
+    }
+
+    /// `layout = "uring"`: each session thread's receive buffers (256 of 32 KiB, shared by
+    /// its connections) become resident as they are used; they are the thread's, not a
+    /// client's. So that RSS shows what clients make the proxy hold, a client on each
+    /// thread (connections go to the threads in turn) sends a 9 MB write first, which
+    /// passes through every buffer of its thread's ring, and leaves.
+    async fn warm_rings(&self) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut warm = Vec::new();
+        for _ in 0..cores {
+            warm.push(TcpStream::connect(&self.addr).await.unwrap());
+        }
+        let pad = Binary {
+            subtype: BinarySubtype::Generic,
+            bytes: vec![1; 9_000_000],
+        };
+        let insert = rawdoc! {"insert": "w", "documents": [{"pad": pad}], "$db": "warm"};
+        let insert = op_msg(1, 0, 0, &insert);
+        for s in warm.iter_mut() {
+            s.write_all(&insert).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     fn rss_kib(&self) -> u64 {
@@ -156,11 +191,35 @@ async fn round_trip(s: &mut TcpStream, msg: &[u8]) -> usize {
 }
 
 /// Idle pairs after large messages both ways cost what idle pairs after small ones cost.
-async fn idle_pairs_after_large_messages(malloc_default: bool) -> (f64, f64) {
-    const PAIRS: usize = 128;
+async fn idle_pairs_after_large_messages(malloc_default: bool, extra: &str) -> (f64, f64) {
     let upstream = sized_upstream().await;
-    let proxy = Proxy::start(upstream, "", malloc_default).await;
+    let proxy = Proxy::start(upstream, extra, malloc_default).await;
+    if extra.contains(URING) {
+        // Each session thread keeps up to 64 spare send buffers of up to 64 KiB (4 MiB)
+        // besides its receive buffers: the thread's, not a pair's. A first set of pairs
+        // carries the same messages and leaves before the count starts.
+        let _ = pairs_carrying_large_messages(&proxy).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let idle = proxy.rss_kib();
+    let (small, large) = pairs_carrying_large_messages(&proxy).await;
+    let per = |rss: u64| rss.saturating_sub(idle) as f64 / PAIRS as f64;
+    println!(
+        "{extra} malloc {}: idle {idle} KiB; {PAIRS} pairs after small messages {small} KiB ({:.1} KiB per pair); after 1 MB both ways and one 40 MB ping {large} KiB ({:.1} KiB per pair)",
+        if malloc_default { "default" } else { "mmap threshold 64 KiB" },
+        per(small),
+        per(large)
+    );
+    (per(small), per(large))
+}
+
+const PAIRS: usize = 128;
+
+/// `PAIRS` connections carry a small round trip each, then a 1 MB request and a 1 MB reply
+/// and a small round trip each, and one of them the issue's 40 MB ping (and a 16 MB reply);
+/// the proxy's RSS after the small messages and after the large ones, each half a second
+/// after the last (the connections stay open until then, and close on return).
+async fn pairs_carrying_large_messages(proxy: &Proxy) -> (u64, u64) {
     let mut conns = Vec::new();
     for i in 0..PAIRS {
         let mut s = TcpStream::connect(&proxy.addr).await.unwrap();
@@ -169,8 +228,6 @@ async fn idle_pairs_after_large_messages(malloc_default: bool) -> (f64, f64) {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let small = proxy.rss_kib();
-    // Every connection carries a 1 MB request and a 1 MB reply, then a small round trip;
-    // one carries the issue's 40 MB ping (and a 16 MB reply).
     for (i, s) in conns.iter_mut().enumerate() {
         let n = round_trip(s, &request(100 + i as i32, 1_000_000, 1_000_000)).await;
         assert!(n > 1_000_000);
@@ -179,27 +236,31 @@ async fn idle_pairs_after_large_messages(malloc_default: bool) -> (f64, f64) {
     round_trip(&mut conns[0], &request(300, 40_000_000, 16_000_000)).await;
     round_trip(&mut conns[0], &request(301, 10, 10)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let large = proxy.rss_kib();
-    let per = |rss: u64| rss.saturating_sub(idle) as f64 / PAIRS as f64;
-    println!(
-        "malloc {}: idle {idle} KiB; {PAIRS} pairs after small messages {small} KiB ({:.1} KiB per pair); after 1 MB both ways and one 40 MB ping {large} KiB ({:.1} KiB per pair)",
-        if malloc_default { "default" } else { "mmap threshold 64 KiB" },
-        per(small),
-        per(large)
-    );
-    (per(small), per(large))
+    (small, proxy.rss_kib())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_pair_keeps_at_most_64_kib_after_any_message() {
-    let (small, large) = idle_pairs_after_large_messages(false).await;
+    let (small, large) = idle_pairs_after_large_messages(false, "").await;
     // Before the change each pair kept about 2 MiB here (the 1 MB request and reply).
     assert!(
         large <= 64.0,
         "{large:.1} KiB per idle pair after large messages ({small:.1} KiB after small ones)"
     );
     // With glibc's defaults, printed for the record (its cache is not per connection).
-    idle_pairs_after_large_messages(true).await;
+    idle_pairs_after_large_messages(true, "").await;
+}
+
+/// The same on `layout = "uring"`: a socket whose bytes were all read keeps no receive
+/// buffer, and its writes leave nothing behind once the kernel has taken them.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pair_keeps_at_most_64_kib_after_any_message_on_uring() {
+    let (small, large) = idle_pairs_after_large_messages(false, URING).await;
+    assert!(
+        large <= 64.0,
+        "{large:.1} KiB per idle pair after large messages ({small:.1} KiB after small ones)"
+    );
 }
 
 /// Clients that never read their reply (`request(i)` asks each for a 16 MB one): at most
@@ -270,23 +331,14 @@ async fn a_client_that_does_not_read_costs_little_and_is_closed() {
 /// The same on `layout = "uring"`: the upstream socket's receive stays armed across
 /// messages, but ends at its limit (32 KiB) once the session stops reading, so the reply
 /// still waits in mongos's socket, not in the proxy. Each session thread's receive buffers
-/// (256 of 32 KiB, shared by its connections) are made resident first, by a client on each
-/// thread that reads a whole 16 MB reply: they are the thread's, not the clients'.
+/// are made resident first ([`Proxy::warm_rings`]): they are the thread's, not the
+/// clients'.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_does_not_read_costs_little_and_is_closed_on_uring() {
     let upstream = sized_upstream().await;
     let extra = "layout = \"uring\"\nwrite_timeout = \"2s\"";
     let proxy = Proxy::start(upstream, extra, false).await;
-    // Connections go to the session threads in turn: as many as there are cores.
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut warm = Vec::new();
-    for _ in 0..cores {
-        warm.push(TcpStream::connect(&proxy.addr).await.unwrap());
-    }
-    for (i, s) in warm.iter_mut().enumerate() {
-        assert!(round_trip(s, &request(200 + i as i32, 10, 16_000_000)).await > 16_000_000);
-    }
     non_readers_cost_little_and_are_closed(&proxy, "a 16 MB reply (uring)", |i| {
         request(i as i32, 10, 16_000_000)
     })
@@ -318,9 +370,22 @@ fn judged_request(id: i32, write: bool, reply: i64) -> Bytes {
 /// completed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_does_not_read_a_judged_reply_costs_little_and_is_closed() {
+    judged_replies_not_read("").await;
+}
+
+/// The same on `layout = "uring"`.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_a_judged_reply_costs_little_and_is_closed_on_uring() {
+    judged_replies_not_read(URING).await;
+}
+
+async fn judged_replies_not_read(layout: &str) {
     let upstream = sized_upstream().await;
-    let extra = "write_timeout = \"2s\"\n[[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n";
-    let proxy = Proxy::start(upstream, extra, false).await;
+    let extra = format!(
+        "{layout}\nwrite_timeout = \"2s\"\n[[namespaces]]\npattern = \"pay.*\"\nmode = \"strict\"\n"
+    );
+    let proxy = Proxy::start(upstream, &extra, false).await;
     non_readers_cost_little_and_are_closed(&proxy, "a judged 16 MB reply", |i| {
         judged_request(i as i32 + 1, i % 2 == 0, 16_000_000)
     })
@@ -488,14 +553,38 @@ async fn a_mongos_that_reads_nothing_holds_nothing_of_a_streamed_request() {
     hello_then_large_ping(&proxy, 8 * 1024).await;
 }
 
+/// The same on `layout = "uring"` (each socket's inbox holds at most 64 KiB; a write may
+/// leave 256 KiB not yet taken by the kernel).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mongos_that_reads_nothing_holds_nothing_of_a_streamed_request_on_uring() {
+    let upstream = deaf_upstream().await;
+    let extra = format!("{URING}\nwrite_timeout = \"2s\"");
+    let proxy = Proxy::start(upstream, &extra, false).await;
+    hello_then_large_ping(&proxy, 8 * 1024).await;
+}
+
 /// Requests a policy may need whole (any command but a write, once a namespace is
 /// governed) are held whole only within the proxy's budget of bytes held for mongos
 /// (64 MiB for every session together); the others wait unread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_held_whole_for_mongos_stay_within_the_budget() {
+    held_whole_within_the_budget("").await;
+}
+
+/// The same on `layout = "uring"`, whose receives take at most 32 KiB at a time (a request
+/// held whole grew its buffer at each of them, copying it whole: reading a 40 MB one took
+/// seconds).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_whole_for_mongos_stay_within_the_budget_on_uring() {
+    held_whole_within_the_budget(URING).await;
+}
+
+async fn held_whole_within_the_budget(layout: &str) {
     let upstream = deaf_upstream().await;
-    let governed = "write_timeout = \"2s\"\nmessage_timeout = \"3s\"\n[[namespaces]]\npattern = \"demo.inventory\"\nmode = \"fallback\"\n";
-    let proxy = Proxy::start(upstream, governed, false).await;
+    let governed = format!("{layout}\nwrite_timeout = \"2s\"\nmessage_timeout = \"3s\"\n[[namespaces]]\npattern = \"demo.inventory\"\nmode = \"fallback\"\n");
+    let proxy = Proxy::start(upstream, &governed, false).await;
     // At most the 64 MiB budget and a little per client (the issue measured 315 MiB).
     hello_then_large_ping(&proxy, 72 * 1024).await;
     let m = proxy.metrics().await;
