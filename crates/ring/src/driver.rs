@@ -357,9 +357,12 @@ impl Driver {
                 }
                 s.sent = 0;
                 if !s.queued.is_empty() {
-                    // The queued bytes go next; the finished buffer takes the queue's place.
-                    std::mem::swap(&mut s.out, &mut s.queued);
-                    s.queued.clear();
+                    // The queued bytes go next; the finished buffer goes back to the spares
+                    // (or is freed): kept as the queue, a socket would hold the largest
+                    // buffer it ever sent for its whole life, idle or not.
+                    let next = std::mem::take(&mut s.queued);
+                    let done = std::mem::replace(&mut s.out, next);
+                    self.recycle(done);
                     self.arm_send(key);
                 } else {
                     let done = std::mem::take(&mut s.out);

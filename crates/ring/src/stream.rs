@@ -124,6 +124,9 @@ impl RingStream {
             if idle && s.out.capacity() == 0 {
                 let spare = d.buffer();
                 d.socks[key].out = spare;
+            } else if !idle && s.queued.capacity() == 0 {
+                let spare = d.buffer();
+                d.socks[key].queued = spare;
             }
             let s = &mut d.socks[key];
             // Nothing in flight: the bytes go straight into the buffer sent next; else

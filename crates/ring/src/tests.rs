@@ -265,6 +265,53 @@ fn an_unread_inbox_is_bounded() {
     });
 }
 
+/// A socket whose writes were all taken by the kernel keeps no send buffer, however much
+/// it sent while a send was in flight (those bytes queue behind it; the buffer that went
+/// out must not stay on as the next queue).
+#[test]
+fn a_socket_done_sending_keeps_no_send_buffer() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    on_ring(|| async {
+        let (mut ours, peer) = pair().await;
+        let data: Vec<u8> = (0..8_000_000u32).map(|i| (i % 251) as u8).collect();
+        let (mut pr, _pw) = peer.into_split();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; 16 * 1024];
+            while got.len() < 8_000_000 {
+                let n = pr.read(&mut buf).await.expect("peer reads");
+                assert!(n > 0, "early end");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        });
+        // Writes of 100 KB, most of them made while a send is in flight.
+        for c in data.chunks(100_000) {
+            ours.write_all(c).await.expect("write");
+        }
+        let got = reader.await.expect("reader");
+        assert!(got == data, "bytes lost or out of order");
+        let kept = || {
+            RING.with(|r| {
+                let r = r.borrow();
+                let d = r.as_ref().expect("a ring");
+                let (_, s) = d.socks.iter().next().expect("our socket");
+                (s.send, s.out.capacity() + s.queued.capacity())
+            })
+        };
+        // The last send's completion may still be on its way.
+        for _ in 0..100 {
+            if !kept().0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(kept(), (false, 0), "(send in flight, send buffers kept)");
+        drop(ours);
+        drained().await;
+    });
+}
+
 /// Bytes received and not yet read, over every socket of this thread's ring.
 fn held() -> usize {
     RING.with(|r| {
