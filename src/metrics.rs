@@ -25,6 +25,7 @@ mod ladder;
 pub mod latency;
 mod limits;
 mod process;
+mod ring;
 mod stall;
 mod totals;
 pub use breaker::{BreakerMetrics, ConfirmLabel, TransitionLabels, CONFIRM_RESULTS};
@@ -106,7 +107,8 @@ pub struct Metrics {
     /// Every request from a client: governed (`requests`) and forwarded without a decision
     /// (`forwarded`) together, so that relay-only traffic shows too.
     client_requests: Counter,
-    /// The process's own metrics, without the prefix (`process_cpu_seconds_total`, ...).
+    /// The process's own metrics, without the prefix (`process_cpu_seconds_total`, ...), and
+    /// the io_urings' (named in full, `staleguard_uring_*`).
     process: Registry,
     seen_ns: DashSet<String>,
     ns_count: AtomicUsize,
@@ -171,6 +173,7 @@ impl Metrics {
             process: {
                 let mut r = Registry::default();
                 r.register_collector(Box::new(process::ProcessCollector));
+                r.register_collector(Box::new(ring::RingCollector));
                 r
             },
             seen_ns: DashSet::new(),

@@ -174,7 +174,8 @@ fn ping(id: i32) -> bytes::Bytes {
 }
 
 /// Known messages over one raw connection: the fake gets exactly these bytes and the client
-/// exactly the bytes the fake sent, and both sockets of the pair are on the ring.
+/// exactly the bytes the fake sent, and both sockets of the pair are on the ring (as the
+/// `staleguard_uring_*` metrics say, and the rings are no longer counted after the stop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uring_relays_byte_for_byte() {
     let _serial = SERIAL.lock().await;
@@ -182,9 +183,37 @@ async fn uring_relays_byte_for_byte() {
     let mut conn = RawClient::connect(proxy.local_addr()).await;
     known_round_trips(&mut conn, &fake).await;
     assert_eq!(rings_hold().0, 2, "client and upstream sockets on the ring");
+    // The metrics show the rings: one per session thread, multishot on this kernel.
+    let text = proxy.shared().metrics.render();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for line in [
+        format!("staleguard_uring_rings{{receives=\"multishot\"}} {cores}"),
+        "staleguard_uring_rings{receives=\"one_shot\"} 0".to_string(),
+        "staleguard_uring_sockets 2".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("staleguard_uring_receives_starved_total ")),
+        "{text}"
+    );
     drop(conn);
     rings_settle(0, "client gone").await;
     stop(proxy).await;
+    // Each session thread stops its ring once its runtime is gone, after the stop returns.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = staleguard_ring::stats().expect("rings were set up");
+        if (st.multishot, st.one_shot) == (0, 0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rings counted after the stop: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// 40 MB to mongos (an insert's document sequence) and 40 MB back (a reply's body), both

@@ -11,7 +11,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
@@ -35,6 +35,12 @@ pub(crate) const CANCEL: u64 = 3;
 pub(crate) struct Counts {
     pub(crate) sockets: AtomicUsize,
     pub(crate) ops: AtomicUsize,
+    /// The ring is set up and not stopped.
+    pub(crate) up: AtomicBool,
+    /// Its receives are one-shot (the kernel refused the multishot receive's limit).
+    pub(crate) one_shot: AtomicBool,
+    /// Receives that found none of the ring's buffers free and waited for one.
+    pub(crate) starved: AtomicU64,
 }
 
 /// Every ring's counts (tests check they come back to zero: `crate::live`).
@@ -111,7 +117,7 @@ pub(crate) struct Driver {
     pub(crate) id: u64,
     /// Operations of this ring in flight (queued or in the kernel).
     pub(crate) inflight: usize,
-    counts: Arc<Counts>,
+    pub(crate) counts: Arc<Counts>,
 }
 
 /// Bytes one multishot receive takes in all before it ends (the kernel's limit, the SQE's
@@ -136,6 +142,7 @@ impl Driver {
             .build(ENTRIES)?;
         let bufs = BufRing::register(&uring)?;
         let counts = Arc::new(Counts::default());
+        counts.up.store(true, Ordering::Relaxed);
         COUNTS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -320,12 +327,21 @@ impl Driver {
             (e, _) if -e == libc::ENOBUFS => {
                 s.starved = true;
                 self.starved.push(key);
+                // Read by the metrics; only this thread writes it.
+                let n = self.counts.starved.load(Ordering::Relaxed);
+                self.counts.starved.store(n + 1, Ordering::Relaxed);
                 return;
             }
             // A kernel without the multishot limit (it refuses the SQE's `optlen`): from
             // now on this ring's receives are one-shot.
             (e, _) if -e == libc::EINVAL && !self.one_shot => {
                 self.one_shot = true;
+                self.counts.one_shot.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    ring = self.id,
+                    "io_uring: the kernel refused the multishot receive's byte limit (Linux 6.17 \
+                     or later has it); this session thread's receives are one-shot from now on"
+                );
                 self.arm_recv(key);
                 return;
             }

@@ -25,6 +25,6 @@ mod thread;
 #[cfg(target_os = "linux")]
 pub use stream::{ReadHalf, RingStream, WriteHalf, WRITE_BEHIND};
 #[cfg(target_os = "linux")]
-pub use thread::{here, live, park, start, stop, Live};
+pub use thread::{here, live, park, start, stats, stop, Live, Stats};
 #[cfg(all(test, target_os = "linux"))]
 mod tests;

@@ -48,6 +48,7 @@ fn on_ring_with<F: std::future::Future<Output = ()>>(
             let mut r = r.borrow_mut();
             let d = r.as_mut().expect("a ring");
             d.one_shot = receives == Receives::OneShot;
+            (d.counts.one_shot).store(d.one_shot, std::sync::atomic::Ordering::Relaxed);
             d.refused = receives == Receives::Refused;
         });
         tokio::spawn(driver);
@@ -337,7 +338,19 @@ fn a_refused_limit_turns_the_ring_to_one_shot_receives() {
         drop(ours);
         drained().await;
     };
-    assert!(on_ring_with(Receives::Refused, exchange), "still multishot");
+    let refused = || async {
+        exchange().await;
+        // The metrics say so.
+        let st = crate::stats().expect("a ring");
+        assert_eq!((st.multishot, st.one_shot), (0, 1), "{st:?}");
+    };
+    assert!(on_ring_with(Receives::Refused, refused), "still multishot");
+    let st = crate::stats().expect("rings were set up");
+    assert_eq!(
+        (st.multishot, st.one_shot),
+        (0, 0),
+        "a stopped ring counted: {st:?}"
+    );
     assert!(
         !on_ring_with(Receives::Multishot, exchange),
         "one-shot without a refusal"

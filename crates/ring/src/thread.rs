@@ -144,7 +144,44 @@ pub fn stop() {
             .submit_with_args(1, &SubmitArgs::new().timespec(&wait));
         d.reap();
     }
+    d.counts.up.store(false, Ordering::Relaxed);
     if d.inflight > 0 {
         std::mem::forget(d);
     }
+}
+
+/// The process's rings, for the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Rings set up and not stopped whose receives are multishot.
+    pub multishot: usize,
+    /// Rings set up and not stopped whose receives are one-shot (the kernel refused the
+    /// multishot receive's limit).
+    pub one_shot: usize,
+    /// Sockets open on every ring.
+    pub sockets: usize,
+    /// Receives, on every ring since the process started, that found none of their ring's
+    /// buffers free and waited for one.
+    pub starved: u64,
+}
+
+/// What the process's rings say now; `None` when no ring was ever set up.
+pub fn stats() -> Option<Stats> {
+    let counts = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
+    if counts.is_empty() {
+        return None;
+    }
+    let mut st = Stats::default();
+    for c in counts.iter() {
+        if c.up.load(Ordering::Relaxed) {
+            if c.one_shot.load(Ordering::Relaxed) {
+                st.one_shot += 1;
+            } else {
+                st.multishot += 1;
+            }
+        }
+        st.sockets += c.sockets.load(Ordering::Relaxed);
+        st.starved += c.starved.load(Ordering::Relaxed);
+    }
+    Some(st)
 }
