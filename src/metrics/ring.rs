@@ -18,7 +18,7 @@ pub struct RingCollector;
 
 impl Collector for RingCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(st) = stats() else {
+        let Some(st) = staleguard_ring::stats() else {
             return Ok(());
         };
         let rings = Family::<[(&'static str, &'static str); 1], Gauge>::default();
@@ -52,28 +52,4 @@ impl Collector for RingCollector {
         )?;
         starved.encode(e)
     }
-}
-
-/// The rings' figures, as the crate gives them.
-struct Stats {
-    multishot: usize,
-    one_shot: usize,
-    sockets: usize,
-    starved: u64,
-}
-
-#[cfg(target_os = "linux")]
-fn stats() -> Option<Stats> {
-    let s = staleguard_ring::stats()?;
-    Some(Stats {
-        multishot: s.multishot,
-        one_shot: s.one_shot,
-        sockets: s.sockets,
-        starved: s.starved,
-    })
-}
-
-#[cfg(not(target_os = "linux"))]
-fn stats() -> Option<Stats> {
-    None
 }

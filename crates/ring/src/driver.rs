@@ -37,7 +37,8 @@ pub(crate) struct Counts {
     pub(crate) ops: AtomicUsize,
     /// The ring is set up and not stopped.
     pub(crate) up: AtomicBool,
-    /// Its receives are one-shot (the kernel refused the multishot receive's limit).
+    /// The kernel refused a multishot receive with a limit (older than 6.17): the ring's
+    /// receives are one-shot, one buffer each (`Driver::one_shot`; read by the metrics too).
     pub(crate) one_shot: AtomicBool,
     /// Receives that found none of the ring's buffers free and waited for one.
     pub(crate) starved: AtomicU64,
@@ -105,9 +106,6 @@ pub(crate) struct Driver {
     spare: Vec<Vec<u8>>,
     /// Wakers of one reap, woken once the ring is no longer borrowed.
     woken: Vec<Waker>,
-    /// The kernel refused a multishot receive with a limit (older than 6.17): receives are
-    /// one-shot, one buffer each.
-    pub(crate) one_shot: bool,
     /// Tests stand in for a kernel that refuses the limit: multishot receives carry
     /// `MSG_WAITALL`, which every kernel refuses for them (`EINVAL`), as an older one
     /// refuses `optlen`.
@@ -154,13 +152,17 @@ impl Driver {
             starved: Vec::new(),
             spare: Vec::new(),
             woken: Vec::new(),
-            one_shot: false,
             #[cfg(test)]
             refused: false,
             id,
             inflight: 0,
             counts,
         })
+    }
+
+    /// The ring's receives are one-shot (`Counts::one_shot`).
+    pub(crate) fn one_shot(&self) -> bool {
+        self.counts.one_shot.load(Ordering::Relaxed)
     }
 
     /// Queues `sqe`, handing the queue to the kernel first when it is full.
@@ -198,11 +200,12 @@ impl Driver {
     /// until it has taken [`RECV_LIMIT`] bytes, fails, meets the end of the stream or finds
     /// no buffer; one-shot where the kernel has no limit for multishot receives.
     pub(crate) fn arm_recv(&mut self, key: usize) {
+        let one_shot = self.one_shot();
         let s = &mut self.socks[key];
         s.recv = true;
         s.ops += 1;
         let data = ((key as u64) << 8) | RECV;
-        let sqe = if self.one_shot {
+        let sqe = if one_shot {
             opcode::Recv::new(types::Fd(s.fd), std::ptr::null_mut(), bufs::SIZE as u32)
                 .buf_group(bufs::GROUP)
                 .build()
@@ -334,8 +337,7 @@ impl Driver {
             }
             // A kernel without the multishot limit (it refuses the SQE's `optlen`): from
             // now on this ring's receives are one-shot.
-            (e, _) if -e == libc::EINVAL && !self.one_shot => {
-                self.one_shot = true;
+            (e, _) if -e == libc::EINVAL && !self.counts.one_shot.load(Ordering::Relaxed) => {
                 self.counts.one_shot.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     ring = self.id,

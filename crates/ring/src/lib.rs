@@ -25,6 +25,27 @@ mod thread;
 #[cfg(target_os = "linux")]
 pub use stream::{ReadHalf, RingStream, WriteHalf, WRITE_BEHIND};
 #[cfg(target_os = "linux")]
-pub use thread::{here, live, park, start, stats, stop, Live, Stats};
+pub use thread::{here, live, park, start, stats, stop, Live};
 #[cfg(all(test, target_os = "linux"))]
 mod tests;
+
+/// The process's rings, for the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Rings set up and not stopped whose receives are multishot.
+    pub multishot: usize,
+    /// Rings set up and not stopped whose receives are one-shot (the kernel refused the
+    /// multishot receive's limit).
+    pub one_shot: usize,
+    /// Sockets open on every ring.
+    pub sockets: usize,
+    /// Receives, on every ring since the process started, that found none of their ring's
+    /// buffers free and waited for one.
+    pub starved: u64,
+}
+
+/// Elsewhere there are no rings.
+#[cfg(not(target_os = "linux"))]
+pub fn stats() -> Option<Stats> {
+    None
+}

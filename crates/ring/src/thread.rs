@@ -150,28 +150,13 @@ pub fn stop() {
     }
 }
 
-/// The process's rings, for the metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Rings set up and not stopped whose receives are multishot.
-    pub multishot: usize,
-    /// Rings set up and not stopped whose receives are one-shot (the kernel refused the
-    /// multishot receive's limit).
-    pub one_shot: usize,
-    /// Sockets open on every ring.
-    pub sockets: usize,
-    /// Receives, on every ring since the process started, that found none of their ring's
-    /// buffers free and waited for one.
-    pub starved: u64,
-}
-
 /// What the process's rings say now; `None` when no ring was ever set up.
-pub fn stats() -> Option<Stats> {
+pub fn stats() -> Option<crate::Stats> {
     let counts = COUNTS.lock().unwrap_or_else(|e| e.into_inner());
     if counts.is_empty() {
         return None;
     }
-    let mut st = Stats::default();
+    let mut st = crate::Stats::default();
     for c in counts.iter() {
         if c.up.load(Ordering::Relaxed) {
             if c.one_shot.load(Ordering::Relaxed) {
