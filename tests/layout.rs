@@ -113,6 +113,17 @@ async fn threads_end_with_the_proxy(fake: &FakeMongos, layout: Layout) {
         before.elapsed()
     );
     proxy.shutdown().await;
+    threads_gone().await;
+    assert_eq!(
+        rings_hold(),
+        (0, 0),
+        "{layout:?}: sockets and operations left on rings"
+    );
+}
+
+/// Waits (bounded) until the session threads have ended: they end, and stop their rings,
+/// after the proxy's stop returns.
+async fn threads_gone() {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !session_threads().is_empty() {
         assert!(
@@ -122,11 +133,6 @@ async fn threads_end_with_the_proxy(fake: &FakeMongos, layout: Layout) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(
-        rings_hold(),
-        (0, 0),
-        "{layout:?}: sockets and operations left on rings"
-    );
 }
 
 /// Sockets open on the process's io_uring rings, and operations in flight.
@@ -162,11 +168,13 @@ async fn uring_proxy(
     (fake, proxy)
 }
 
-/// Stops the proxy; then nothing is left on the rings.
+/// Stops the proxy; then nothing is left on the rings, and its session threads are gone
+/// (the next test counts them).
 async fn stop(proxy: staleguard::server::Running) {
     within("stop", proxy.shutdown()).await;
     rings_settle(0, "after the stop").await;
     assert_eq!(rings_hold(), (0, 0));
+    threads_gone().await;
 }
 
 fn ping(id: i32) -> bytes::Bytes {
@@ -200,20 +208,14 @@ async fn uring_relays_byte_for_byte() {
     );
     drop(conn);
     rings_settle(0, "client gone").await;
+    // Each session thread stops its ring before it ends (`stop` waits for that).
     stop(proxy).await;
-    // Each session thread stops its ring once its runtime is gone, after the stop returns.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let st = staleguard_ring::stats().expect("rings were set up");
-        if (st.multishot, st.one_shot) == (0, 0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rings counted after the stop: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let st = staleguard_ring::stats().expect("rings were set up");
+    assert_eq!(
+        (st.multishot, st.one_shot),
+        (0, 0),
+        "rings counted after the stop"
+    );
 }
 
 /// 40 MB to mongos (an insert's document sequence) and 40 MB back (a reply's body), both
