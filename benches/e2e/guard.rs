@@ -85,6 +85,7 @@ pub fn run(opts: &Opts) -> Result<bool, String> {
                     request: t.request.clone(),
                     reply_len,
                     cpu_pid: t.cpu_pid,
+                    upstream_pid: None,
                     count: false,
                     rate: opts.rate,
                     callgrind: false,

@@ -29,6 +29,9 @@ pub struct Spec {
     pub reply_len: usize,
     /// The process whose CPU time is sampled (the proxy), if any.
     pub cpu_pid: Option<u32>,
+    /// The fake mongos's process, whose CPU time is sampled too (the third process on the
+    /// machine; with the proxy's and the load generator's, it accounts for the throughput).
+    pub upstream_pid: Option<u32>,
     /// Also count that process's system calls and context switches (`E2E_COUNT`).
     pub count: bool,
     /// Offered load in round trips per second over all connections (`E2E_RATE`): each
@@ -53,6 +56,8 @@ pub struct Outcome {
     pub cpu_secs: Option<(f64, f64)>,
     /// The load generator's own CPU time in the window (this process, user + system).
     pub load_cpu_secs: Option<f64>,
+    /// The fake mongos's CPU time in the window (user + system).
+    pub upstream_cpu_secs: Option<f64>,
     pub unexpected: u64,
     /// System calls and context switches of the proxy in the window, when asked for.
     pub counts: Option<Result<Counts, String>>,
@@ -84,6 +89,12 @@ impl Outcome {
     /// The load generator's CPU per round trip, µs.
     pub fn load_cpu_us_per_rt(&self) -> Option<f64> {
         self.load_cpu_secs
+            .map(|c| c * 1e6 / self.round_trips.max(1) as f64)
+    }
+
+    /// The fake mongos's CPU per round trip, µs.
+    pub fn upstream_cpu_us_per_rt(&self) -> Option<f64> {
+        self.upstream_cpu_secs
             .map(|c| c * 1e6 / self.round_trips.max(1) as f64)
     }
 
@@ -237,6 +248,7 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
     let warm_end = t0 + spec.warmup;
     let end = warm_end + spec.measure;
     let (count, measure, spec_pid) = (spec.count, spec.measure, spec.cpu_pid);
+    let up_pid = spec.upstream_pid;
     let grind = spec.callgrind.then_some(spec.cpu_pid).flatten();
     // Each connection's interval between sends at the offered rate, and its first send
     // spread over one interval so the connections do not send in step.
@@ -259,7 +271,9 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         };
         let a = spec_pid.and_then(procs::cpu_seconds);
         let la = procs::cpu_seconds(me);
+        let ua = up_pid.and_then(procs::cpu_seconds);
         tokio::time::sleep_until(end).await;
+        let ub = up_pid.and_then(procs::cpu_seconds);
         let b = spec_pid.and_then(procs::cpu_seconds);
         let lb = procs::cpu_seconds(me);
         let instructions = match (grind, zeroed) {
@@ -277,8 +291,9 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
             None => None,
         };
         let load = la.zip(lb).map(|(a, b)| (b.0 + b.1) - (a.0 + a.1));
+        let up = ua.zip(ub).map(|(a, b)| (b.0 + b.1) - (a.0 + a.1));
         let cpu = a.zip(b).map(|(a, b)| (b.0 - a.0, b.1 - a.1));
-        (cpu, load, counted, instructions)
+        (cpu, load, up, counted, instructions)
     });
     let joins: Vec<_> = clients
         .into_iter()
@@ -300,7 +315,7 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         lat_ns.extend_from_slice(&r.lat_ns);
         unexpected += r.unexpected;
     }
-    let (cpu_secs, load_cpu_secs, counts, instructions) =
+    let (cpu_secs, load_cpu_secs, upstream_cpu_secs, counts, instructions) =
         sampler.await.map_err(|e| e.to_string())?;
     drop(idle);
     lat_ns.sort_unstable();
@@ -310,6 +325,7 @@ pub async fn run(spec: &Spec) -> Result<Outcome, String> {
         lat_ns,
         cpu_secs,
         load_cpu_secs,
+        upstream_cpu_secs,
         unexpected,
         counts,
         instructions,

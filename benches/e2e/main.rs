@@ -615,6 +615,7 @@ async fn latency_runs(
                     request: t.request.clone(),
                     reply_len,
                     cpu_pid: t.cpu_pid,
+                    upstream_pid: Some(fleet.upstream.pid()),
                     count: opts.count,
                     rate: opts.rate,
                     callgrind: opts.callgrind && t.name.starts_with("staleguard"),
