@@ -17,46 +17,54 @@ pub(crate) const GROUP: u16 = 0;
 /// Bytes per buffer: one receive takes at most this many.
 pub(crate) const SIZE: usize = 32 * 1024;
 /// Buffers per ring (a power of two). Pages are touched only when a receive lands in them.
-const COUNT: u16 = 256;
+pub(crate) const COUNT: u16 = 256;
 
 /// The registered ring of buffer descriptors and the buffers themselves.
 pub(crate) struct BufRing {
-    /// `COUNT` entries, page-aligned, shared with the kernel (it reads entries up to the
+    /// `count` entries, page-aligned, shared with the kernel (it reads entries up to the
     /// tail we publish, and moves its head).
     entries: *mut BufRingEntry,
-    /// `COUNT * SIZE` bytes: buffer `i` is `data[i * SIZE..][..SIZE]`.
+    /// `count * SIZE` bytes: buffer `i` is `data[i * SIZE..][..SIZE]`.
     data: *mut u8,
     /// Our tail: the next entry to fill.
     tail: u16,
+    /// How many buffers: [`COUNT`], but fewer in tests that starve the ring.
+    count: u16,
 }
 
-fn entries_layout() -> Layout {
+fn entries_layout(count: u16) -> Layout {
     // 16 bytes per entry; the kernel wants the ring page-aligned.
-    Layout::from_size_align(COUNT as usize * std::mem::size_of::<BufRingEntry>(), 4096)
+    Layout::from_size_align(count as usize * std::mem::size_of::<BufRingEntry>(), 4096)
         .expect("buffer ring layout")
 }
 
-fn data_layout() -> Layout {
-    Layout::from_size_align(COUNT as usize * SIZE, 4096).expect("buffer layout")
+fn data_layout(count: u16) -> Layout {
+    Layout::from_size_align(count as usize * SIZE, 4096).expect("buffer layout")
 }
 
 impl BufRing {
-    /// Allocates the buffers, registers the ring with `ring` and offers every buffer.
-    pub(crate) fn register(ring: &IoUring) -> io::Result<BufRing> {
+    /// Allocates `count` buffers (a power of two), registers the ring with `ring` and offers
+    /// every buffer.
+    pub(crate) fn register(ring: &IoUring, count: u16) -> io::Result<BufRing> {
+        assert!(
+            count.is_power_of_two(),
+            "a buffer ring's size is a power of two"
+        );
+        let (entries_layout, data_layout) = (entries_layout(count), data_layout(count));
         // SAFETY: both layouts have a non-zero size.
-        let entries = unsafe { alloc_zeroed(entries_layout()) }.cast::<BufRingEntry>();
+        let entries = unsafe { alloc_zeroed(entries_layout) }.cast::<BufRingEntry>();
         // SAFETY: as above. Not zeroed: zeroing would touch every page (8 MiB per thread
         // resident at start); untouched, a page becomes resident only when a receive lands in
         // it, and only the bytes a receive wrote are ever read.
-        let data = unsafe { alloc(data_layout()) };
+        let data = unsafe { alloc(data_layout) };
         if entries.is_null() || data.is_null() {
             // SAFETY: each pointer freed here came from the allocator with its layout.
             unsafe {
                 if !entries.is_null() {
-                    dealloc(entries.cast(), entries_layout());
+                    dealloc(entries.cast(), entries_layout);
                 }
                 if !data.is_null() {
-                    dealloc(data, data_layout());
+                    dealloc(data, data_layout);
                 }
             }
             return Err(io::Error::new(
@@ -68,15 +76,16 @@ impl BufRing {
             entries,
             data,
             tail: 0,
+            count,
         };
-        // SAFETY: `entries` holds `COUNT` entries and lives until `self` is dropped, which
+        // SAFETY: `entries` holds `count` entries and lives until `self` is dropped, which
         // the owner does only after the ring itself is gone (`Driver`'s field order and
         // `Driver::stop`), so the kernel never reads a freed ring.
         unsafe {
             ring.submitter()
-                .register_buf_ring_with_flags(entries as u64, COUNT, GROUP, 0)?;
+                .register_buf_ring_with_flags(entries as u64, count, GROUP, 0)?;
         }
-        for bid in 0..COUNT {
+        for bid in 0..count {
             bufs.give_back(bid);
         }
         Ok(bufs)
@@ -84,7 +93,7 @@ impl BufRing {
 
     /// The first `len` bytes of buffer `bid`, which a completion just handed to us.
     pub(crate) fn bytes(&self, bid: u16, len: usize) -> &[u8] {
-        let (bid, len) = ((bid % COUNT) as usize, len.min(SIZE));
+        let (bid, len) = ((bid & (self.count - 1)) as usize, len.min(SIZE));
         // SAFETY: the range is inside `data`; the kernel wrote buffer `bid` before posting
         // the completion that named it and does not touch it again until `give_back(bid)`.
         unsafe { std::slice::from_raw_parts(self.data.add(bid * SIZE), len) }
@@ -92,11 +101,11 @@ impl BufRing {
 
     /// Offers buffer `bid` to the kernel again.
     pub(crate) fn give_back(&mut self, bid: u16) {
-        let bid = bid % COUNT;
-        let slot = (self.tail & (COUNT - 1)) as usize;
-        // SAFETY: `slot < COUNT`; the kernel reads only entries below the published tail,
+        let bid = bid & (self.count - 1);
+        let slot = (self.tail & (self.count - 1)) as usize;
+        // SAFETY: `slot < count`; the kernel reads only entries below the published tail,
         // and this one is at the tail, so nobody else reads it while we write it. A buffer
-        // is given back once per completion that took it, so at most `COUNT` are offered.
+        // is given back once per completion that took it, so at most `count` are offered.
         unsafe {
             let e = &mut *self.entries.add(slot);
             e.set_addr(self.data.add(bid as usize * SIZE) as u64);
@@ -118,8 +127,8 @@ impl Drop for BufRing {
         // SAFETY: both came from the allocator with these layouts; the ring that used them
         // is closed and drained, or this is never dropped (`Driver::stop` leaks it).
         unsafe {
-            dealloc(self.entries.cast(), entries_layout());
-            dealloc(self.data, data_layout());
+            dealloc(self.entries.cast(), entries_layout(self.count));
+            dealloc(self.data, data_layout(self.count));
         }
     }
 }

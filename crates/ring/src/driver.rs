@@ -123,6 +123,20 @@ pub(crate) struct Driver {
 /// one buffer's in its inbox, and the rest stays in the kernel under TCP's flow control.
 pub(crate) const RECV_LIMIT: usize = bufs::SIZE;
 
+#[cfg(test)]
+thread_local! {
+    /// Buffers of the next ring set up on this thread: tests that starve a ring lower it.
+    pub(crate) static BUFFERS: std::cell::Cell<u16> = const { std::cell::Cell::new(bufs::COUNT) };
+}
+
+/// How many receive buffers a new ring gets.
+fn buffers() -> u16 {
+    #[cfg(test)]
+    return BUFFERS.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    bufs::COUNT
+}
+
 /// Spare send buffers kept per thread, and the largest kept.
 const SPARE: usize = 64;
 const SPARE_MAX: usize = 64 * 1024;
@@ -138,7 +152,7 @@ impl Driver {
             .setup_coop_taskrun()
             .setup_taskrun_flag()
             .build(ENTRIES)?;
-        let bufs = BufRing::register(&uring)?;
+        let bufs = BufRing::register(&uring, buffers())?;
         let counts = Arc::new(Counts::default());
         counts.up.store(true, Ordering::Relaxed);
         COUNTS

@@ -308,6 +308,52 @@ fn a_socket_done_sending_keeps_no_send_buffer() {
     });
 }
 
+/// Bytes arrive on more sockets at once than the ring has buffers: the receives that found
+/// none end (`ENOBUFS`), are counted, and are armed again once the reap has given the
+/// buffers back, so every byte still arrives, in order. (Without the re-arm those sockets
+/// would never receive again.)
+#[test]
+fn receives_that_find_no_buffer_are_armed_again() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let starved = || crate::stats().map_or(0, |s| s.starved);
+    let before = starved();
+    crate::driver::BUFFERS.with(|b| b.set(2));
+    on_ring(|| async {
+        let mut pairs = Vec::new();
+        for _ in 0..16 {
+            pairs.push(pair().await);
+        }
+        // Each socket's receive in flight.
+        for (ours, _) in &mut pairs {
+            let (mut r, _) = ours.split();
+            let mut b = [0u8; 1];
+            let _ = tokio::time::timeout(Duration::from_millis(1), r.read(&mut b)).await;
+        }
+        // Every peer writes before this thread reaps: the receives the kernel runs on the
+        // way back from those writes have two buffers between them.
+        let msg: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+        for (_, peer) in &mut pairs {
+            peer.write_all(&msg).await.expect("peer writes");
+        }
+        for (ours, _) in &mut pairs {
+            let mut got = vec![0u8; msg.len()];
+            tokio::time::timeout(Duration::from_secs(5), ours.read_exact(&mut got))
+                .await
+                .expect("a receive that found no buffer was not armed again")
+                .expect("read");
+            assert!(got == msg, "bytes lost or out of order");
+        }
+        drop(pairs);
+        drained().await;
+    });
+    crate::driver::BUFFERS.with(|b| b.set(crate::bufs::COUNT));
+    assert!(
+        starved() >= before + 3,
+        "receives went without a buffer {} times: the test did not starve the ring",
+        starved() - before
+    );
+}
+
 /// Bytes received and not yet read, over every socket of this thread's ring.
 fn held() -> usize {
     RING.with(|r| {
