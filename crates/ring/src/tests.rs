@@ -72,6 +72,20 @@ async fn pair() -> (RingStream, TcpStream) {
     )
 }
 
+/// Puts a receive in flight on `s`: a read given 1 ms, before anything was sent. Whether
+/// it timed out (nothing had arrived).
+async fn arm_receive(s: &mut RingStream) -> bool {
+    let mut b = [0u8; 1];
+    tokio::time::timeout(Duration::from_millis(1), s.read(&mut b))
+        .await
+        .is_err()
+}
+
+/// `len` bytes of a pattern that shows bytes lost or reordered.
+fn patterned(len: u32) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
 /// Waits (bounded) until nothing is open on any ring.
 async fn drained() {
     for _ in 0..200 {
@@ -164,14 +178,9 @@ fn dropped_with_operations_in_flight_drains() {
         let mut peers = Vec::new();
         for i in 0..50 {
             let (mut ours, peer) = pair().await;
-            let (mut r, mut w) = ours.split();
             // A receive in flight.
-            let mut b = [0u8; 1];
-            assert!(
-                tokio::time::timeout(Duration::from_millis(1), r.read(&mut b))
-                    .await
-                    .is_err()
-            );
+            assert!(arm_receive(&mut ours).await);
+            let (_, mut w) = ours.split();
             if i % 2 == 0 {
                 // Sends the peer never reads: more than the socket buffers hold.
                 let big = vec![1u8; 4 << 20];
@@ -204,9 +213,7 @@ fn stalled_readers_do_not_starve_the_others() {
         for _ in 0..270 {
             let (mut ours, mut peer) = pair().await;
             // A receive in flight, then never read again.
-            let (mut r, _) = ours.split();
-            let mut b = [0u8; 1];
-            let _ = tokio::time::timeout(Duration::from_millis(1), r.read(&mut b)).await;
+            arm_receive(&mut ours).await;
             peer.write_all(&[7u8; 1000]).await.expect("peer writes");
             stalled.push((ours, peer));
         }
@@ -235,11 +242,10 @@ fn an_unread_inbox_is_bounded() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     on_ring(|| async {
         let (mut ours, peer) = pair().await;
-        let data: Vec<u8> = (0..16_000_000u32).map(|i| (i % 251) as u8).collect();
-        let (mut r, _) = ours.split();
+        let data = patterned(16_000_000);
         // A receive armed, then nothing read for a while.
-        let mut first = [0u8; 1];
-        let _ = tokio::time::timeout(Duration::from_millis(1), r.read(&mut first)).await;
+        arm_receive(&mut ours).await;
+        let (mut r, _) = ours.split();
         let sent = data.clone();
         let (_pr, mut pw) = peer.into_split();
         let writer = tokio::spawn(async move {
@@ -274,7 +280,7 @@ fn a_socket_done_sending_keeps_no_send_buffer() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     on_ring(|| async {
         let (mut ours, peer) = pair().await;
-        let data: Vec<u8> = (0..8_000_000u32).map(|i| (i % 251) as u8).collect();
+        let data = patterned(8_000_000);
         let (mut pr, _pw) = peer.into_split();
         let reader = tokio::spawn(async move {
             let mut got = vec![0u8; 8_000_000];
@@ -325,13 +331,11 @@ fn receives_that_find_no_buffer_are_armed_again() {
         }
         // Each socket's receive in flight.
         for (ours, _) in &mut pairs {
-            let (mut r, _) = ours.split();
-            let mut b = [0u8; 1];
-            let _ = tokio::time::timeout(Duration::from_millis(1), r.read(&mut b)).await;
+            arm_receive(ours).await;
         }
         // Every peer writes before this thread reaps: the receives the kernel runs on the
         // way back from those writes have two buffers between them.
-        let msg: Vec<u8> = (0..20_000u32).map(|i| (i % 253) as u8).collect();
+        let msg = patterned(20_000);
         for (_, peer) in &mut pairs {
             peer.write_all(&msg).await.expect("peer writes");
         }
